@@ -1,0 +1,13 @@
+//! Shared types of glance: the typed error every library returns, token ids and sampling parameters.
+//!
+//! This crate sits at the bottom of the workspace: everything depends on it, it depends on nothing
+//! of glance.
+
+mod error;
+mod sampling;
+
+pub use error::{Error, Result};
+pub use sampling::SamplingParams;
+
+/// A token id in a model's vocabulary.
+pub type TokenId = u32;

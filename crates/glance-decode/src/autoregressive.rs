@@ -1,0 +1,120 @@
+//! Plain autoregressive decoding: one prefill pass over the prompt rows, then one forward pass per
+//! new token. The reference for every lossless accelerator.
+
+use crate::sampler::Sampler;
+use candle_core::Tensor;
+use glance_core::{Error, Result, SamplingParams, TokenId};
+use glance_nn::{AttnMask, CausalLm};
+use std::time::{Duration, Instant};
+
+/// When to stop and how to pick tokens.
+#[derive(Debug, Clone)]
+pub struct GenerateConfig {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Tokens that end generation (emitted, then stop).
+    pub eos_token_ids: Vec<TokenId>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token was produced.
+    Eos,
+    /// `max_new_tokens` reached, or the model's context is full.
+    Length,
+    /// The caller asked to stop (e.g. a stop string matched).
+    Stop,
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// New tokens, including a final EOS token if one ended generation.
+    pub tokens: Vec<TokenId>,
+    pub finish: FinishReason,
+    /// Rows in the prompt.
+    pub prompt_len: usize,
+    /// Time of the prefill pass, including picking the first token.
+    pub prefill: Duration,
+    /// Time of all later passes.
+    pub decode: Duration,
+}
+
+impl Generation {
+    /// Decode throughput over the tokens after the first, in tokens/s.
+    pub fn decode_tokens_per_sec(&self) -> f64 {
+        let n = self.tokens.len().saturating_sub(1);
+        if n == 0 || self.decode.is_zero() {
+            return 0.0;
+        }
+        n as f64 / self.decode.as_secs_f64()
+    }
+}
+
+/// Generates after `prompt` rows `(t, hidden)` placed at `positions` (length `t`; usually
+/// `0..t`, but pruned prompts keep their original positions). New tokens continue from the last
+/// position. `on_token` sees each token as it is produced and returns `true` to stop.
+pub fn generate<M: CausalLm + ?Sized>(
+    model: &M,
+    prompt: &Tensor,
+    positions: &[u32],
+    config: &GenerateConfig,
+    on_token: &mut dyn FnMut(TokenId) -> Result<bool>,
+) -> Result<Generation> {
+    let t = prompt.dim(0)?;
+    if t == 0 || positions.len() != t {
+        return Err(Error::Input(format!("prompt has {t} rows and {} positions", positions.len())));
+    }
+    let max = model.max_positions();
+    let last_pos = *positions.iter().max().expect("non-empty") as usize;
+    if last_pos + 1 >= max || t >= max {
+        return Err(Error::PromptTooLong {
+            len: (last_pos + 1).max(t),
+            max,
+        });
+    }
+    let mut sampler = Sampler::new(config.sampling.clone())?;
+    let mut cache = model.new_cache();
+    let mut tokens = Vec::new();
+    let start = Instant::now();
+    let hidden = model.forward(prompt, positions, &AttnMask::causal(), &mut cache)?;
+    let mut next = pick(model, &hidden.narrow(0, t - 1, 1)?, &mut sampler)?;
+    let prefill = start.elapsed();
+    let start = Instant::now();
+    let mut pos = last_pos as u32;
+    let finish = loop {
+        if config.max_new_tokens == 0 {
+            break FinishReason::Length;
+        }
+        tokens.push(next);
+        let stop = on_token(next)?;
+        if config.eos_token_ids.contains(&next) {
+            break FinishReason::Eos;
+        }
+        if stop {
+            break FinishReason::Stop;
+        }
+        if tokens.len() >= config.max_new_tokens || pos as usize + 2 >= max {
+            break FinishReason::Length;
+        }
+        pos += 1;
+        let x = model.embed_tokens(&[next])?;
+        let hidden = model.forward(&x, &[pos], &AttnMask::causal(), &mut cache)?;
+        next = pick(model, &hidden, &mut sampler)?;
+    };
+    Ok(Generation {
+        tokens,
+        finish,
+        prompt_len: t,
+        prefill,
+        decode: start.elapsed(),
+    })
+}
+
+/// Logits of one hidden row `(1, hidden)` → the sampled token.
+fn pick<M: CausalLm + ?Sized>(model: &M, hidden: &Tensor, sampler: &mut Sampler) -> Result<TokenId> {
+    let logits: Vec<f32> = model.logits(hidden)?.squeeze(0)?.to_vec1()?;
+    Ok(sampler.sample(&logits))
+}

@@ -1,0 +1,13 @@
+//! Model architectures of glance, mirroring Hugging Face checkpoints, and their pre-processing.
+//!
+//! * [`checkpoint`]: a model directory (config, single or sharded safetensors) → a `VarBuilder`;
+//! * [`text`]: the Llama-family decoders (Llama, Mistral, Qwen2) behind [`glance_nn::CausalLm`];
+//! * [`llava`]: `LlavaForConditionalGeneration` — CLIP vision tower, projector, text decoder;
+//! * [`processing`]: image pre-processing, tokenizer, chat template.
+//!
+//! Models return hidden states and logits; they never sample and never know about requests.
+
+pub mod checkpoint;
+pub mod llava;
+pub mod processing;
+pub mod text;

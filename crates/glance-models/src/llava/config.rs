@@ -1,0 +1,235 @@
+//! Typed mirror of a LLaVA `config.json` with HF defaults.
+
+use crate::checkpoint::read_json;
+use crate::text::TextConfig;
+use glance_core::{Error, Result};
+use glance_nn::Activation;
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::Path;
+
+/// Which vision tokens feed the projector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeatureSelect {
+    /// Drop [CLS]: `(image_size / patch_size)²` tokens.
+    Default,
+    /// Keep [CLS] as the first token.
+    Full,
+}
+
+/// CLIP vision tower configuration (`CLIPVisionConfig`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct VisionConfig {
+    pub model_type: String,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_channels: usize,
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub hidden_act: Activation,
+    pub layer_norm_eps: f64,
+}
+
+impl Default for VisionConfig {
+    /// `CLIPVisionConfig()`'s defaults (ViT-B/32).
+    fn default() -> Self {
+        Self {
+            model_type: "clip_vision_model".into(),
+            hidden_size: 768,
+            intermediate_size: 3072,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            num_channels: 3,
+            image_size: 224,
+            patch_size: 32,
+            hidden_act: Activation::QuickGelu,
+            layer_norm_eps: 1e-5,
+        }
+    }
+}
+
+impl VisionConfig {
+    /// What `LlavaConfig` uses when `vision_config` is absent (CLIP ViT-L/14-336).
+    fn llava_default() -> Self {
+        Self {
+            hidden_size: 1024,
+            intermediate_size: 4096,
+            num_hidden_layers: 24,
+            num_attention_heads: 16,
+            image_size: 336,
+            patch_size: 14,
+            ..Self::default()
+        }
+    }
+
+    /// Patches per side.
+    pub fn grid(&self) -> usize {
+        self.image_size / self.patch_size
+    }
+
+    /// Patch tokens (without [CLS]).
+    pub fn num_patches(&self) -> usize {
+        self.grid() * self.grid()
+    }
+}
+
+/// A resolved LLaVA configuration.
+#[derive(Debug, Clone)]
+pub struct LlavaConfig {
+    pub vision: VisionConfig,
+    pub text: TextConfig,
+    pub image_token_id: u32,
+    pub projector_hidden_act: Activation,
+    pub projector_bias: bool,
+    pub feature_select: FeatureSelect,
+    /// Indices into the vision tower's hidden-state tuple (normalised to be ≥ 0); several are
+    /// concatenated along the feature dimension.
+    pub feature_layers: Vec<usize>,
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    #[serde(default)]
+    architectures: Option<Vec<String>>,
+    #[serde(default)]
+    model_type: Option<String>,
+    text_config: Option<Value>,
+    vision_config: Option<Value>,
+    #[serde(alias = "image_token_id")]
+    image_token_index: Option<u32>,
+    projector_hidden_act: Option<Activation>,
+    multimodal_projector_bias: Option<bool>,
+    vision_feature_select_strategy: Option<FeatureSelect>,
+    vision_feature_layer: Option<Value>,
+}
+
+impl LlavaConfig {
+    /// Reads `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = crate::checkpoint::required_file(dir, "config.json")?;
+        let v: Value = read_json(&path)?;
+        Self::from_value(&v).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("{}: {m}", path.display())),
+            e => e,
+        })
+    }
+
+    pub fn from_value(v: &Value) -> Result<Self> {
+        let raw: Raw = serde_json::from_value(v.clone()).map_err(|e| Error::Config(e.to_string()))?;
+        let is_llava = raw.model_type.as_deref() == Some("llava")
+            || raw
+                .architectures
+                .as_ref()
+                .is_some_and(|a| a.iter().any(|s| s == "LlavaForConditionalGeneration"));
+        if !is_llava {
+            return Err(Error::Config(format!(
+                "model_type {:?} is not a LLaVA checkpoint (expected \"llava\")",
+                raw.model_type
+            )));
+        }
+        let vision: VisionConfig = match raw.vision_config {
+            None => VisionConfig::llava_default(),
+            Some(vc) => serde_json::from_value(vc).map_err(|e| Error::Config(format!("vision_config: {e}")))?,
+        };
+        if vision.model_type != "clip_vision_model" {
+            return Err(Error::Config(format!(
+                "vision tower `{}` is not supported (clip_vision_model)",
+                vision.model_type
+            )));
+        }
+        if vision.patch_size == 0 || vision.image_size % vision.patch_size != 0 {
+            return Err(Error::Config(format!(
+                "image_size {} is not a multiple of patch_size {}",
+                vision.image_size, vision.patch_size
+            )));
+        }
+        if vision.num_attention_heads == 0 || vision.hidden_size % vision.num_attention_heads != 0 {
+            return Err(Error::Config("vision hidden_size must be a multiple of num_attention_heads".into()));
+        }
+        let text = TextConfig::from_value(&raw.text_config.unwrap_or_else(|| serde_json::json!({})))?;
+        let n_states = vision.num_hidden_layers as i64 + 1;
+        let layers: Vec<i64> = match raw.vision_feature_layer {
+            None => vec![-2],
+            Some(Value::Number(n)) => vec![n.as_i64().ok_or_else(|| Error::Config("vision_feature_layer".into()))?],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_i64().ok_or_else(|| Error::Config("vision_feature_layer entries must be integers".into())))
+                .collect::<Result<_>>()?,
+            Some(other) => return Err(Error::Config(format!("vision_feature_layer: unexpected {other}"))),
+        };
+        let feature_layers = layers
+            .iter()
+            .map(|&l| {
+                let idx = if l < 0 { l + n_states } else { l };
+                if (0..n_states).contains(&idx) {
+                    Ok(idx as usize)
+                } else {
+                    Err(Error::Config(format!(
+                        "vision_feature_layer {l} is out of range for {} layers",
+                        vision.num_hidden_layers
+                    )))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if feature_layers.is_empty() {
+            return Err(Error::Config("vision_feature_layer is empty".into()));
+        }
+        Ok(Self {
+            vision,
+            text,
+            image_token_id: raw.image_token_index.unwrap_or(32000),
+            projector_hidden_act: raw.projector_hidden_act.unwrap_or(Activation::Gelu),
+            projector_bias: raw.multimodal_projector_bias.unwrap_or(true),
+            feature_select: raw.vision_feature_select_strategy.unwrap_or(FeatureSelect::Default),
+            feature_layers,
+        })
+    }
+
+    /// Image tokens one image expands to in the prompt.
+    pub fn image_tokens_per_image(&self) -> usize {
+        match self.feature_select {
+            FeatureSelect::Default => self.vision.num_patches(),
+            FeatureSelect::Full => self.vision.num_patches() + 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn llava_1_5_7b_config() {
+        // The config.json of llava-hf/llava-1.5-7b-hf (abridged as shipped).
+        let c = LlavaConfig::from_value(&json!({
+            "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+            "ignore_index": -100, "image_token_index": 32000, "pad_token_id": 32001,
+            "projector_hidden_act": "gelu",
+            "text_config": {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096,
+                            "model_type": "llama", "rms_norm_eps": 1e-05, "torch_dtype": "float16", "vocab_size": 32064},
+            "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                              "model_type": "clip_vision_model", "num_attention_heads": 16,
+                              "num_hidden_layers": 24, "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+            "vision_feature_layer": -2, "vision_feature_select_strategy": "default"
+        }))
+        .unwrap();
+        assert_eq!(c.image_tokens_per_image(), 576);
+        assert_eq!(c.feature_layers, vec![23]);
+        assert_eq!(c.vision.hidden_act, Activation::QuickGelu);
+        assert_eq!(c.text.max_position_embeddings, 4096);
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        assert!(LlavaConfig::from_value(&json!({"model_type": "llama"})).is_err());
+        assert!(LlavaConfig::from_value(&json!({"model_type": "llava", "vision_feature_layer": 30})).is_err());
+        assert!(LlavaConfig::from_value(&json!({"model_type": "llava", "vision_feature_select_strategy": "cls"})).is_err());
+        assert!(LlavaConfig::from_value(&json!({"model_type": "llava",
+            "vision_config": {"model_type": "siglip_vision_model"}})).is_err());
+    }
+}

@@ -1,0 +1,191 @@
+//! The assembled LLaVA model: image → projected tokens; prompt ids + image tokens → embeddings for
+//! the text decoder.
+
+use super::config::{FeatureSelect, LlavaConfig};
+use super::projector::Projector;
+use super::vision::ClipVision;
+use crate::checkpoint;
+use crate::text::TextModel;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use glance_core::{Error, Result};
+use glance_nn::{CausalLm, Mode};
+use std::path::Path;
+
+/// Where a checkpoint keeps each part (weight-name prefixes; see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightLayout {
+    pub text: String,
+    pub lm_head: String,
+    pub vision: String,
+    pub projector: String,
+}
+
+impl WeightLayout {
+    /// The layout of checkpoints on the Hugging Face hub (llava-hf/*), which transformers of every
+    /// version loads. glance writes new checkpoints this way.
+    pub fn hub() -> Self {
+        Self {
+            text: "language_model.model".into(),
+            lm_head: "language_model.lm_head".into(),
+            vision: "vision_tower.vision_model".into(),
+            projector: "multi_modal_projector".into(),
+        }
+    }
+
+    /// Finds the spelling a checkpoint uses. transformers ≥ 4.52 nests everything under `model.`
+    /// in memory; transformers 5 saves the text part in hub spelling but drops the vision tower's
+    /// `vision_model.` level. Unknown layouts fall back to the hub names, so errors name those.
+    pub fn detect(vb: &VarBuilder) -> Self {
+        let has = |p: &str, leaf: &str| vb.contains_tensor(&format!("{p}.{leaf}"));
+        let mut l = if has("model.language_model", "embed_tokens.weight") {
+            Self {
+                text: "model.language_model".into(),
+                lm_head: "lm_head".into(),
+                vision: "model.vision_tower.vision_model".into(),
+                projector: "model.multi_modal_projector".into(),
+            }
+        } else {
+            Self::hub()
+        };
+        let vision_candidates = [
+            "vision_tower.vision_model",
+            "vision_tower",
+            "model.vision_tower.vision_model",
+            "model.vision_tower",
+        ];
+        if let Some(v) = vision_candidates.iter().find(|p| has(p, "embeddings.class_embedding")) {
+            l.vision = v.to_string();
+        }
+        if !has(&l.lm_head, "weight") && has("lm_head", "weight") {
+            l.lm_head = "lm_head".into();
+        }
+        l
+    }
+}
+
+/// One image after the vision tower and projector.
+pub struct ImageEncoding {
+    /// Projected image tokens `(n_image_tokens, text_hidden)`, in spatial order ([CLS] first under
+    /// the `full` strategy).
+    pub features: Tensor,
+    /// Vision hidden state at the deepest feature layer, `(1 + patches, vision_hidden)`, [CLS] first.
+    pub vision_hidden: Tensor,
+    /// [CLS]→token attention at that layer, `(heads, 1 + patches)`.
+    pub cls_attention: Option<Tensor>,
+}
+
+pub struct Llava {
+    config: LlavaConfig,
+    vision: ClipVision,
+    projector: Projector,
+    text: TextModel,
+}
+
+impl Llava {
+    /// Loads a checkpoint directory (config.json + safetensors), computing in f32.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let config = LlavaConfig::from_dir(dir)?;
+        let vb = checkpoint::var_builder(dir, DType::F32, device)?;
+        let layout = WeightLayout::detect(&vb);
+        Self::from_var_builder(&vb, config, &layout, Mode::Infer)
+    }
+
+    /// Builds the model from any `VarBuilder` (a checkpoint, or a `VarMap` when training).
+    pub fn from_var_builder(vb: &VarBuilder, config: LlavaConfig, layout: &WeightLayout, mode: Mode) -> Result<Self> {
+        let deepest = *config.feature_layers.iter().max().expect("config validated: non-empty");
+        let vision = ClipVision::load(&vb.pp(&layout.vision), &config.vision, deepest, mode)?;
+        let proj_in = config.vision.hidden_size * config.feature_layers.len();
+        let projector = Projector::load(
+            &vb.pp(&layout.projector),
+            proj_in,
+            config.text.hidden_size,
+            config.projector_hidden_act,
+            config.projector_bias,
+        )?;
+        let text = TextModel::load(&vb.pp(&layout.text), &vb.pp(&layout.lm_head), &config.text, mode)?;
+        Ok(Self {
+            config,
+            vision,
+            projector,
+            text,
+        })
+    }
+
+    pub fn config(&self) -> &LlavaConfig {
+        &self.config
+    }
+
+    /// The text decoder, as decoding strategies drive it.
+    pub fn text(&self) -> &TextModel {
+        &self.text
+    }
+
+    pub fn vision(&self) -> &ClipVision {
+        &self.vision
+    }
+
+    pub fn projector(&self) -> &Projector {
+        &self.projector
+    }
+
+    /// Vision tower + feature selection + projector for one image, `pixels` `(3, H, W)`.
+    pub fn encode_image(&self, pixels: &Tensor) -> Result<ImageEncoding> {
+        let out = self.vision.forward(pixels, &self.config.feature_layers)?;
+        // (1 + patches, vision_hidden · n_layers)
+        let feats = Tensor::cat(&out.hidden_states, 1)?;
+        let feats = match self.config.feature_select {
+            FeatureSelect::Default => feats.narrow(0, 1, feats.dim(0)? - 1)?,
+            FeatureSelect::Full => feats,
+        };
+        let deepest_pos = self
+            .config
+            .feature_layers
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, &l)| l)
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+        Ok(ImageEncoding {
+            features: self.projector.forward(&feats)?,
+            vision_hidden: out.hidden_states[deepest_pos].clone(),
+            cls_attention: out.cls_attention,
+        })
+    }
+
+    /// Prompt embeddings `(t, text_hidden)`: token embeddings with every run of image-token rows
+    /// replaced by the next image's features, in order.
+    pub fn embed_prompt(&self, ids: &[u32], images: &[&Tensor]) -> Result<Tensor> {
+        let image_id = self.config.image_token_id;
+        let n_placeholders = ids.iter().filter(|&&i| i == image_id).count();
+        let mut n_features = 0;
+        for f in images {
+            n_features += f.dim(0)?;
+        }
+        if n_placeholders != n_features {
+            return Err(Error::Input(format!(
+                "the prompt has {n_placeholders} image-token positions but the images give {n_features} features \
+                 ({} image(s) of {} tokens)",
+                images.len(),
+                self.config.image_tokens_per_image()
+            )));
+        }
+        // All image tokens in prompt order: (n_features, text_hidden).
+        let all = if images.is_empty() { None } else { Some(Tensor::cat(images, 0)?) };
+        let mut parts: Vec<Tensor> = Vec::new();
+        let (mut i, mut offset) = (0, 0);
+        while i < ids.len() {
+            let is_img = ids[i] == image_id;
+            let j = i + ids[i..].iter().take_while(|&&x| (x == image_id) == is_img).count();
+            match (&all, is_img) {
+                (Some(all), true) => {
+                    parts.push(all.narrow(0, offset, j - i)?);
+                    offset += j - i;
+                }
+                _ => parts.push(self.text.embed_tokens(&ids[i..j])?),
+            }
+            i = j;
+        }
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+}

@@ -1,0 +1,4 @@
+//! Pre- and post-processing: images, text (tokenizer, streaming detokeniser) and chat templates.
+
+pub mod chat;
+pub mod tokenizer;

@@ -1,0 +1,8 @@
+//! Llama-family text decoders: Llama, Mistral and Qwen2 share one implementation and differ only in
+//! configuration (biases, sliding window, tied embeddings, RoPE parameters).
+
+mod config;
+mod decoder;
+
+pub use config::{TextArch, TextConfig};
+pub use decoder::TextModel;

@@ -1,0 +1,43 @@
+//! Layers shared by every glance model: linear, norms, activations, rotary embeddings, attention with
+//! arbitrary masks and explicit positions, and a KV cache built for rollback (append, truncate,
+//! fork, compact).
+//!
+//! Shapes: glance runs batch 1 at this level. Token rows are `(t, hidden)`; attention works on
+//! `(1, heads, t, head_dim)`.
+//!
+//! **Train / infer switch.** candle's fused CPU kernels (`softmax_last_dim`, `rms_norm`,
+//! `layer_norm`, `rope`) have no backward pass and fail silently in a training graph. Every layer
+//! here takes a [`Mode`]; `Mode::Train` selects the composed, differentiable forms.
+
+pub mod activation;
+pub mod attention;
+pub mod kv_cache;
+pub mod linear;
+pub mod lm;
+pub mod norm;
+pub mod rope;
+pub mod weights;
+
+pub use activation::Activation;
+pub use attention::{attention, AttnMask};
+pub use kv_cache::{KvCache, LayerCache};
+pub use linear::Linear;
+pub use lm::CausalLm;
+pub use norm::{LayerNorm, RmsNorm};
+pub use rope::{RopeScaling, RotaryEmbedding};
+
+/// Whether a layer is built for inference (fast fused kernels) or training (differentiable ops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    #[default]
+    Infer,
+    Train,
+}
+
+/// Softmax over the last dimension, fused for inference and differentiable for training.
+pub fn softmax_last_dim(xs: &candle_core::Tensor, mode: Mode) -> candle_core::Result<candle_core::Tensor> {
+    match mode {
+        Mode::Infer => candle_nn::ops::softmax_last_dim(xs),
+        Mode::Train => candle_nn::ops::softmax(xs, candle_core::D::Minus1),
+    }
+}

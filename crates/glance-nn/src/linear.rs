@@ -1,0 +1,37 @@
+//! A linear layer `y = x Wᵀ + b` over rows of any leading shape.
+
+use candle_core::{Result, Tensor};
+
+/// Weight `(out, in)` as in PyTorch, optional bias `(out,)`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// `xs`: `(..., in)` → `(..., out)`. Leading dims are flattened into one GEMM.
+    pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        let dims = xs.dims();
+        let in_dim = dims[dims.len() - 1];
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let out_dim = self.weight.dim(0)?;
+        // (rows, in) x (in, out) -> (rows, out)
+        let y = xs.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out_shape = dims[..dims.len() - 1].to_vec();
+        out_shape.push(out_dim);
+        y.reshape(out_shape)
+    }
+}
