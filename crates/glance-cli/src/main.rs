@@ -1,1 +1,46 @@
-fn main() {}
+//! `glance`: fast vision-language inference on CPU.
+//!
+//! One binary, one subcommand per job. Argument parsing and validation live here; the work lives
+//! in the library crates.
+
+mod bench;
+mod logits;
+mod pipeline;
+mod run;
+mod threads;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Fast vision-language inference: LLaVA-family checkpoints on CPU, with numbers for every
+/// accelerator.
+#[derive(Parser)]
+#[command(name = "glance", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Answer a prompt about an image, streaming the answer.
+    Run(run::RunArgs),
+    /// Write the logits of every prompt position to a .npy file (for parity checks).
+    Logits(logits::LogitsArgs),
+    /// Measure speed: prints a table and writes JSON.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Logits(a) => logits::run(a),
+        Command::Bench(b) => bench::run(b),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

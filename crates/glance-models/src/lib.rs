@@ -10,4 +10,5 @@
 pub mod checkpoint;
 pub mod llava;
 pub mod processing;
+pub mod random;
 pub mod text;

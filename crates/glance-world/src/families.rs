@@ -3,7 +3,7 @@
 //! Balancing rules: existence answers are decided by a fair coin first (absent things are mostly
 //! near misses: a present colour with another shape, or vice versa — POPE's adversarial setting);
 //! counting mixes total counts with per-attribute counts whose target is drawn proportionally to
-//! its count (and sometimes absent, answer 0) so "1" does not dominate; spatial relations are
+//! its squared count (and sometimes absent, answer 0) so "1" does not dominate; spatial relations are
 //! yes/no by a fair coin. Referring expressions are always unique in the scene.
 
 use crate::describe;
@@ -83,7 +83,7 @@ fn refer(scene: &Scene, i: usize, allow: Allow, rng: &mut WorldRng) -> Option<St
 
 pub(crate) fn attribute(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
     let i = rng.below(scene.objects.len());
-    let o = scene.objects[i];
+    let o = *scene.objects.get(i)?;
     let kind = rng.weighted(&[0.4, 0.35, 0.25])?;
     let (question, answer) = match kind {
         0 => {
@@ -111,8 +111,8 @@ pub(crate) fn attribute(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
 }
 
 pub(crate) fn counting(scene: &Scene, rng: &mut WorldRng) -> Qa {
-    let kind = rng.weighted(&[0.3, 0.25, 0.2, 0.1, 0.15]).unwrap_or(0);
-    // Target value: absent with probability 0.15 (when possible), else ∝ its count.
+    let kind = rng.weighted(&[0.35, 0.25, 0.2, 0.1, 0.1]).unwrap_or(0);
+    // Target value: absent with probability 0.15 (when possible), else ∝ its count squared.
     fn target<T: Copy + PartialEq>(rng: &mut WorldRng, all: &[T], count: impl Fn(T) -> usize) -> T {
         let absent: Vec<T> = all.iter().copied().filter(|v| count(*v) == 0).collect();
         if !absent.is_empty() && rng.chance(0.15) {
@@ -120,7 +120,7 @@ pub(crate) fn counting(scene: &Scene, rng: &mut WorldRng) -> Qa {
                 return *v;
             }
         }
-        let w: Vec<f64> = all.iter().map(|v| count(*v) as f64).collect();
+        let w: Vec<f64> = all.iter().map(|v| (count(*v) * count(*v)) as f64).collect();
         all[rng.weighted(&w).unwrap_or(0)]
     }
     let (question, n) = match kind {
@@ -167,43 +167,50 @@ fn related(a: &Object, b: &Object, rel: usize) -> bool {
 
 const RELATIONS: [&str; 4] = ["above", "below", "to the left of", "to the right of"];
 
+/// "What is in the {p}?" → "a large red circle" / "nothing" / "a sign".
+fn what_at(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
+    let empty: Vec<Position> = Position::ALL
+        .iter()
+        .copied()
+        .filter(|p| scene.object_at(*p).is_none() && scene.sign.is_none_or(|s| s.position != *p))
+        .collect();
+    let sign_w = if scene.sign.is_some() { 0.1 } else { 0.0 };
+    let k = rng.weighted(&[0.75, if empty.is_empty() { 0.0 } else { 0.15 }, sign_w])?;
+    let (p, answer) = match k {
+        0 => {
+            let o = rng.choose(&scene.objects)?;
+            (o.position, with_article(&o.phrase()))
+        }
+        1 => (*rng.choose(&empty)?, "nothing".to_string()),
+        _ => (scene.sign?.position, "a sign".to_string()),
+    };
+    let t = pick(rng, &["What is in the {p}?", "What is at the {p}?", "Which object is in the {p}?", "What can you see in the {p}?"]);
+    Some(Qa::new(Family::Spatial, t.replace("{p}", p.name()), answer))
+}
+
 pub(crate) fn spatial(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
     let sign_w = if scene.sign.is_some() { 0.1 } else { 0.0 };
     let rel_w = if scene.objects.len() >= 2 { 0.2 } else { 0.0 };
     let kind = rng.weighted(&[0.45, 0.25, rel_w, sign_w])?;
     let no_pos = Allow { position: false, ..ALL_FIELDS };
+    // Objects that can be named without their position (identical twins cannot).
+    let named: Vec<Option<String>> = (0..scene.objects.len()).map(|i| refer(scene, i, no_pos, rng)).collect();
     let (question, answer) = match kind {
         0 => {
-            let i = rng.below(scene.objects.len());
-            let r = refer(scene, i, no_pos, rng)?;
+            let cands: Vec<usize> = (0..named.len()).filter(|i| named[*i].is_some()).collect();
+            let Some(&i) = rng.choose(&cands) else { return what_at(scene, rng) };
+            let r = named[i].clone()?;
             let t = pick(rng, &["Where is {r}?", "In which part of the image is {r}?", "Where can you find {r}?", "What is the position of {r}?"]);
             (t.replace("{r}", &r), scene.objects[i].position.name().to_string())
         }
-        1 => {
-            let empty: Vec<Position> = Position::ALL
-                .iter()
-                .copied()
-                .filter(|p| scene.object_at(*p).is_none() && scene.sign.is_none_or(|s| s.position != *p))
-                .collect();
-            let k = rng.weighted(&[0.75, if empty.is_empty() { 0.0 } else { 0.15 }, sign_w])?;
-            let (p, answer) = match k {
-                0 => {
-                    let o = rng.choose(&scene.objects)?;
-                    (o.position, with_article(&o.phrase()))
-                }
-                1 => (*rng.choose(&empty)?, "nothing".to_string()),
-                _ => (scene.sign?.position, "a sign".to_string()),
-            };
-            let t = pick(rng, &["What is in the {p}?", "What is at the {p}?", "Which object is in the {p}?", "What can you see in the {p}?"]);
-            (t.replace("{p}", p.name()), answer)
-        }
+        1 => return what_at(scene, rng),
         2 => {
             let want = rng.chance(0.5);
-            // Pairs (a, b, relation) whose truth is `want`.
+            // Pairs (a, b, relation) of nameable objects whose truth is `want`.
             let mut cands = Vec::new();
             for (i, a) in scene.objects.iter().enumerate() {
                 for (j, b) in scene.objects.iter().enumerate() {
-                    if i != j {
+                    if i != j && named[i].is_some() && named[j].is_some() {
                         for rel in 0..4 {
                             if related(a, b, rel) == want {
                                 cands.push((i, j, rel));
@@ -212,8 +219,8 @@ pub(crate) fn spatial(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
                     }
                 }
             }
-            let (i, j, rel) = *rng.choose(&cands)?;
-            let (ra, rb) = (refer(scene, i, no_pos, rng)?, refer(scene, j, no_pos, rng)?);
+            let Some(&(i, j, rel)) = rng.choose(&cands) else { return what_at(scene, rng) };
+            let (ra, rb) = (named[i].clone()?, named[j].clone()?);
             let t = pick(rng, &["Is {a} {rel} {b}?", "Is {a} located {rel} {b}?"]);
             let q = t.replace("{a}", &ra).replace("{rel}", RELATIONS[rel]).replace("{b}", &rb);
             (q, if want { "yes" } else { "no" }.to_string())
@@ -292,7 +299,7 @@ pub(crate) fn existence(scene: &Scene, rng: &mut WorldRng) -> Qa {
                 Some(v) => *v,
                 None => {
                     // Everything asked about is present (cannot happen with ≤ 6 objects): say yes.
-                    let o = o.unwrap_or(scene.objects[0]);
+                    let Some(o) = o else { return Qa::new(Family::Existence, "Is there a sign?", if scene.sign.is_some() { "yes" } else { "no" }) };
                     let (c, s, z) = sel(o.colour, o.shape, o.size);
                     let q = question_for(rng, c, s, z);
                     return Qa::new(Family::Existence, q, "yes");
@@ -319,9 +326,9 @@ pub(crate) fn description_qa(scene: &Scene, rng: &mut WorldRng) -> Qa {
 /// A standalone question about one uniquely identifiable object followed by 1–3 follow-ups that
 /// refer to it as "it". Empty if no object can be referred to uniquely without its position.
 pub(crate) fn follow_up_chain(scene: &Scene, rng: &mut WorldRng) -> Vec<Qa> {
-    let i = rng.below(scene.objects.len());
-    let o = scene.objects[i];
     let mut chain = Vec::new();
+    let i = rng.below(scene.objects.len());
+    let Some(&o) = scene.objects.get(i) else { return chain };
     let mut asked = (false, false, false, false); // colour, shape, size, position known
     if rng.chance(0.5) {
         let t = pick(rng, &["What is in the {p}?", "What can you see in the {p}?"]);

@@ -147,8 +147,8 @@ pub fn patch_labels_with(scene: &Scene, patch: usize, min_coverage: f32) -> Resu
     let mut sign_cov = vec![0u32; cells];
     let mut ink = vec![[0u32; 2]; cells];
     if let Some(s) = &scene.sign {
-        for y in s.y..(s.y + g::PLATE_H).min(IMAGE_SIZE) {
-            for x in s.x..(s.x + g::PLATE_W).min(IMAGE_SIZE) {
+        for y in s.y..s.y.saturating_add(g::PLATE_H).min(IMAGE_SIZE) {
+            for x in s.x..s.x.saturating_add(g::PLATE_W).min(IMAGE_SIZE) {
                 let cell = (y as usize / patch) * grid + x as usize / patch;
                 match sign_pixel(s, x, y) {
                     SignPixel::Outside => {}

@@ -89,8 +89,8 @@ pub fn render(scene: &Scene) -> RgbImage {
         }
     }
     if let Some(sign) = &scene.sign {
-        for y in sign.y..(sign.y + crate::scene::sign_geometry::PLATE_H).min(s) {
-            for x in sign.x..(sign.x + crate::scene::sign_geometry::PLATE_W).min(s) {
+        for y in sign.y..sign.y.saturating_add(crate::scene::sign_geometry::PLATE_H).min(s) {
+            for x in sign.x..sign.x.saturating_add(crate::scene::sign_geometry::PLATE_W).min(s) {
                 let c = match sign_pixel(sign, x, y) {
                     SignPixel::Outside => continue,
                     SignPixel::Border => BORDER_RGB,

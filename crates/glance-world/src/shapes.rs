@@ -116,7 +116,7 @@ pub enum SignPixel {
 
 /// Classify a pixel against the sign plate and its glyphs.
 pub fn sign_pixel(s: &Sign, px: u32, py: u32) -> SignPixel {
-    if px < s.x || py < s.y || px >= s.x + g::PLATE_W || py >= s.y + g::PLATE_H {
+    if px < s.x || py < s.y || px >= s.x.saturating_add(g::PLATE_W) || py >= s.y.saturating_add(g::PLATE_H) {
         return SignPixel::Outside;
     }
     let (lx, ly) = (px - s.x, py - s.y);

@@ -13,10 +13,12 @@
 
 mod config;
 mod model;
+mod processor;
 mod projector;
 mod vision;
 
 pub use config::{FeatureSelect, LlavaConfig, VisionConfig};
 pub use model::{ImageEncoding, Llava, WeightLayout};
+pub use processor::{LlavaProcessor, PreparedPrompt, PromptFormat};
 pub use projector::Projector;
 pub use vision::{ClipVision, VisionOutput};

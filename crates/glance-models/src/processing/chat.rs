@@ -51,7 +51,9 @@ pub enum ContentPart {
     Image {},
 }
 
-fn deserialize_content<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<ContentPart>, D::Error> {
+fn deserialize_content<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<ContentPart>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Content {
@@ -67,7 +69,10 @@ fn deserialize_content<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<V
 impl ChatMessage {
     /// A message with the given role and parts.
     pub fn new(role: &str, content: Vec<ContentPart>) -> Self {
-        Self { role: role.to_string(), content }
+        Self {
+            role: role.to_string(),
+            content,
+        }
     }
 
     /// A user turn: `images` image parts first, then the text (as in the LLaVA examples). An empty
@@ -75,24 +80,39 @@ impl ChatMessage {
     pub fn user(text: &str, images: usize) -> Self {
         let mut content: Vec<ContentPart> = (0..images).map(|_| ContentPart::Image {}).collect();
         if !text.is_empty() {
-            content.push(ContentPart::Text { text: text.to_string() });
+            content.push(ContentPart::Text {
+                text: text.to_string(),
+            });
         }
         Self::new("user", content)
     }
 
     /// An assistant turn holding `text`.
     pub fn assistant(text: &str) -> Self {
-        Self::new("assistant", vec![ContentPart::Text { text: text.to_string() }])
+        Self::new(
+            "assistant",
+            vec![ContentPart::Text {
+                text: text.to_string(),
+            }],
+        )
     }
 
     /// A system turn holding `text`.
     pub fn system(text: &str) -> Self {
-        Self::new("system", vec![ContentPart::Text { text: text.to_string() }])
+        Self::new(
+            "system",
+            vec![ContentPart::Text {
+                text: text.to_string(),
+            }],
+        )
     }
 
     /// Number of image parts.
     pub fn num_images(&self) -> usize {
-        self.content.iter().filter(|p| matches!(p, ContentPart::Image {})).count()
+        self.content
+            .iter()
+            .filter(|p| matches!(p, ContentPart::Image {}))
+            .count()
     }
 
     /// The text parts joined with `\n`.
@@ -147,7 +167,10 @@ impl Object for OrderedMap {
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let key = key.as_str()?;
-        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone())
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.clone())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
@@ -167,7 +190,9 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("source", &self.source).finish_non_exhaustive()
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
     }
 }
 
@@ -189,7 +214,8 @@ impl ChatTemplate {
         env.add_function("strftime_now", pyfns::strftime_now);
         env.add_filter("tojson", pyfns::tojson);
         let rewritten = rewrite_generation_tags(&source);
-        env.add_template_owned(TEMPLATE_NAME, rewritten).map_err(template_error)?;
+        env.add_template_owned(TEMPLATE_NAME, rewritten)
+            .map_err(template_error)?;
         Ok(Self { env, source })
     }
 
@@ -219,7 +245,10 @@ impl ChatTemplate {
         if let Some(eos) = eos_token {
             ctx.insert("eos_token", Value::from(eos));
         }
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(template_error)?;
         template.render(Value::from(ctx)).map_err(template_error)
     }
 }
@@ -288,7 +317,10 @@ fn parse_generation_tag(s: &str) -> Option<(usize, &str, &str, bool)> {
         i += 1;
     }
     let word_start = i;
-    while bytes.get(i).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_') {
+    while bytes
+        .get(i)
+        .is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_')
+    {
         i += 1;
     }
     let end = match &s[word_start..i] {

@@ -1,4 +1,5 @@
 //! Pre- and post-processing: images, text (tokenizer, streaming detokeniser) and chat templates.
 
 pub mod chat;
+pub mod image;
 pub mod tokenizer;

@@ -71,26 +71,33 @@ impl TextProcessor {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tokenizer_path = dir.join("tokenizer.json");
         if !tokenizer_path.is_file() {
-            return Err(Error::MissingFile { dir: dir.to_path_buf(), what: "tokenizer.json".to_string() });
+            return Err(Error::MissingFile {
+                dir: dir.to_path_buf(),
+                what: "tokenizer.json".to_string(),
+            });
         }
         let bytes = std::fs::read(&tokenizer_path).map_err(|e| Error::io(&tokenizer_path, e))?;
         let tokenizer = Self::tokenizer_from_bytes(&bytes)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
 
         let config = read_json_opt(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
-        let special_map = read_json_opt(&dir.join("special_tokens_map.json"))?.unwrap_or(Json::Null);
+        let special_map =
+            read_json_opt(&dir.join("special_tokens_map.json"))?.unwrap_or(Json::Null);
         let mut specials: [Option<String>; 4] = Default::default();
         for (slot, key) in specials.iter_mut().zip(SPECIAL_KEYS) {
             *slot = token_content(config.get(key)).or_else(|| token_content(special_map.get(key)));
         }
         let [bos_token, eos_token, pad_token, unk_token] = specials;
-        let clean_up_tokenization_spaces =
-            config.get("clean_up_tokenization_spaces").and_then(Json::as_bool).unwrap_or(false);
+        let clean_up_tokenization_spaces = config
+            .get("clean_up_tokenization_spaces")
+            .and_then(Json::as_bool)
+            .unwrap_or(false);
 
         let (chat_template, chat_template_file) = match find_chat_template(dir, &config)? {
             Some((source, file)) => {
-                let template = ChatTemplate::new(source)
-                    .map_err(|e| Error::Template(format!("{}: {}", file.display(), strip_prefix(e))))?;
+                let template = ChatTemplate::new(source).map_err(|e| {
+                    Error::Template(format!("{}: {}", file.display(), strip_prefix(e)))
+                })?;
                 (Some(template), Some(file))
             }
             None => (None, None),
@@ -104,11 +111,18 @@ impl TextProcessor {
         if let Some(gen) = read_json_opt(&gen_path)? {
             let ids = match gen.get("eos_token_id") {
                 None | Some(Json::Null) => Vec::new(),
-                Some(Json::Array(items)) => items.iter().map(json_id).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                Some(Json::Array(items)) => items
+                    .iter()
+                    .map(json_id)
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
                     Error::Tokenizer(format!("{}: eos_token_id must be ids", gen_path.display()))
                 })?,
                 Some(one) => vec![json_id(one).ok_or_else(|| {
-                    Error::Tokenizer(format!("{}: eos_token_id must be an id", gen_path.display()))
+                    Error::Tokenizer(format!(
+                        "{}: eos_token_id must be an id",
+                        gen_path.display()
+                    ))
                 })?],
             };
             eos_ids.extend(ids);
@@ -119,8 +133,12 @@ impl TextProcessor {
             .get_decoder()
             .and_then(|d| serde_json::to_string(d).ok())
             .is_some_and(|json| json.contains("\"ByteFallback\""));
-        let special_ids =
-            tokenizer.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        let special_ids = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
 
         Ok(Self {
             tokenizer,
@@ -184,8 +202,10 @@ impl TextProcessor {
     }
 
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let encoding =
-            self.tokenizer.encode(text, add_special_tokens).map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
+        let encoding = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -194,13 +214,20 @@ impl TextProcessor {
     /// vocabulary are skipped (as `tokenizers` does).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         let text = self.decode_pipeline(ids, skip_special_tokens)?;
-        Ok(if self.clean_up_tokenization_spaces { clean_up_tokenization(&text) } else { text })
+        Ok(if self.clean_up_tokenization_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
     }
 
     /// True when `id` is a `<0xNN>` token that a `ByteFallback` decoder turns into a raw byte.
     fn is_fallback_byte(&self, id: u32) -> bool {
         self.byte_fallback
-            && self.tokenizer.id_to_token(id).is_some_and(|t| t.len() == 6 && t.starts_with("<0x") && t.ends_with('>'))
+            && self
+                .tokenizer
+                .id_to_token(id)
+                .is_some_and(|t| t.len() == 6 && t.starts_with("<0x") && t.ends_with('>'))
     }
 
     /// True when `id` is an added token marked special.
@@ -210,7 +237,9 @@ impl TextProcessor {
 
     /// The `tokenizers` decode pipeline only (no clean-up pass).
     fn decode_pipeline(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.tokenizer.decode(ids, skip_special_tokens).map_err(|e| Error::Tokenizer(format!("decode: {e}")))
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| Error::Tokenizer(format!("decode: {e}")))
     }
 
     /// All ids that end generation: `eos_token` plus `generation_config.json`'s `eos_token_id`(s).
@@ -255,12 +284,20 @@ impl TextProcessor {
 
     /// Renders `messages` with the model's chat template and this tokenizer's BOS / EOS texts.
     /// A model without a chat template is an [`Error::Template`].
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_ref()
-            .ok_or_else(|| Error::Template("the model directory has no chat template".to_string()))?;
-        template.render(messages, add_generation_prompt, self.bos_token(), self.eos_token())
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            Error::Template("the model directory has no chat template".to_string())
+        })?;
+        template.render(
+            messages,
+            add_generation_prompt,
+            self.bos_token(),
+            self.eos_token(),
+        )
     }
 
     /// An incremental detokeniser (`skip_special_tokens = true`) for streaming generated ids.
@@ -305,7 +342,10 @@ fn read_json_opt(path: &Path) -> Result<Option<Json>> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let value = serde_json::from_str(&text).map_err(|source| Error::Json { path: path.to_path_buf(), source })?;
+    let value = serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(Some(value))
 }
 
@@ -313,7 +353,10 @@ fn read_json_opt(path: &Path) -> Result<Option<Json>> {
 fn token_content(value: Option<&Json>) -> Option<String> {
     match value? {
         Json::String(s) => Some(s.clone()),
-        Json::Object(obj) => obj.get("content").and_then(Json::as_str).map(str::to_string),
+        Json::Object(obj) => obj
+            .get("content")
+            .and_then(Json::as_str)
+            .map(str::to_string),
         _ => None,
     }
 }
@@ -343,10 +386,20 @@ fn template_from_json(value: &Json, path: &Path) -> Result<Option<String>> {
                     }
                 }
             }
-            let chosen = named.iter().find(|(n, _)| *n == "default").or(if named.len() == 1 { named.first() } else { None });
+            let chosen = named
+                .iter()
+                .find(|(n, _)| *n == "default")
+                .or(if named.len() == 1 {
+                    named.first()
+                } else {
+                    None
+                });
             Ok(chosen.map(|(_, t)| t.to_string()))
         }
-        _ => Err(Error::Template(format!("{}: chat_template must be a string or a list", path.display()))),
+        _ => Err(Error::Template(format!(
+            "{}: chat_template must be a string or a list",
+            path.display()
+        ))),
     }
 }
 
@@ -359,7 +412,9 @@ fn find_chat_template(dir: &Path, config: &Json) -> Result<Option<(String, PathB
     }
     let json_path = dir.join("chat_template.json");
     if let Some(json) = read_json_opt(&json_path)? {
-        if let Some(source) = template_from_json(json.get("chat_template").unwrap_or(&Json::Null), &json_path)? {
+        if let Some(source) =
+            template_from_json(json.get("chat_template").unwrap_or(&Json::Null), &json_path)?
+        {
             return Ok(Some((source, json_path)));
         }
     }

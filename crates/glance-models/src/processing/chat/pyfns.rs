@@ -6,7 +6,11 @@ use minijinja::{Error, ErrorKind, Value};
 
 /// `x | tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)`, i.e.
 /// transformers' override: `json.dumps(x, ensure_ascii=…, indent=…, separators=…, sort_keys=…)`.
-pub(super) fn tojson(value: &Value, ensure_ascii: Option<bool>, kwargs: Kwargs) -> Result<Value, Error> {
+pub(super) fn tojson(
+    value: &Value,
+    ensure_ascii: Option<bool>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
     let ensure_ascii = match kwargs.get::<Option<bool>>("ensure_ascii")? {
         Some(v) => v,
         None => ensure_ascii.unwrap_or(false),
@@ -20,18 +24,34 @@ pub(super) fn tojson(value: &Value, ensure_ascii: Option<bool>, kwargs: Kwargs) 
                 let n = i64::try_from(v.clone())?;
                 Some(" ".repeat(n.max(0) as usize))
             }
-            _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an int or a string",
+                ))
+            }
         },
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(seps) if seps.len() == 2 => (seps[0].clone(), seps[1].clone()),
-        Some(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ))
+        }
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
     };
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     kwargs.assert_all_used()?;
-    let writer = PyJson { ensure_ascii, indent, item_sep, key_sep, sort_keys };
+    let writer = PyJson {
+        ensure_ascii,
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys,
+    };
     let mut out = String::new();
     writer.write(&mut out, value, 0)?;
     Ok(Value::from(out))
@@ -59,7 +79,10 @@ impl PyJson {
 
     fn write(&self, out: &mut String, v: &Value, depth: usize) -> Result<(), Error> {
         if depth > MAX_DEPTH {
-            return Err(Error::new(ErrorKind::InvalidOperation, "tojson: nesting too deep"));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: nesting too deep",
+            ));
         }
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
@@ -118,7 +141,10 @@ impl PyJson {
             _ => {
                 return Err(Error::new(
                     ErrorKind::InvalidOperation,
-                    format!("tojson: object of kind {} is not JSON serializable", v.kind()),
+                    format!(
+                        "tojson: object of kind {} is not JSON serializable",
+                        v.kind()
+                    ),
                 ))
             }
         }
@@ -167,7 +193,10 @@ fn json_key(key: &Value) -> Result<String, Error> {
         _ => {
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
-                format!("tojson: keys must be str, int, float, bool or None, not {}", key.kind()),
+                format!(
+                    "tojson: keys must be str, int, float, bool or None, not {}",
+                    key.kind()
+                ),
             ))
         }
     })
@@ -180,7 +209,11 @@ pub(super) fn py_float_repr(f: f64) -> String {
         return "NaN".to_string();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".to_string() } else { "-Infinity".to_string() };
+        return if f > 0.0 {
+            "Infinity".to_string()
+        } else {
+            "-Infinity".to_string()
+        };
     }
     // `{:e}` gives the shortest round-trip digits: "-1.2345e-7", "1e20".
     let sci = format!("{:e}", f);
@@ -198,13 +231,21 @@ pub(super) fn py_float_repr(f: f64) -> String {
             if n <= int_len {
                 format!("{sign}{}{}.0", digits, "0".repeat((int_len - n) as usize))
             } else {
-                format!("{sign}{}.{}", &digits[..int_len as usize], &digits[int_len as usize..])
+                format!(
+                    "{sign}{}.{}",
+                    &digits[..int_len as usize],
+                    &digits[int_len as usize..]
+                )
             }
         } else {
             format!("{sign}0.{}{}", "0".repeat((-exp - 1) as usize), digits)
         }
     } else {
-        let frac = if n > 1 { format!(".{}", &digits[1..]) } else { String::new() };
+        let frac = if n > 1 {
+            format!(".{}", &digits[1..])
+        } else {
+            String::new()
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{}{frac}e{esign}{:02}", &digits[..1], exp.abs())
     }
@@ -221,10 +262,28 @@ pub(super) fn strftime_now(format: String) -> Result<Value, Error> {
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
     "December",
 ];
-const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+const DAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
 
 /// (year, month 1-12, day 1-31) from days since 1970-01-01 (Howard Hinnant's civil_from_days).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -263,7 +322,13 @@ pub(super) fn strftime(format: &str, unix_secs: i64) -> String {
         if no_pad {
             chars.next();
         }
-        let num = |v: i64, width: usize| if no_pad { v.to_string() } else { format!("{v:0width$}") };
+        let num = |v: i64, width: usize| {
+            if no_pad {
+                v.to_string()
+            } else {
+                format!("{v:0width$}")
+            }
+        };
         match chars.next() {
             Some('Y') => out.push_str(&year.to_string()),
             Some('y') => out.push_str(&num(year.rem_euclid(100), 2)),

@@ -5,14 +5,25 @@ use super::*;
 pub(crate) const LLAVA_15_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}{# Render all text next #}{% if message['role'] != 'assistant' %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
 
 fn render(source: &str, messages: &[ChatMessage], agp: bool) -> String {
-    ChatTemplate::new(source.to_string()).unwrap().render(messages, agp, Some("<s>"), Some("</s>")).unwrap()
+    ChatTemplate::new(source.to_string())
+        .unwrap()
+        .render(messages, agp, Some("<s>"), Some("</s>"))
+        .unwrap()
 }
 
 #[test]
 fn llava_15_single_turn() {
-    let out = render(LLAVA_15_TEMPLATE, &[ChatMessage::user("What is this?", 1)], true);
+    let out = render(
+        LLAVA_15_TEMPLATE,
+        &[ChatMessage::user("What is this?", 1)],
+        true,
+    );
     assert_eq!(out, "USER: <image>\nWhat is this? ASSISTANT:");
-    let out = render(LLAVA_15_TEMPLATE, &[ChatMessage::user("What is this?", 1)], false);
+    let out = render(
+        LLAVA_15_TEMPLATE,
+        &[ChatMessage::user("What is this?", 1)],
+        false,
+    );
     assert_eq!(out, "USER: <image>\nWhat is this? ");
 }
 
@@ -24,7 +35,10 @@ fn llava_15_multi_turn_with_generation_block() {
         ChatMessage::user("And its colour?", 0),
     ];
     let out = render(LLAVA_15_TEMPLATE, &messages, true);
-    assert_eq!(out, "USER: <image>\n<image>\nWhat is this? ASSISTANT: A cat. USER: And its colour? ASSISTANT:");
+    assert_eq!(
+        out,
+        "USER: <image>\n<image>\nWhat is this? ASSISTANT: A cat. USER: And its colour? ASSISTANT:"
+    );
 }
 
 #[test]
@@ -35,14 +49,21 @@ fn generation_tags_keep_whitespace_control() {
     let out = render(src, &[ChatMessage::user("x", 0)], false);
     assert_eq!(out, "[user]");
     // Other tags and a tag-like text are left alone.
-    assert_eq!(rewrite_generation_tags("{% generations %}{%"), "{% generations %}{%");
+    assert_eq!(
+        rewrite_generation_tags("{% generations %}{%"),
+        "{% generations %}{%"
+    );
 }
 
 #[test]
 fn hf_environment_whitespace_rules() {
     // trim_blocks removes the newline after a block tag, lstrip_blocks the indentation before it.
     let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n{{ m.role }}\n    {% endif %}\n{% endfor %}\n";
-    let out = render(src, &[ChatMessage::user("a", 0), ChatMessage::assistant("b")], false);
+    let out = render(
+        src,
+        &[ChatMessage::user("a", 0), ChatMessage::assistant("b")],
+        false,
+    );
     assert_eq!(out, "user\n");
 }
 
@@ -50,7 +71,10 @@ fn hf_environment_whitespace_rules() {
 fn special_tokens_and_undefined() {
     let src = "{{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}";
     let t = ChatTemplate::new(src.to_string()).unwrap();
-    assert_eq!(t.render(&[], true, Some("<s>"), Some("</s>")).unwrap(), "<s>|</s>|True");
+    assert_eq!(
+        t.render(&[], true, Some("<s>"), Some("</s>")).unwrap(),
+        "<s>|</s>|True"
+    );
     // Python booleans print as True / False, as in Jinja2. Undefined tokens render empty (Jinja2's default Undefined), as when transformers has none.
     assert_eq!(t.render(&[], false, None, None).unwrap(), "||False");
     let t = ChatTemplate::new("{% if bos_token is defined %}x{% endif %}".to_string()).unwrap();
@@ -75,17 +99,28 @@ fn loop_controls_and_namespace() {
 fn raise_exception_is_a_template_error() {
     let src = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
     let t = ChatTemplate::new(src.to_string()).unwrap();
-    let err = t.render(&[ChatMessage::system("s")], false, None, None).unwrap_err();
+    let err = t
+        .render(&[ChatMessage::system("s")], false, None, None)
+        .unwrap_err();
     match err {
         Error::Template(msg) => assert!(msg.contains("System role not supported"), "{msg}"),
         other => panic!("unexpected {other:?}"),
     }
-    assert_eq!(t.render(&[ChatMessage::user("u", 0)], false, None, None).unwrap(), "ok");
+    assert_eq!(
+        t.render(&[ChatMessage::user("u", 0)], false, None, None)
+            .unwrap(),
+        "ok"
+    );
 }
 
 #[test]
 fn broken_templates_are_errors() {
-    for src in ["{% for m in messages %}", "{{ messages[0 }}", "{% frobnicate %}", "{% endif %}"] {
+    for src in [
+        "{% for m in messages %}",
+        "{{ messages[0 }}",
+        "{% frobnicate %}",
+        "{% endif %}",
+    ] {
         match ChatTemplate::new(src.to_string()) {
             Err(Error::Template(_)) => {}
             other => panic!("{src}: expected a template error, got {other:?}"),
@@ -93,7 +128,10 @@ fn broken_templates_are_errors() {
     }
     // A runtime error (attribute of undefined) is an error, not a panic.
     let t = ChatTemplate::new("{{ messages[3].role.upper() }}".to_string()).unwrap();
-    assert!(matches!(t.render(&[], false, None, None), Err(Error::Template(_))));
+    assert!(matches!(
+        t.render(&[], false, None, None),
+        Err(Error::Template(_))
+    ));
 }
 
 #[test]
@@ -104,12 +142,25 @@ fn tojson_is_python_json_dumps() {
         r#"{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi <b> & \"q\" é"}]}"#
     );
     assert_eq!(
-        render("{{ {'b': [1, 2.5, none, true], 'a': 'x\ny'} | tojson(indent=2) }}", &[], false),
+        render(
+            "{{ {'b': [1, 2.5, none, true], 'a': 'x\ny'} | tojson(indent=2) }}",
+            &[],
+            false
+        ),
         "{\n  \"a\": \"x\\ny\",\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}"
     );
-    assert_eq!(render("{{ 'é' | tojson(ensure_ascii=true) }}", &[], false), "\"\\u00e9\"");
-    assert_eq!(render("{{ [] | tojson }}{{ {} | tojson }}", &[], false), "[]{}");
-    assert_eq!(render("{{ [1,2] | tojson(separators=[',', ':']) }}", &[], false), "[1,2]");
+    assert_eq!(
+        render("{{ 'é' | tojson(ensure_ascii=true) }}", &[], false),
+        "\"\\u00e9\""
+    );
+    assert_eq!(
+        render("{{ [] | tojson }}{{ {} | tojson }}", &[], false),
+        "[]{}"
+    );
+    assert_eq!(
+        render("{{ [1,2] | tojson(separators=[',', ':']) }}", &[], false),
+        "[1,2]"
+    );
 }
 
 #[test]
@@ -135,7 +186,10 @@ fn strftime_known_dates() {
     // 2024-02-29 13:05:09 UTC, a Thursday.
     let t = 1_709_211_909;
     assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
-    assert_eq!(strftime("%A %B %-d, %H:%M:%S %p %I %j %y %%", t), "Thursday February 29, 13:05:09 PM 01 060 24 %");
+    assert_eq!(
+        strftime("%A %B %-d, %H:%M:%S %p %I %j %y %%", t),
+        "Thursday February 29, 13:05:09 PM 01 060 24 %"
+    );
     assert_eq!(strftime("%Y-%m-%d %a", 0), "1970-01-01 Thu");
     let _ = render("{{ strftime_now('%d %B %Y') }}", &[], false);
 }
@@ -152,22 +206,46 @@ fn messages_deserialize_from_hf_json() {
     assert_eq!(msgs[0].num_images(), 1);
     assert_eq!(msgs[1].text(), "Hello");
     let back = serde_json::to_string(&msgs[0]).unwrap();
-    assert_eq!(back, r#"{"role":"user","content":[{"type":"image"},{"type":"text","text":"Hi"}]}"#);
-    assert!(serde_json::from_str::<ChatMessage>(r#"{"role": "user", "content": [{"type": "audio"}]}"#).is_err());
+    assert_eq!(
+        back,
+        r#"{"role":"user","content":[{"type":"image"},{"type":"text","text":"Hi"}]}"#
+    );
+    assert!(serde_json::from_str::<ChatMessage>(
+        r#"{"role": "user", "content": [{"type": "audio"}]}"#
+    )
+    .is_err());
 }
 
 #[test]
 fn user_message_images_first() {
     let m = ChatMessage::user("q", 2);
-    assert_eq!(m.content, vec![ContentPart::Image {}, ContentPart::Image {}, ContentPart::Text { text: "q".into() }]);
-    assert_eq!(ChatMessage::user("", 1).content, vec![ContentPart::Image {}]);
+    assert_eq!(
+        m.content,
+        vec![
+            ContentPart::Image {},
+            ContentPart::Image {},
+            ContentPart::Text { text: "q".into() }
+        ]
+    );
+    assert_eq!(
+        ChatMessage::user("", 1).content,
+        vec![ContentPart::Image {}]
+    );
 }
 
 #[test]
 fn expand_image_tokens_like_llava_processor() {
-    assert_eq!(expand_image_tokens("a<image>b<image>", "<image>", 3), "a<image><image><image>b<image><image><image>");
+    assert_eq!(
+        expand_image_tokens("a<image>b<image>", "<image>", 3),
+        "a<image><image><image>b<image><image><image>"
+    );
     assert_eq!(expand_image_tokens("a<image>b", "<image>", 0), "ab");
     assert_eq!(expand_image_tokens("ab", "<image>", 5), "ab");
     assert_eq!(expand_image_tokens("ab", "", 5), "ab");
-    assert_eq!(expand_image_tokens("<image>", "<image>", 576).matches("<image>").count(), 576);
+    assert_eq!(
+        expand_image_tokens("<image>", "<image>", 576)
+            .matches("<image>")
+            .count(),
+        576
+    );
 }

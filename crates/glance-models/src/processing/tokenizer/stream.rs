@@ -51,7 +51,14 @@ const MAX_WINDOW: usize = 32;
 
 impl<'a> StreamDecoder<'a> {
     pub(super) fn new(processor: &'a TextProcessor) -> Self {
-        Self { processor, ids: Vec::new(), prefix_offset: 0, read_offset: 0, raw_emitted: String::new(), pending: String::new() }
+        Self {
+            processor,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+            raw_emitted: String::new(),
+            pending: String::new(),
+        }
     }
 
     /// All ids pushed so far.
@@ -68,7 +75,11 @@ impl<'a> StreamDecoder<'a> {
         self.ids.push(id);
         // A byte run's text is final only once the run ends: one invalid byte later turns the
         // whole run into U+FFFDs in the full decode. Skipped special tokens do not end a run.
-        let last_text_id = self.ids.iter().rev().find(|&&i| !self.processor.is_special(i));
+        let last_text_id = self
+            .ids
+            .iter()
+            .rev()
+            .find(|&&i| !self.processor.is_special(i));
         if last_text_id.is_some_and(|&i| self.processor.is_fallback_byte(i)) {
             return Ok(String::new());
         }
@@ -120,7 +131,10 @@ impl<'a> StreamDecoder<'a> {
                 // decoders `tokenizers` ships); emit what the window has left.
                 let prefix = self.decode(&self.ids[self.prefix_offset..self.read_offset])?;
                 let window = self.decode(&self.ids[self.prefix_offset..])?;
-                window.strip_prefix(prefix.as_str()).unwrap_or_default().to_string()
+                window
+                    .strip_prefix(prefix.as_str())
+                    .unwrap_or_default()
+                    .to_string()
             }
         };
         self.raw_emitted.push_str(&piece);

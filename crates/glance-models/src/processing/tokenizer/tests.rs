@@ -60,10 +60,36 @@ fn llama_tokenizer_json() -> (Json, u32) {
         push(&mut vocab, c.to_string());
     }
     let merges = [
-        ("▁", "t"), ("h", "e"), ("▁t", "he"), ("▁", "a"), ("i", "s"), ("▁", "is"), ("▁", "w"), ("o", "r"),
-        ("▁w", "or"), ("l", "d"), ("▁wor", "ld"), ("▁", "W"), ("h", "a"), ("▁W", "ha"), ("▁Wha", "t"), ("▁", "c"),
-        ("a", "t"), ("▁c", "at"), ("n", "'"), ("n'", "t"), ("▁", "U"), ("S", "E"), ("▁U", "SE"), ("▁USE", "R"),
-        ("▁USER", ":"), ("▁", "H"), ("e", "l"), ("el", "l"), ("ell", "o"), ("▁H", "ello"),
+        ("▁", "t"),
+        ("h", "e"),
+        ("▁t", "he"),
+        ("▁", "a"),
+        ("i", "s"),
+        ("▁", "is"),
+        ("▁", "w"),
+        ("o", "r"),
+        ("▁w", "or"),
+        ("l", "d"),
+        ("▁wor", "ld"),
+        ("▁", "W"),
+        ("h", "a"),
+        ("▁W", "ha"),
+        ("▁Wha", "t"),
+        ("▁", "c"),
+        ("a", "t"),
+        ("▁c", "at"),
+        ("n", "'"),
+        ("n'", "t"),
+        ("▁", "U"),
+        ("S", "E"),
+        ("▁U", "SE"),
+        ("▁USE", "R"),
+        ("▁USER", ":"),
+        ("▁", "H"),
+        ("e", "l"),
+        ("el", "l"),
+        ("ell", "o"),
+        ("▁H", "ello"),
     ];
     for (a, b) in merges {
         push(&mut vocab, format!("{a}{b}"));
@@ -90,15 +116,37 @@ fn llama_tokenizer_json() -> (Json, u32) {
 }
 
 const WORDS: [&str; 20] = [
-    "what", "is", "this", "?", ".", ",", "!", "'", "n't", "'m", "'s", "'ve", "'re", "the", "cat", "red", "USER", ":",
-    "ASSISTANT", "n",
+    "what",
+    "is",
+    "this",
+    "?",
+    ".",
+    ",",
+    "!",
+    "'",
+    "n't",
+    "'m",
+    "'s",
+    "'ve",
+    "'re",
+    "the",
+    "cat",
+    "red",
+    "USER",
+    ":",
+    "ASSISTANT",
+    "n",
 ];
 
 /// A word-level tokenizer like glance-tiny's: `<unk> <s> </s> <pad> <image>` then words; no
 /// decoder (tokens are joined with spaces).
 fn word_tokenizer_json() -> Json {
     let mut vocab = serde_json::Map::new();
-    for (i, t) in ["<unk>", "<s>", "</s>", "<pad>", "<image>"].iter().chain(WORDS.iter()).enumerate() {
+    for (i, t) in ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+        .iter()
+        .chain(WORDS.iter())
+        .enumerate()
+    {
         vocab.insert(t.to_string(), json!(i));
     }
     json!({
@@ -200,19 +248,30 @@ fn special_tokens_and_vocab() {
 fn image_tokens_expand_to_one_id_each() {
     let (dir, image_id) = llama_dir("image");
     let p = TextProcessor::from_dir(&dir).unwrap();
-    let prompt = p.apply_chat_template(&[ChatMessage::user("What is this?", 1)], true).unwrap();
+    let prompt = p
+        .apply_chat_template(&[ChatMessage::user("What is this?", 1)], true)
+        .unwrap();
     assert_eq!(prompt, "USER: <image>\nWhat is this? ASSISTANT:");
     let expanded = expand_image_tokens(&prompt, "<image>", 576);
     let ids = p.encode_raw(&expanded).unwrap();
     assert_eq!(ids.iter().filter(|&&i| i == image_id).count(), 576);
     let first = ids.iter().position(|&i| i == image_id).unwrap();
-    assert!(ids[first..first + 576].iter().all(|&i| i == image_id), "image ids are contiguous");
+    assert!(
+        ids[first..first + 576].iter().all(|&i| i == image_id),
+        "image ids are contiguous"
+    );
     assert_eq!(ids[0], 1);
     // The llava-1.5 template writes no BOS, so the processor adds one.
     assert_eq!(p.encode_prompt(&expanded).unwrap(), ids);
 
     let p = TextProcessor::from_dir(&word_dir("image-w", false)).unwrap();
-    let ids = p.encode_plain(&expand_image_tokens("<image>\nwhat is this ?", "<image>", 576)).unwrap();
+    let ids = p
+        .encode_plain(&expand_image_tokens(
+            "<image>\nwhat is this ?",
+            "<image>",
+            576,
+        ))
+        .unwrap();
     assert_eq!(ids.len(), 576 + 4);
     assert!(ids[..576].iter().all(|&i| i == 4));
 }
@@ -227,9 +286,15 @@ fn truncation_in_tokenizer_json_is_ignored() {
 #[test]
 fn template_writing_bos_is_not_doubled() {
     let (dir, _) = llama_dir("double-bos");
-    write(&dir, "chat_template.jinja", "{{ bos_token }}{% for m in messages %}{{ m.content[0].text }}{% endfor %}");
+    write(
+        &dir,
+        "chat_template.jinja",
+        "{{ bos_token }}{% for m in messages %}{{ m.content[0].text }}{% endfor %}",
+    );
     let p = TextProcessor::from_dir(&dir).unwrap();
-    let prompt = p.apply_chat_template(&[ChatMessage::user("Hello world", 0)], false).unwrap();
+    let prompt = p
+        .apply_chat_template(&[ChatMessage::user("Hello world", 0)], false)
+        .unwrap();
     assert_eq!(prompt, "<s>Hello world");
     let ids = p.encode_prompt(&prompt).unwrap();
     assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1);
@@ -243,16 +308,26 @@ fn chat_template_precedence() {
     let (dir, _) = llama_dir("prec");
     // Only tokenizer_config: its template.
     let p = TextProcessor::from_dir(&dir).unwrap();
-    assert!(p.chat_template_file().unwrap().ends_with("tokenizer_config.json"));
+    assert!(p
+        .chat_template_file()
+        .unwrap()
+        .ends_with("tokenizer_config.json"));
     // chat_template.json beats tokenizer_config.json.
-    write(&dir, "chat_template.json", &json!({"chat_template": "json"}).to_string());
+    write(
+        &dir,
+        "chat_template.json",
+        &json!({"chat_template": "json"}).to_string(),
+    );
     let p = TextProcessor::from_dir(&dir).unwrap();
     assert_eq!(p.apply_chat_template(&[], false).unwrap(), "json");
     // chat_template.jinja beats both (a single trailing newline is dropped, as in Jinja2).
     write(&dir, "chat_template.jinja", "jinja\n");
     let p = TextProcessor::from_dir(&dir).unwrap();
     assert_eq!(p.apply_chat_template(&[], false).unwrap(), "jinja");
-    assert!(p.chat_template_file().unwrap().ends_with("chat_template.jinja"));
+    assert!(p
+        .chat_template_file()
+        .unwrap()
+        .ends_with("chat_template.jinja"));
 
     // A list of named templates: "default" wins.
     let dir = word_dir("prec-list", false);
@@ -268,23 +343,40 @@ fn chat_template_precedence() {
     // No template at all.
     let p = TextProcessor::from_dir(&word_dir("prec-none", false)).unwrap();
     assert!(p.chat_template().is_none());
-    assert!(matches!(p.apply_chat_template(&[], false), Err(Error::Template(_))));
+    assert!(matches!(
+        p.apply_chat_template(&[], false),
+        Err(Error::Template(_))
+    ));
 }
 
 #[test]
 fn eos_ids_from_config_and_generation_config() {
     let dir = word_dir("eos", false);
-    write(&dir, "generation_config.json", r#"{"eos_token_id": [2, 7, 2], "bos_token_id": 1}"#);
+    write(
+        &dir,
+        "generation_config.json",
+        r#"{"eos_token_id": [2, 7, 2], "bos_token_id": 1}"#,
+    );
     let p = TextProcessor::from_dir(&dir).unwrap();
     assert_eq!(p.eos_token_ids(), &[2, 7]);
     write(&dir, "generation_config.json", r#"{"eos_token_id": 3}"#);
-    assert_eq!(TextProcessor::from_dir(&dir).unwrap().eos_token_ids(), &[2, 3]);
+    assert_eq!(
+        TextProcessor::from_dir(&dir).unwrap().eos_token_ids(),
+        &[2, 3]
+    );
     write(&dir, "generation_config.json", r#"{"eos_token_id": "x"}"#);
-    assert!(matches!(TextProcessor::from_dir(&dir), Err(Error::Tokenizer(_))));
+    assert!(matches!(
+        TextProcessor::from_dir(&dir),
+        Err(Error::Tokenizer(_))
+    ));
     // special_tokens_map.json fills what tokenizer_config.json lacks.
     write(&dir, "generation_config.json", "{}");
     write(&dir, "tokenizer_config.json", "{}");
-    write(&dir, "special_tokens_map.json", r#"{"eos_token": {"content": "</s>"}, "bos_token": "<s>"}"#);
+    write(
+        &dir,
+        "special_tokens_map.json",
+        r#"{"eos_token": {"content": "</s>"}, "bos_token": "<s>"}"#,
+    );
     let p = TextProcessor::from_dir(&dir).unwrap();
     assert_eq!((p.bos_token(), p.eos_token()), (Some("<s>"), Some("</s>")));
     assert_eq!(p.eos_token_ids(), &[2]);
@@ -298,27 +390,57 @@ fn loading_errors() {
         other => panic!("expected MissingFile, got {other:?}"),
     }
     write(&dir, "tokenizer.json", "{ not json");
-    assert!(matches!(TextProcessor::from_dir(&dir), Err(Error::Tokenizer(_))));
-    write(&dir, "tokenizer.json", r#"{"model": {"type": "NoSuchModel"}}"#);
-    assert!(matches!(TextProcessor::from_dir(&dir), Err(Error::Tokenizer(_))));
+    assert!(matches!(
+        TextProcessor::from_dir(&dir),
+        Err(Error::Tokenizer(_))
+    ));
+    write(
+        &dir,
+        "tokenizer.json",
+        r#"{"model": {"type": "NoSuchModel"}}"#,
+    );
+    assert!(matches!(
+        TextProcessor::from_dir(&dir),
+        Err(Error::Tokenizer(_))
+    ));
     write(&dir, "tokenizer.json", "");
-    assert!(matches!(TextProcessor::from_dir(&dir), Err(Error::Tokenizer(_))));
+    assert!(matches!(
+        TextProcessor::from_dir(&dir),
+        Err(Error::Tokenizer(_))
+    ));
 
     let dir = word_dir("err-config", false);
     write(&dir, "tokenizer_config.json", "{\"bos_token\": ");
-    assert!(matches!(TextProcessor::from_dir(&dir), Err(Error::Json { .. })));
+    assert!(matches!(
+        TextProcessor::from_dir(&dir),
+        Err(Error::Json { .. })
+    ));
 
     let dir = word_dir("err-template", false);
-    write(&dir, "chat_template.jinja", "{% for m in messages %}{{ m.role }");
+    write(
+        &dir,
+        "chat_template.jinja",
+        "{% for m in messages %}{{ m.role }",
+    );
     match TextProcessor::from_dir(&dir) {
         Err(Error::Template(msg)) => assert!(msg.contains("chat_template.jinja"), "{msg}"),
         other => panic!("expected a template error, got {other:?}"),
     }
     let dir = word_dir("err-template-list", false);
-    write(&dir, "tokenizer_config.json", r#"{"chat_template": [{"name": "default"}]}"#);
-    assert!(matches!(TextProcessor::from_dir(&dir), Err(Error::Template(_))));
+    write(
+        &dir,
+        "tokenizer_config.json",
+        r#"{"chat_template": [{"name": "default"}]}"#,
+    );
+    assert!(matches!(
+        TextProcessor::from_dir(&dir),
+        Err(Error::Template(_))
+    ));
     write(&dir, "tokenizer_config.json", r#"{"chat_template": 3}"#);
-    assert!(matches!(TextProcessor::from_dir(&dir), Err(Error::Template(_))));
+    assert!(matches!(
+        TextProcessor::from_dir(&dir),
+        Err(Error::Template(_))
+    ));
 }
 
 #[test]
@@ -341,7 +463,10 @@ fn stream_pieces_for_sentencepiece_text() {
     assert_eq!(joined, text);
     assert_eq!(joined, p.decode(&ids, true).unwrap());
     assert!(pieces.iter().all(|s| !s.contains('\u{FFFD}')), "{pieces:?}");
-    assert_eq!(pieces[0], "Hello", "the leading ▁ of the first token is stripped, as in decode");
+    assert_eq!(
+        pieces[0], "Hello",
+        "the leading ▁ of the first token is stripped, as in decode"
+    );
     assert!(pieces.contains(&" world".to_string()), "{pieces:?}");
     assert!(pieces.iter().any(|s| s.contains('你')));
 }
@@ -364,7 +489,11 @@ fn stream_equals_decode_on_random_ids() {
             })
             .collect();
         let (_, joined) = stream_all(&p, &ids);
-        assert_eq!(joined, p.decode(&ids, true).unwrap(), "round {round}: {ids:?}");
+        assert_eq!(
+            joined,
+            p.decode(&ids, true).unwrap(),
+            "round {round}: {ids:?}"
+        );
     }
 }
 
@@ -375,13 +504,18 @@ fn stream_never_emits_partial_utf8() {
     let mut rng = Rng(42);
     let alphabet = ["a", "▁the", "é", "你", "🎉", "▁", "?", "ß", "▁world", "n't"];
     for round in 0..300 {
-        let text: String = (0..rng.below(12)).map(|_| alphabet[rng.below(alphabet.len())]).collect();
+        let text: String = (0..rng.below(12))
+            .map(|_| alphabet[rng.below(alphabet.len())])
+            .collect();
         let ids = p.encode_plain(&text.replace('▁', " ")).unwrap();
         let (pieces, joined) = stream_all(&p, &ids);
         let full = p.decode(&ids, true).unwrap();
         assert!(!full.contains('\u{FFFD}'));
         assert_eq!(joined, full, "round {round}");
-        assert!(pieces.iter().all(|s| !s.contains('\u{FFFD}')), "round {round}: {pieces:?}");
+        assert!(
+            pieces.iter().all(|s| !s.contains('\u{FFFD}')),
+            "round {round}: {pieces:?}"
+        );
     }
 }
 
@@ -389,20 +523,34 @@ fn stream_never_emits_partial_utf8() {
 fn stream_with_clean_up_tokenization_spaces() {
     let p = TextProcessor::from_dir(&word_dir("stream-clean", true)).unwrap();
     assert!(p.clean_up_tokenization_spaces());
-    let ids = p.encode_plain("what is this ? the cat n't ' the , red 'm .").unwrap();
-    assert_eq!(p.decode(&ids, true).unwrap(), "what is this? the catn't'the, red'm.");
+    let ids = p
+        .encode_plain("what is this ? the cat n't ' the , red 'm .")
+        .unwrap();
+    assert_eq!(
+        p.decode(&ids, true).unwrap(),
+        "what is this? the catn't'the, red'm."
+    );
     let (_, joined) = stream_all(&p, &ids);
     assert_eq!(joined, p.decode(&ids, true).unwrap());
     let mut rng = Rng(7);
     let vocab = p.vocab_size();
     for round in 0..600 {
-        let ids: Vec<u32> = (0..rng.below(30)).map(|_| rng.below(vocab) as u32).collect();
+        let ids: Vec<u32> = (0..rng.below(30))
+            .map(|_| rng.below(vocab) as u32)
+            .collect();
         let (_, joined) = stream_all(&p, &ids);
-        assert_eq!(joined, p.decode(&ids, true).unwrap(), "round {round}: {ids:?}");
+        assert_eq!(
+            joined,
+            p.decode(&ids, true).unwrap(),
+            "round {round}: {ids:?}"
+        );
     }
     // Without clean-up the spaces stay.
     let p = TextProcessor::from_dir(&word_dir("stream-noclean", false)).unwrap();
-    assert_eq!(p.decode(&p.encode_plain("this ?").unwrap(), true).unwrap(), "this ?");
+    assert_eq!(
+        p.decode(&p.encode_plain("this ?").unwrap(), true).unwrap(),
+        "this ?"
+    );
 }
 
 #[test]

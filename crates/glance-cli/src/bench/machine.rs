@@ -1,0 +1,76 @@
+//! This machine's yardsticks, measured in the same run as the benchmark they judge: memory
+//! bandwidth — copy (bytes read + bytes written per second, STREAM's convention) and read-only
+//! (a reduction, which is what streaming weights through a matrix-vector product is) — and the
+//! f32 GEMM rate of candle's kernel.
+
+use anyhow::Result;
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Copy bandwidth in bytes/s with `threads` threads, best of `reps` copies of a 512 MiB buffer
+/// (far beyond any cache).
+pub fn copy_bandwidth(threads: usize, reps: usize) -> Result<f64> {
+    let n = 128 << 20; // f32 elements = 512 MiB
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let chunk = n.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let start = Instant::now();
+        pool.install(|| {
+            dst.par_chunks_mut(chunk)
+                .zip(src.par_chunks(chunk))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    Ok(2.0 * (n * 4) as f64 / best)
+}
+
+/// Read-only bandwidth in bytes/s: sums a 512 MiB buffer with `threads` threads, best of `reps`.
+pub fn read_bandwidth(threads: usize, reps: usize) -> Result<f64> {
+    let n: usize = 128 << 20;
+    let src: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let chunk = n.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let start = Instant::now();
+        let total: f32 = pool.install(|| src.par_chunks(chunk).map(sum_lanes).sum());
+        best = best.min(start.elapsed().as_secs_f64());
+        std::hint::black_box(total);
+    }
+    Ok((n * 4) as f64 / best)
+}
+
+/// Sum with 16 independent accumulators so the loop vectorises and is bound by memory, not by
+/// the latency of one add chain.
+fn sum_lanes(xs: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut chunks = xs.chunks_exact(16);
+    for c in &mut chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
+/// f32 GEMM rate of candle's matmul on an `m×k · k×n` product, FLOP/s, best of `reps`.
+pub fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> Result<f64> {
+    let dev = Device::Cpu;
+    let a = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
+    let b = Tensor::randn(0f32, 1.0, (k, n), &dev)?;
+    let _ = a.matmul(&b)?; // warm-up
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let start = Instant::now();
+        let c = a.matmul(&b)?;
+        std::hint::black_box(&c);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (m * k * n) as f64 / best)
+}

@@ -1,0 +1,30 @@
+//! `glance bench …`: benchmarks are commands that print a table and write JSON. Every ratio is
+//! measured side by side in one run (this machine is shared and noisy).
+
+mod decode;
+mod machine;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Prefill and decode throughput of the text decoder beside this machine's limits: the
+    /// memory-bandwidth bound for decode and the GEMM rate for prefill, measured in the same run.
+    Decode(decode::DecodeArgs),
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Decode(a) => decode::run(a),
+    }
+}
+
+/// Writes `value` as pretty JSON to `path`, creating parent directories.
+pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<()> {
+    use anyhow::Context;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n").with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,217 @@
+//! Integration tests that run the real `glance` binary on the committed fixtures: the happy paths
+//! a user types, and bad input that must give a clear error (exit code 1, a message naming the
+//! problem) instead of a panic.
+
+use candle_core::{Device, Tensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture(p: &str) -> PathBuf {
+    root().join("fixtures").join(p)
+}
+
+fn glance(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_glance"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts a clean failure: exit code 1, no panic, and `needle` in the message.
+fn assert_fails_with(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(err.contains(needle), "expected `{needle}` in: {err}");
+}
+
+/// A fresh scratch directory under the system temp dir.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("glance-cli-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Copies a fixture model into a scratch dir so a test can damage it.
+fn model_copy(name: &str) -> PathBuf {
+    let dst = scratch(name);
+    for e in std::fs::read_dir(fixture("models/llama-gqa")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    dst
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+const MODEL: &str = "models/llama-gqa";
+
+#[test]
+fn run_streams_text_and_json_reports_counts_and_timings() {
+    let (m, img) = (fixture(MODEL), fixture("images/astronaut.png"));
+    let args = ["run", "--model", s(&m), "--image", s(&img), "--prompt", "What is this?", "--max-new-tokens", "6"];
+    let o = glance(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let streamed = stdout(&o);
+
+    let o = glance(&[&args[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["generated_tokens"], 6);
+    assert_eq!(v["token_ids"].as_array().unwrap().len(), 6);
+    assert_eq!(v["image_tokens"], 16);
+    assert_eq!(v["finish_reason"], "length");
+    for k in ["load_s", "vision_encode_s", "prefill_s", "decode_s", "decode_tokens_per_s"] {
+        assert!(v["timings"][k].as_f64().unwrap() >= 0.0, "{k}");
+    }
+    // The streamed text is the JSON text plus the final newline.
+    assert_eq!(streamed, format!("{}\n", v["text"].as_str().unwrap()));
+}
+
+#[test]
+fn sampling_is_deterministic_per_seed() {
+    let (m, img) = (fixture(MODEL), fixture("images/camera_gray.png"));
+    let run = |seed: &str| {
+        let o = glance(&[
+            "run", "--model", s(&m), "--image", s(&img), "--prompt", "Describe it.", "--max-new-tokens", "16",
+            "--temperature", "1.0", "--top-k", "50", "--top-p", "0.95", "--seed", seed, "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v["token_ids"].clone()
+    };
+    assert_eq!(run("3"), run("3"));
+    assert_ne!(run("3"), run("4"));
+}
+
+#[test]
+fn logits_raw_match_the_transformers_fixture() {
+    let out = scratch("logits").join("l.npy");
+    let o = glance(&[
+        "logits", "--model", s(&fixture(MODEL)), "--image", s(&fixture("images/astronaut.png")),
+        "--prompt", "USER: <image>\nWhat is the astronaut holding? ASSISTANT:", "--raw", "--out", s(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = Tensor::read_npy(&out).unwrap();
+    let want = candle_core::safetensors::load(fixture("cases/llama-gqa-astronaut.safetensors"), &Device::Cpu).unwrap();
+    let want = &want["logits"];
+    assert_eq!(got.dims(), want.dims());
+    let d: f32 = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+    assert!(d < 1e-4, "max abs diff {d}");
+}
+
+#[test]
+fn help_explains_every_command() {
+    let o = glance(&["--help"]);
+    let h = stdout(&o);
+    for cmd in ["run", "logits", "bench"] {
+        assert!(h.contains(cmd), "{h}");
+    }
+    let o = glance(&["run", "--help"]);
+    assert!(stdout(&o).contains("--max-new-tokens"));
+}
+
+#[test]
+fn missing_model_dir_is_named() {
+    let o = glance(&["run", "--model", "/no/such/model", "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    assert_fails_with(&o, "/no/such/model");
+}
+
+#[test]
+fn corrupt_and_truncated_images_are_rejected() {
+    let d = scratch("images");
+    let garbage = d.join("garbage.png");
+    std::fs::write(&garbage, b"this is not an image at all").unwrap();
+    let truncated = d.join("truncated.png");
+    let bytes = std::fs::read(fixture("images/astronaut.png")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    for img in [&garbage, &truncated, &d.join("missing.png")] {
+        let o = glance(&["run", "--model", s(&fixture(MODEL)), "--image", s(img), "--prompt", "x"]);
+        assert_fails_with(&o, "image");
+    }
+}
+
+#[test]
+fn truncated_safetensors_names_the_file() {
+    let m = model_copy("truncated");
+    let f = m.join("model.safetensors");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() / 3]).unwrap();
+    let o = glance(&["run", "--model", s(&m), "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    assert_fails_with(&o, "model.safetensors");
+}
+
+/// Rewrites the copy's weights through `edit`.
+fn edit_weights(m: &Path, edit: impl FnOnce(&mut HashMap<String, Tensor>)) {
+    let f = m.join("model.safetensors");
+    let mut ts = candle_core::safetensors::load(&f, &Device::Cpu).unwrap();
+    edit(&mut ts);
+    candle_core::safetensors::save(&ts, &f).unwrap();
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let m = model_copy("missing-tensor");
+    let name = "language_model.model.layers.1.mlp.up_proj.weight";
+    edit_weights(&m, |ts| {
+        assert!(ts.remove(name).is_some());
+    });
+    let o = glance(&["run", "--model", s(&m), "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    assert_fails_with(&o, name);
+}
+
+#[test]
+fn wrong_shape_names_tensor_and_both_shapes() {
+    let m = model_copy("wrong-shape");
+    let name = "multi_modal_projector.linear_1.weight";
+    edit_weights(&m, |ts| {
+        let t = ts.remove(name).unwrap();
+        let (o, i) = t.dims2().unwrap();
+        ts.insert(name.into(), Tensor::zeros((o, i + 1), t.dtype(), &Device::Cpu).unwrap());
+    });
+    let o = glance(&["run", "--model", s(&m), "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    assert_fails_with(&o, name);
+    let err = stderr(&o);
+    assert!(err.contains("[72, 49]") && err.contains("[72, 48]"), "{err}");
+}
+
+#[test]
+fn prompt_over_context_length_is_rejected() {
+    let long = "word ".repeat(2000);
+    let o = glance(&["run", "--model", s(&fixture(MODEL)), "--image", s(&fixture("images/astronaut.png")), "--prompt", &long]);
+    assert_fails_with(&o, "context");
+}
+
+#[test]
+fn invalid_parameters_are_rejected() {
+    let (m, img) = (fixture(MODEL), fixture("images/astronaut.png"));
+    for (flag, value, needle) in [
+        ("--temperature", "-1", "temperature"),
+        ("--top-p", "1.5", "top-p"),
+        ("--max-new-tokens", "0", "max-new-tokens"),
+        ("--threads", "0", "threads"),
+    ] {
+        let o = glance(&["run", "--model", s(&m), "--image", s(&img), "--prompt", "x", flag, value]);
+        assert_fails_with(&o, needle);
+    }
+    // A raw prompt without the image placeholder cannot take the image.
+    let o = glance(&["run", "--model", s(&m), "--image", s(&img), "--prompt", "no placeholder", "--raw"]);
+    assert_fails_with(&o, "placeholder");
+}

@@ -1,0 +1,108 @@
+//! `LlavaProcessor`: a prompt and images → token ids with each `<image>` placeholder expanded to
+//! the image's token count, plus pixel tensors — as transformers' `LlavaProcessor` (and
+//! `apply_chat_template`) produce them.
+
+use super::config::LlavaConfig;
+use crate::checkpoint::required_file;
+use crate::processing::chat::{expand_image_tokens, ChatMessage};
+use crate::processing::image::{ImageProcessor, PreprocessorConfig};
+use crate::processing::tokenizer::TextProcessor;
+use glance_core::{Error, Result};
+use std::path::Path;
+
+/// How the user's prompt becomes model input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptFormat {
+    /// One user turn rendered with the model's chat template (images first, then the text), ending
+    /// with the generation prompt. Without a template, LLaVA-1.5's `USER: <image>\n… ASSISTANT:`.
+    Chat,
+    /// The text exactly as given, `<image>` placeholders where the images go, tokenised as
+    /// `tokenizer(text)` (BOS only if the tokenizer's post-processor adds it).
+    Raw,
+}
+
+/// Model-ready text input.
+#[derive(Debug, Clone)]
+pub struct PreparedPrompt {
+    /// The prompt text before image expansion (the rendered chat template in `Chat` format).
+    pub text: String,
+    /// Token ids with every placeholder expanded.
+    pub ids: Vec<u32>,
+    /// How many of `ids` are image-token positions.
+    pub image_tokens: usize,
+}
+
+/// Tokenizer + image processor of one LLaVA checkpoint.
+pub struct LlavaProcessor {
+    pub text: TextProcessor,
+    pub image: ImageProcessor,
+    image_token: String,
+    image_token_id: u32,
+    tokens_per_image: usize,
+}
+
+impl LlavaProcessor {
+    pub fn from_dir(dir: &Path, config: &LlavaConfig) -> Result<Self> {
+        let text = TextProcessor::from_dir(dir)?;
+        let pre = PreprocessorConfig::from_file(&required_file(dir, "preprocessor_config.json")?)?;
+        let image = ImageProcessor::new(pre)?;
+        let (h, w) = image.config.output_size();
+        let s = config.vision.image_size;
+        if (h, w) != (s, s) {
+            return Err(Error::Config(format!(
+                "preprocessor_config.json produces {h}x{w} pixels but the vision tower takes {s}x{s}"
+            )));
+        }
+        let image_token = text
+            .id_to_token(config.image_token_id)
+            .ok_or_else(|| Error::Config(format!("image token id {} is not in the tokenizer", config.image_token_id)))?;
+        Ok(Self {
+            text,
+            image,
+            image_token,
+            image_token_id: config.image_token_id,
+            tokens_per_image: config.image_tokens_per_image(),
+        })
+    }
+
+    /// The placeholder text (`<image>`).
+    pub fn image_token(&self) -> &str {
+        &self.image_token
+    }
+
+    /// Renders and tokenises `prompt` for `n_images` images.
+    pub fn prepare(&self, prompt: &str, n_images: usize, format: PromptFormat) -> Result<PreparedPrompt> {
+        let text = match format {
+            PromptFormat::Raw => prompt.to_string(),
+            PromptFormat::Chat => match self.text.chat_template() {
+                Some(_) => self
+                    .text
+                    .apply_chat_template(&[ChatMessage::user(prompt, n_images)], true)?,
+                None => {
+                    let images = format!("{}\n", self.image_token).repeat(n_images);
+                    format!("USER: {images}{prompt} ASSISTANT:")
+                }
+            },
+        };
+        let placeholders = text.matches(self.image_token.as_str()).count();
+        if placeholders != n_images {
+            return Err(Error::Input(format!(
+                "the prompt has {placeholders} `{}` placeholder(s) for {n_images} image(s)",
+                self.image_token
+            )));
+        }
+        let expanded = expand_image_tokens(&text, &self.image_token, self.tokens_per_image);
+        let ids = match format {
+            PromptFormat::Raw => self.text.encode_raw(&expanded)?,
+            PromptFormat::Chat => self.text.encode_prompt(&expanded)?,
+        };
+        let image_tokens = ids.iter().filter(|&&i| i == self.image_token_id).count();
+        if image_tokens != n_images * self.tokens_per_image {
+            return Err(Error::Input(format!(
+                "tokenising the prompt gave {image_tokens} image tokens, expected {}",
+                n_images * self.tokens_per_image
+            )));
+        }
+        Ok(PreparedPrompt { text, ids, image_tokens })
+    }
+}
