@@ -8,6 +8,7 @@ mod logits;
 mod pipeline;
 mod run;
 mod threads;
+mod world;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,6 +31,9 @@ enum Command {
     /// Measure speed: prints a table and writes JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The synthetic world: sample images with questions and answers.
+    #[command(subcommand)]
+    World(world::WorldCommand),
 }
 
 fn main() {
@@ -38,6 +42,7 @@ fn main() {
         Command::Run(a) => run::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::World(w) => world::run(w),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -4,7 +4,7 @@
 use crate::sampler::Sampler;
 use candle_core::Tensor;
 use glance_core::{Error, Result, SamplingParams, TokenId};
-use glance_nn::{AttnMask, CausalLm};
+use glance_nn::{AttnMask, CausalLm, KvCache};
 use std::time::{Duration, Instant};
 
 /// When to stop and how to pick tokens.
@@ -53,16 +53,23 @@ impl Generation {
     }
 }
 
-/// Generates after `prompt` rows `(t, hidden)` placed at `positions` (length `t`; usually
-/// `0..t`, but pruned prompts keep their original positions). New tokens continue from the last
-/// position. `on_token` sees each token as it is produced and returns `true` to stop.
-pub fn generate<M: CausalLm + ?Sized>(
-    model: &M,
-    prompt: &Tensor,
-    positions: &[u32],
-    config: &GenerateConfig,
-    on_token: &mut dyn FnMut(TokenId) -> Result<bool>,
-) -> Result<Generation> {
+/// The state after a prefill: what [`decode`] continues from. Strategies that prefill
+/// differently (e.g. FastV, which drops visual rows inside the decoder) build it themselves.
+pub struct Prefilled {
+    pub cache: KvCache,
+    /// Final hidden state of the last prompt row, `(1, hidden)`.
+    pub last_hidden: Tensor,
+    /// Position of the last prompt row; new tokens continue from here.
+    pub last_pos: u32,
+    /// Rows in the prompt.
+    pub prompt_len: usize,
+    /// Time the prefill took.
+    pub elapsed: Duration,
+}
+
+/// Runs the prompt rows `(t, hidden)` at `positions` (length `t`; usually `0..t`, but pruned
+/// prompts keep their original positions) through the model under a causal mask.
+pub fn prefill<M: CausalLm + ?Sized>(model: &M, prompt: &Tensor, positions: &[u32]) -> Result<Prefilled> {
     let t = prompt.dim(0)?;
     if t == 0 || positions.len() != t {
         return Err(Error::Input(format!("prompt has {t} rows and {} positions", positions.len())));
@@ -75,15 +82,55 @@ pub fn generate<M: CausalLm + ?Sized>(
             max,
         });
     }
-    let mut sampler = Sampler::new(config.sampling.clone())?;
+    let start = Instant::now();
     let mut cache = model.new_cache();
-    let mut tokens = Vec::new();
-    let start = Instant::now();
     let hidden = model.forward(prompt, positions, &AttnMask::causal(), &mut cache)?;
-    let mut next = pick(model, &hidden.narrow(0, t - 1, 1)?, &mut sampler)?;
-    let prefill = start.elapsed();
+    Ok(Prefilled {
+        cache,
+        last_hidden: hidden.narrow(0, t - 1, 1)?,
+        last_pos: last_pos as u32,
+        prompt_len: t,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// Generates after `prompt` rows placed at `positions`: [`prefill`] then [`decode`].
+/// `on_token` sees each token as it is produced and returns `true` to stop.
+pub fn generate<M: CausalLm + ?Sized>(
+    model: &M,
+    prompt: &Tensor,
+    positions: &[u32],
+    config: &GenerateConfig,
+    on_token: &mut dyn FnMut(TokenId) -> Result<bool>,
+) -> Result<Generation> {
+    let sampler = Sampler::new(config.sampling.clone())?;
+    let state = prefill(model, prompt, positions)?;
+    decode(model, state, sampler, config, on_token)
+}
+
+/// One forward pass per new token after a prefill. The first token comes from the prefill's last
+/// hidden state (its pick is counted in the prefill time, as time to first token).
+pub fn decode<M: CausalLm + ?Sized>(
+    model: &M,
+    state: Prefilled,
+    mut sampler: Sampler,
+    config: &GenerateConfig,
+    on_token: &mut dyn FnMut(TokenId) -> Result<bool>,
+) -> Result<Generation> {
+    let Prefilled {
+        mut cache,
+        last_hidden,
+        last_pos,
+        prompt_len,
+        elapsed,
+    } = state;
+    let max = model.max_positions();
     let start = Instant::now();
-    let mut pos = last_pos as u32;
+    let mut next = pick(model, &last_hidden, &mut sampler)?;
+    let prefill = elapsed + start.elapsed();
+    let start = Instant::now();
+    let mut tokens = Vec::new();
+    let mut pos = last_pos;
     let finish = loop {
         if config.max_new_tokens == 0 {
             break FinishReason::Length;
@@ -107,7 +154,7 @@ pub fn generate<M: CausalLm + ?Sized>(
     Ok(Generation {
         tokens,
         finish,
-        prompt_len: t,
+        prompt_len,
         prefill,
         decode: start.elapsed(),
     })

@@ -11,6 +11,6 @@ pub mod rng;
 pub mod sampler;
 pub mod stop;
 
-pub use autoregressive::{generate, FinishReason, GenerateConfig, Generation};
+pub use autoregressive::{decode, generate, prefill, FinishReason, GenerateConfig, Generation, Prefilled};
 pub use sampler::Sampler;
 pub use stop::StopStrings;

@@ -40,3 +40,36 @@ fn dev_compare() {
         }
     }
 }
+
+#[test]
+#[ignore]
+fn dev_dump_jpeg() {
+    let img = load_image(std::path::Path::new("/work/main/fixtures/images/chelsea.jpg")).unwrap();
+    std::fs::write("/tmp/imgdev/chelsea_rs.raw", img.to_rgb8().into_raw()).unwrap();
+    println!("{:?} {}x{}", img.color(), img.width(), img.height());
+}
+
+#[test]
+#[ignore]
+fn dev_time() {
+    let (w, h) = (4000u32, 3000u32);
+    let mut s = 12345u32;
+    let buf: Vec<u8> = (0..w * h * 3).map(|_| { s ^= s << 13; s ^= s >> 17; s ^= s << 5; (s >> 24) as u8 }).collect();
+    let img = image::DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, buf).unwrap());
+    let mut cfg = PreprocessorConfig::default();
+    cfg.size = ResizeTo::ShortestEdge(336);
+    cfg.crop_size = CropSize { height: 336, width: 336 };
+    let p = ImageProcessor::new(cfg).unwrap();
+    for _ in 0..2 { p.preprocess(&img).unwrap(); }
+    let t = std::time::Instant::now();
+    let n = 5;
+    for _ in 0..n { std::hint::black_box(p.preprocess(&img).unwrap()); }
+    println!("4000x3000 -> 336: {:.1} ms", t.elapsed().as_secs_f64() * 1000.0 / n as f64);
+    let imgp = image::DynamicImage::ImageRgb8(image::imageops::rotate90(img.as_rgb8().unwrap()));
+    let t = std::time::Instant::now();
+    for _ in 0..n { std::hint::black_box(p.preprocess(&imgp).unwrap()); }
+    println!("3000x4000 -> 336: {:.1} ms", t.elapsed().as_secs_f64() * 1000.0 / n as f64);
+    let t = std::time::Instant::now();
+    for _ in 0..n { std::hint::black_box(resize_u8(img.as_rgb8().unwrap().as_raw(), 4000, 3000, 3, 448, 336, Filter::Bicubic).unwrap()); }
+    println!("full resize 4000x3000 -> 448x336: {:.1} ms", t.elapsed().as_secs_f64() * 1000.0 / n as f64);
+}

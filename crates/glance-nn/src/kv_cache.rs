@@ -102,7 +102,8 @@ impl KvCache {
         }
     }
 
-    /// Rows held (the sequence length seen so far).
+    /// Rows held by the first layer (the sequence length seen so far; deeper layers may hold fewer
+    /// after [`compact_layers`](Self::compact_layers)).
     pub fn len(&self) -> usize {
         self.layers.first().map_or(0, |l| l.len)
     }
@@ -133,7 +134,19 @@ impl KvCache {
 
     /// Keeps only `rows` (indices into the rows held, strictly increasing), in that order.
     pub fn compact(&mut self, rows: &[usize]) -> Result<()> {
-        let len = self.len();
+        self.compact_layers(0..self.layers.len(), rows)
+    }
+
+    /// [`compact`](Self::compact) for the layers in `layers` only (FastV drops visual rows from
+    /// the layers after its pruning layer; the earlier layers keep them). All those layers must
+    /// hold the same number of rows.
+    pub fn compact_layers(&mut self, layers: std::ops::Range<usize>, rows: &[usize]) -> Result<()> {
+        let Some(len) = self.layers.get(layers.start).map(|l| l.len) else {
+            return Ok(());
+        };
+        if self.layers[layers.clone()].iter().any(|l| l.len != len) {
+            candle_core::bail!("compact_layers: layers {layers:?} hold different numbers of rows")
+        }
         if rows.windows(2).any(|w| w[0] >= w[1]) || rows.last().is_some_and(|&r| r >= len) {
             candle_core::bail!("compact: rows must be strictly increasing and < {len}, got {rows:?}")
         }
@@ -142,7 +155,7 @@ impl KvCache {
         };
         let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let idx = Tensor::from_vec(idx, rows.len(), &device)?;
-        self.layers.iter_mut().try_for_each(|l| l.compact(&idx, rows.len()))
+        self.layers[layers].iter_mut().try_for_each(|l| l.compact(&idx, rows.len()))
     }
 }
 
@@ -184,6 +197,12 @@ mod tests {
         assert_eq!(row_values(&c)?, vec![0.0, 1.0, 2.0, 3.0, 4.0, 100.0]);
         // The fork did not see the overwrite of row 5.
         assert_eq!(row_values(&fork)?[5], 5.0);
+
+        // FastV-style: compact only the deeper layer of a fork.
+        let mut f2 = c.fork()?;
+        f2.compact_layers(1..2, &[1, 3])?;
+        assert_eq!((f2.layer(0).len(), f2.layer(1).len()), (6, 2));
+        assert!(f2.compact(&[0]).is_err()); // the layers now differ in length
 
         c.compact(&[0, 2, 5])?;
         assert_eq!(row_values(&c)?, vec![0.0, 2.0, 100.0]);

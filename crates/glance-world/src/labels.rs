@@ -122,7 +122,7 @@ pub fn patch_labels(scene: &Scene, patch: usize) -> Result<PatchLabels, WorldErr
 /// Per-patch labels with an explicit coverage threshold in `[0, 1]`.
 pub fn patch_labels_with(scene: &Scene, patch: usize, min_coverage: f32) -> Result<PatchLabels, WorldError> {
     let size = IMAGE_SIZE as usize;
-    if patch == 0 || size % patch != 0 {
+    if patch == 0 || (size / patch) * patch != size {
         return Err(WorldError::InvalidPatchSize { patch, image: size });
     }
     if !(0.0..=1.0).contains(&min_coverage) {

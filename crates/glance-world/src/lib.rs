@@ -2,9 +2,9 @@
 //!
 //! * [`scene`]: a seeded [`Scene`] (1–6 objects of 6 colours × 5 shapes × 2 sizes on a 3×3 grid,
 //!   a two-digit sign in about half the scenes, a pale plain / gradient / textured background).
-//! * [`render`]: 224×224 RGB rendering; [`labels`]: per-patch ground truth (16×16 at patch 14).
+//! * [`render()`]: 224×224 RGB rendering; [`labels`]: per-patch ground truth (16×16 at patch 14).
 //! * [`qa`]: question families with ground truth and multi-turn dialogues.
-//! * [`split`]: disjoint train / validation / test seeds and [`sample`] → [`Example`].
+//! * [`split`]: disjoint train / validation / test seeds and [`sample()`] → [`Example`].
 //! * [`score`]: normalised exact match and description precision / recall / F1.
 //! * [`tokenizer`]: the closed word-level vocabulary as HF `tokenizer.json` + `tokenizer_config.json`.
 //! * [`write_sample`]: PNGs + `questions.jsonl` for `glance world sample`.

@@ -328,7 +328,7 @@ impl Scene {
         self.matching(colour, shape, size).len()
     }
 
-    /// What occupies each of the 9 cells (row-major): a per-scene target for a [CLS] head.
+    /// What occupies each of the 9 cells (row-major): a per-scene target for a `[CLS]` head.
     pub fn cells(&self) -> [CellContent; 9] {
         let mut out = [CellContent::Empty; 9];
         for o in &self.objects {

@@ -31,7 +31,7 @@ const STAR_SHIFT: f32 = 0.1;
 
 fn star_vertex(k: usize) -> (f32, f32) {
     let (dx, dy) = STAR_DIRS[k % 10];
-    let r = if k % 2 == 0 { STAR_OUTER } else { STAR_INNER };
+    let r = if k & 1 == 0 { STAR_OUTER } else { STAR_INNER };
     (dx * r, dy * r + STAR_SHIFT)
 }
 
@@ -42,7 +42,7 @@ pub fn inside(shape: Shape, u: f32, v: f32) -> bool {
         Shape::Square => u.abs() <= 0.86 && v.abs() <= 0.86,
         Shape::Triangle => {
             // Apex (0, -1), base from (-1.05, 0.85) to (1.05, 0.85).
-            v <= 0.85 && v >= -1.0 && u.abs() <= (v + 1.0) * (1.05 / 1.85)
+            (-1.0..=0.85).contains(&v) && u.abs() <= (v + 1.0) * (1.05 / 1.85)
         }
         Shape::Cross => {
             let (a, b) = (u.abs(), v.abs());
@@ -123,7 +123,7 @@ pub fn sign_pixel(s: &Sign, px: u32, py: u32) -> SignPixel {
     if lx < g::BORDER || ly < g::BORDER || lx >= g::PLATE_W - g::BORDER || ly >= g::PLATE_H - g::BORDER {
         return SignPixel::Border;
     }
-    if ly < g::GLYPH_Y0 || ly >= g::GLYPH_Y0 + g::GLYPH_H {
+    if !(g::GLYPH_Y0..g::GLYPH_Y0 + g::GLYPH_H).contains(&ly) {
         return SignPixel::Plate;
     }
     let digits = s.digits();
@@ -171,10 +171,8 @@ mod tests {
 
     #[test]
     fn font_digits_are_distinct() {
-        for a in 0..10 {
-            for b in (a + 1)..10 {
-                assert_ne!(FONT[a], FONT[b]);
-            }
+        for (a, fa) in FONT.iter().enumerate() {
+            assert!(FONT.iter().skip(a + 1).all(|fb| fb != fa), "digit {a} duplicated");
         }
     }
 }

@@ -35,7 +35,7 @@ use image::{DynamicImage, ImageReader};
 use glance_core::{Error, Result};
 
 pub use config::{CropSize, PreprocessorConfig, ResizeTo, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD};
-pub use resample::{resize_u8, Filter, PRECISION_BITS};
+pub use resample::{resize_u8, vertical_first, Filter, PRECISION_BITS};
 
 /// Largest decoded image accepted by [`load_image`] / [`decode_image`] (64 Mi pixels = 8192²).
 pub const DEFAULT_MAX_PIXELS: u64 = 64 * 1024 * 1024;
@@ -190,8 +190,8 @@ impl ImageProcessor {
         let filter = if cfg.do_resize { Filter::from_pil(cfg.resample)? } else { Filter::Bicubic };
         let c = src.channels;
         let window: Vec<u8> = match c {
-            1 => resample::resize_window::<1>(&src.data, w, h, rw, rh, filter, rows.clone(), cols.clone()).data,
-            _ => resample::resize_window::<3>(&src.data, w, h, rw, rh, filter, rows.clone(), cols.clone()).data,
+            1 => resample::resize_window::<1>(&src.data, (w, h), (rw, rh), filter, rows.clone(), cols.clone()).data,
+            _ => resample::resize_window::<3>(&src.data, (w, h), (rw, rh), filter, rows.clone(), cols.clone()).data,
         };
         let win_w = cols.len();
 

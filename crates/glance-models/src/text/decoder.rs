@@ -46,7 +46,8 @@ impl Attention {
         mask: Option<&Tensor>,
         cache: Option<&mut LayerCache>,
         mode: Mode,
-    ) -> candle_core::Result<Tensor> {
+        want_probs: bool,
+    ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
         let t = x.dim(0)?;
         let hd = self.head_dim;
         // (t, heads * hd) -> (1, heads, t, hd)
@@ -60,10 +61,10 @@ impl Attention {
             None => (k, v),
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let out = attention(&q, &k, &v, mask, scale, mode, false)?.out;
+        let att = attention(&q, &k, &v, mask, scale, mode, want_probs)?;
         // (1, heads, t, hd) -> (t, heads * hd)
-        let out = out.transpose(1, 2)?.reshape((t, self.num_heads * hd))?;
-        self.o.forward(&out)
+        let out = att.out.transpose(1, 2)?.reshape((t, self.num_heads * hd))?;
+        Ok((self.o.forward(&out)?, att.probs))
     }
 }
 
@@ -162,43 +163,90 @@ impl TextModel {
     }
 
     fn run(&self, xs: &Tensor, positions: &[u32], mask: &AttnMask, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let (x, _) = self.run_layers(xs, positions, mask, cache.as_deref_mut(), 0..self.layers.len(), None)?;
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// Runs only the decoder layers `layers` on rows `xs` `(t, hidden)` (the embeddings for a range
+    /// starting at 0, else the output of the layer before), without the final norm. With
+    /// `probe = Some(l)`, also returns layer `l`'s attention probabilities of the last row,
+    /// `(heads, kv_len)` — what FastV ranks visual tokens by. Layers may hold different numbers of
+    /// cached rows (FastV drops rows from the deeper layers only).
+    pub fn forward_layers(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+        layers: std::ops::Range<usize>,
+        probe: Option<usize>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        if layers.end > self.layers.len() || layers.start > layers.end {
+            return Err(Error::InvalidParam(format!("layer range {layers:?} of {}", self.layers.len())));
+        }
+        self.run_layers(xs, positions, mask, Some(cache), layers, probe)
+    }
+
+    /// The final RMSNorm, `(t, hidden)`.
+    pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.norm.forward(x)?)
+    }
+
+    fn run_layers(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        mut cache: Option<&mut KvCache>,
+        layers: std::ops::Range<usize>,
+        probe: Option<usize>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let t = xs.dim(0)?;
         if positions.len() != t {
             return Err(Error::Input(format!("{} positions for {t} rows", positions.len())));
         }
+        let max = self.config.max_position_embeddings;
         let past = cache.as_ref().map_or(0, |c| c.len());
-        let kv_len = past + t;
         if let Some(&p) = positions.iter().max() {
-            if p as usize >= self.config.max_position_embeddings || kv_len > self.config.max_position_embeddings {
+            if p as usize >= max || past + t > max {
                 return Err(Error::PromptTooLong {
-                    len: kv_len.max(p as usize + 1),
-                    max: self.config.max_position_embeddings,
+                    len: (past + t).max(p as usize + 1),
+                    max,
                 });
             }
         }
         let pos = Tensor::new(positions, &self.device)?;
-        // One materialised mask per distinct sliding window.
-        let mut masks: Vec<(Option<usize>, Option<Tensor>)> = Vec::new();
+        // One materialised mask per distinct (sliding window, cached rows).
+        let mut masks: Vec<((Option<usize>, usize), Option<Tensor>)> = Vec::new();
         let mut x = xs.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            if !masks.iter().any(|(w, _)| *w == layer.window) {
+        let mut probed = None;
+        for i in layers {
+            let layer = &self.layers[i];
+            let kv_len = cache.as_ref().map_or(0, |c| c.layer(i).len()) + t;
+            let key = (layer.window, kv_len);
+            if !masks.iter().any(|(k, _)| *k == key) {
                 let m = match mask {
                     AttnMask::Causal { .. } => AttnMask::Causal {
                         sliding_window: layer.window,
                     },
                     other => other.clone(),
                 };
-                masks.push((layer.window, m.materialize(t, kv_len, &self.device)?));
+                masks.push((key, m.materialize(t, kv_len, &self.device)?));
             }
-            let m = masks.iter().find(|(w, _)| *w == layer.window).and_then(|(_, m)| m.as_ref());
+            let m = masks.iter().find(|(k, _)| *k == key).and_then(|(_, m)| m.as_ref());
             let h = layer.input_norm.forward(&x)?;
             let lc = cache.as_mut().map(|c| c.layer_mut(i));
-            let h = layer.attn.forward(&h, &self.rope, &pos, m, lc, self.mode)?;
+            let want = probe == Some(i);
+            let (h, probs) = layer.attn.forward(&h, &self.rope, &pos, m, lc, self.mode, want)?;
+            if let Some(p) = probs {
+                // (1, heads, t, kv_len) -> last query row (heads, kv_len)
+                probed = Some(p.squeeze(0)?.narrow(1, t - 1, 1)?.squeeze(1)?);
+            }
             x = (x + h)?;
             let h = layer.mlp.forward(&layer.post_norm.forward(&x)?)?;
             x = (x + h)?;
         }
-        Ok(self.norm.forward(&x)?)
+        Ok((x, probed))
     }
 }
 

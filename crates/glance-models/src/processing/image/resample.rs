@@ -220,15 +220,22 @@ pub struct U8Image<const C: usize> {
     pub data: Vec<u8>,
 }
 
+/// Whether Pillow runs the vertical pass before the horizontal one. Pillow ≤ 12 always went
+/// horizontal first; Pillow 13 (python-pillow/Pillow#9549, "if height is scaled down significantly
+/// more than width, resize vertically first") goes vertical first when the height shrinks and
+/// `in_h - out_h > 2 * (in_w - out_w)`. Found and checked against Pillow 13.0.0 on 3,000 random size
+/// pairs; the order changes the rounding of the `uint8` intermediate image.
+pub fn vertical_first(width: usize, height: usize, out_w: usize, out_h: usize) -> bool {
+    out_h < height && (height - out_h) as i64 > 2 * (width as i64 - out_w as i64)
+}
+
 /// Resizes `src` (`width x height`, `C` interleaved channels) to `out_w x out_h` as Pillow's
 /// `Image.resize((out_w, out_h), filter)` does, and returns only the output window
 /// `rows x cols` (ranges in output coordinates, clipped to the output).
 pub(crate) fn resize_window<const C: usize>(
     src: &[u8],
-    width: usize,
-    height: usize,
-    out_w: usize,
-    out_h: usize,
+    (width, height): (usize, usize),
+    (out_w, out_h): (usize, usize),
     filter: Filter,
     rows: Range<usize>,
     cols: Range<usize>,
@@ -242,88 +249,93 @@ pub(crate) fn resize_window<const C: usize>(
     }
     let need_h = out_w != width;
     let need_v = out_h != height;
-
-    // Source rows the vertical pass reads (all of `rows` when there is no vertical pass).
-    let vert = need_v.then(|| Coeffs::new(height, out_h, filter));
-    let src_rows = match &vert {
-        Some(v) => v.source_span(&rows),
-        None => rows.clone(),
-    };
-
-    // Horizontal pass over `src_rows`, or a plain column window when the width is kept.
-    let tmp_w = win_w;
-    let tmp: Vec<u8> = if need_h {
-        let hc = Coeffs::new(width, out_w, filter);
-        horizontal::<C>(src, width, src_rows.clone(), &hc, cols.clone())
-    } else {
-        let mut t = Vec::with_capacity(src_rows.len() * win_w * C);
-        for y in src_rows.clone() {
-            t.extend_from_slice(&src[(y * width + cols.start) * C..(y * width + cols.end) * C]);
+    let data = match (need_h, need_v) {
+        (false, false) => {
+            let mut t = Vec::with_capacity(win_h * win_w * C);
+            for y in rows {
+                t.extend_from_slice(&src[(y * width + cols.start) * C..(y * width + cols.end) * C]);
+            }
+            t
         }
-        t
-    };
-
-    let data = match &vert {
-        Some(v) => vertical::<C>(&tmp, tmp_w, src_rows.start, v, rows),
-        None => tmp,
+        (true, false) => {
+            let hc = Coeffs::new(width, out_w, filter);
+            horizontal::<C>(src, width, rows, 0, &hc, cols)
+        }
+        (false, true) => {
+            let vc = Coeffs::new(height, out_h, filter);
+            vertical::<C>(src, width, 0, cols, &vc, rows)
+        }
+        (true, true) => {
+            let hc = Coeffs::new(width, out_w, filter);
+            let vc = Coeffs::new(height, out_h, filter);
+            if vertical_first(width, height, out_w, out_h) {
+                // Vertical pass over the source columns the horizontal pass will read.
+                let src_cols = hc.source_span(&cols);
+                let tmp = vertical::<C>(src, width, 0, src_cols.clone(), &vc, rows);
+                horizontal::<C>(&tmp, src_cols.len(), 0..win_h, src_cols.start, &hc, cols)
+            } else {
+                // Horizontal pass over the source rows the vertical pass will read.
+                let src_rows = vc.source_span(&rows);
+                let tmp = horizontal::<C>(src, width, src_rows.clone(), 0, &hc, cols);
+                vertical::<C>(&tmp, win_w, src_rows.start, 0..win_w, &vc, rows)
+            }
+        }
     };
     U8Image { width: win_w, height: win_h, data }
 }
 
-/// Horizontal pass: rows `rows` of `src`, output columns `cols`; returns `rows.len()` rows of
-/// `cols.len()` pixels.
+/// Horizontal pass. `src` rows are `stride` pixels wide and start at source column `x0`; reads
+/// rows `rows` (indices into `src`) and returns them resampled to output columns `cols`.
 fn horizontal<const C: usize>(
     src: &[u8],
-    width: usize,
+    stride: usize,
     rows: Range<usize>,
+    x0: usize,
     co: &Coeffs,
     cols: Range<usize>,
 ) -> Vec<u8> {
     let out_w = cols.len();
     let mut out = vec![0u8; rows.len() * out_w * C];
-    let stride = width * C;
+    let stride = stride * C;
     for (y, out_row) in rows.zip(out.chunks_exact_mut(out_w * C)) {
         let in_row = &src[y * stride..(y + 1) * stride];
-        horizontal_row::<C>(in_row, co, cols.clone(), out_row);
+        for (xx, out_px) in cols.clone().zip(out_row.chunks_exact_mut(C)) {
+            let (xmin, k) = co.taps(xx);
+            let px = &in_row[(xmin - x0) * C..(xmin - x0 + k.len()) * C];
+            let mut acc = [HALF; C];
+            for (p, &w) in px.chunks_exact(C).zip(k) {
+                for c in 0..C {
+                    acc[c] = acc[c].wrapping_add((p[c] as i32).wrapping_mul(w));
+                }
+            }
+            for c in 0..C {
+                out_px[c] = clip8(acc[c]);
+            }
+        }
     }
     out
 }
 
-#[inline(always)]
-fn horizontal_row<const C: usize>(in_row: &[u8], co: &Coeffs, cols: Range<usize>, out_row: &mut [u8]) {
-    for (xx, out_px) in cols.zip(out_row.chunks_exact_mut(C)) {
-        let (xmin, k) = co.taps(xx);
-        let px = &in_row[xmin * C..(xmin + k.len()) * C];
-        let mut acc = [HALF; C];
-        for (p, &w) in px.chunks_exact(C).zip(k) {
-            for c in 0..C {
-                acc[c] = acc[c].wrapping_add((p[c] as i32).wrapping_mul(w));
-            }
-        }
-        for c in 0..C {
-            out_px[c] = clip8(acc[c]);
-        }
-    }
-}
-
-/// Vertical pass: `src` holds rows `row0 ..` of the (horizontally resized) image, `width` pixels
-/// each; returns output rows `rows`.
+/// Vertical pass. `src` rows are `stride` pixels wide, its first row is source row `y0`; returns
+/// output rows `rows`, each holding the columns `cols` of `src`.
 fn vertical<const C: usize>(
     src: &[u8],
-    width: usize,
-    row0: usize,
+    stride: usize,
+    y0: usize,
+    cols: Range<usize>,
     co: &Coeffs,
     rows: Range<usize>,
 ) -> Vec<u8> {
-    let stride = width * C;
-    let mut out = vec![0u8; rows.len() * stride];
-    let mut acc = vec![0i32; stride];
-    for (yy, out_row) in rows.zip(out.chunks_exact_mut(stride)) {
+    let width = cols.len() * C;
+    let stride = stride * C;
+    let mut out = vec![0u8; rows.len() * width];
+    let mut acc = vec![0i32; width];
+    for (yy, out_row) in rows.zip(out.chunks_exact_mut(width)) {
         let (ymin, k) = co.taps(yy);
         acc.fill(HALF);
         for (j, &w) in k.iter().enumerate() {
-            let y = ymin + j - row0;
-            let in_row = &src[y * stride..(y + 1) * stride];
+            let y = ymin + j - y0;
+            let in_row = &src[y * stride + cols.start * C..][..width];
             for (a, &p) in acc.iter_mut().zip(in_row) {
                 *a = a.wrapping_add((p as i32).wrapping_mul(w));
             }
@@ -359,8 +371,8 @@ pub fn resize_u8(
         )));
     }
     Ok(match channels {
-        1 => resize_window::<1>(src, width, height, out_w, out_h, filter, 0..out_h, 0..out_w).data,
-        3 => resize_window::<3>(src, width, height, out_w, out_h, filter, 0..out_h, 0..out_w).data,
+        1 => resize_window::<1>(src, (width, height), (out_w, out_h), filter, 0..out_h, 0..out_w).data,
+        3 => resize_window::<3>(src, (width, height), (out_w, out_h), filter, 0..out_h, 0..out_w).data,
         other => return Err(Error::Image(format!("resize supports 1 or 3 channels, not {other}"))),
     })
 }

@@ -70,6 +70,17 @@ impl<'a> StreamDecoder<'a> {
         self.processor.decode_pipeline(ids, true)
     }
 
+    /// Where a fresh window starts once everything is emitted: at the last id that decodes to
+    /// text, so that the next token is not decoded as a first token (whose leading space
+    /// SentencePiece decoders strip).
+    fn anchor(&self) -> usize {
+        let n = self.ids.len();
+        (0..n)
+            .rev()
+            .find(|&i| !self.processor.is_special(self.ids[i]))
+            .unwrap_or(n)
+    }
+
     /// Adds one id; returns the text it completed (often empty).
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
@@ -111,7 +122,7 @@ impl<'a> StreamDecoder<'a> {
         match full.strip_prefix(self.raw_emitted.as_str()) {
             Some(piece) if !piece.is_empty() => {
                 let piece = piece.to_string();
-                self.prefix_offset = self.ids.len() - 1;
+                self.prefix_offset = self.anchor();
                 self.read_offset = self.ids.len();
                 self.raw_emitted.push_str(&piece);
                 Ok(self.release(piece, false))
@@ -138,7 +149,7 @@ impl<'a> StreamDecoder<'a> {
             }
         };
         self.raw_emitted.push_str(&piece);
-        self.prefix_offset = self.ids.len().saturating_sub(1);
+        self.prefix_offset = self.anchor();
         self.read_offset = self.ids.len();
         Ok(self.release(piece, true))
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{json, Value as Json};
 
 use super::*;
-use crate::processing::chat::ChatMessage;
+use crate::processing::chat::{ChatMessage, ChatTemplate};
 
 const LLAVA_15_TEMPLATE: &str = "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}{# Render all text next #}{% if message['role'] != 'assistant' %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
 
@@ -458,7 +458,7 @@ fn stream_pieces_for_sentencepiece_text() {
     let p = TextProcessor::from_dir(&dir).unwrap();
     let text = "Hello world, what is the cat? héllo 你好 🎉 isn't it";
     let ids = p.encode_plain(text).unwrap();
-    assert!(ids.iter().any(|&i| i == 3 + 0xE4), "你 falls back to bytes");
+    assert!(ids.contains(&(3 + 0xE4)), "你 falls back to bytes");
     let (pieces, joined) = stream_all(&p, &ids);
     assert_eq!(joined, text);
     assert_eq!(joined, p.decode(&ids, true).unwrap());
@@ -574,6 +574,20 @@ fn stream_skips_special_tokens_and_continues_after_finish() {
     for &id in &p.encode_plain("is").unwrap() {
         out += &s.push(id).unwrap();
     }
+    // A finish right after a skipped special token, then more text.
+    out += &s.push(image_id).unwrap();
+    out += &s.finish().unwrap();
+    for &id in &p.encode_plain("world").unwrap() {
+        out += &s.push(id).unwrap();
+    }
     out += &s.finish().unwrap();
     assert_eq!(out, p.decode(s.ids(), true).unwrap());
+    assert_eq!(out, "the cat is world");
+}
+
+#[test]
+fn processor_and_template_are_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<TextProcessor>();
+    assert_send_sync::<ChatTemplate>();
 }
