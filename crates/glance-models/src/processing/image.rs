@@ -4,9 +4,10 @@
 //! Reference: `transformers/image_processing_backends.py` (`PilBackend`), `image_transforms.py`,
 //! Pillow's `libImaging/Resample.c` and `AlphaComposite.c`. The pipeline, per image:
 //!
-//! 1. `convert_rgb` ([`convert`]): alpha (and PNG `tRNS`) composited onto white (transformers 5;
+//! 1. `convert_rgb` (`convert.rs`): alpha (and PNG `tRNS`) composited onto white (transformers 5;
 //!    4.x dropped alpha), grayscale replicated, Pillow's 16-bit quirks;
-//! 2. resize of the `uint8` image with Pillow's convolution resampler ([`resample`], bit-exact):
+//! 2. resize of the `uint8` image with Pillow's convolution resampler (`resample.rs`, bit-exact,
+//!    including Pillow 13's choice of pass order, see [`vertical_first`]):
 //!    shortest edge `n` → short side `n`, long side `int(n * long / short)`; or an exact size;
 //! 3. centre crop at `top = (h - ch) // 2`, `left = (w - cw) // 2` (floor division), padding with
 //!    zeros (i.e. `uint8` 0 before rescaling) when the image is smaller than the crop;
@@ -19,92 +20,30 @@
 //!
 //! Quirks: EXIF orientation is not applied (neither does transformers); ICC profiles and PNG gamma
 //! are ignored (as in Pillow); JPEG decoding (`image` / zune-jpeg) can differ from libjpeg-turbo by
-//! a few levels per pixel, so JPEG inputs match transformers only approximately.
+//! a few levels per pixel, so JPEG inputs match transformers only approximately (PNG inputs are
+//! bit-identical); a truncated JPEG is an error, as in Pillow (zune-jpeg alone would pad it).
 
 mod config;
 mod convert;
+mod decode;
 mod resample;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_io;
 
-use std::io::Cursor;
 use std::path::Path;
 
-use image::{DynamicImage, ImageReader};
+use image::DynamicImage;
 
 use glance_core::{Error, Result};
 
 pub use config::{CropSize, PreprocessorConfig, ResizeTo, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD};
+pub use decode::{decode_image, decode_image_with_limit, load_image, DEFAULT_MAX_PIXELS};
 pub use resample::{resize_u8, vertical_first, Filter, PRECISION_BITS};
-
-/// Largest decoded image accepted by [`load_image`] / [`decode_image`] (64 Mi pixels = 8192²).
-pub const DEFAULT_MAX_PIXELS: u64 = 64 * 1024 * 1024;
 
 /// Largest side accepted in `size` / `crop_size`.
 pub const MAX_CONFIG_SIDE: usize = 8192;
-
-/// Reads and decodes an image file (PNG or JPEG) with the default pixel limit.
-pub fn load_image(path: &Path) -> Result<DynamicImage> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    decode_image(&bytes).map_err(|e| match e {
-        Error::Image(msg) => Error::Image(format!("{}: {msg}", path.display())),
-        other => other,
-    })
-}
-
-/// Decodes PNG or JPEG bytes with the default pixel limit ([`DEFAULT_MAX_PIXELS`]).
-pub fn decode_image(bytes: &[u8]) -> Result<DynamicImage> {
-    decode_image_with_limit(bytes, DEFAULT_MAX_PIXELS)
-}
-
-/// Decodes PNG or JPEG bytes; rejects empty input, unknown formats, corrupt or truncated data,
-/// zero-sized images and images of more than `max_pixels` pixels (checked from the header,
-/// before the pixels are decoded) with [`Error::Image`].
-pub fn decode_image_with_limit(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage> {
-    if bytes.is_empty() {
-        return Err(Error::Image("no image data (0 bytes)".into()));
-    }
-    let reader = || -> Result<ImageReader<Cursor<&[u8]>>> {
-        let r = ImageReader::new(Cursor::new(bytes))
-            .with_guessed_format()
-            .map_err(|e| Error::Image(format!("cannot read image data: {e}")))?;
-        match r.format() {
-            Some(image::ImageFormat::Png | image::ImageFormat::Jpeg) => Ok(r),
-            Some(f) => Err(Error::Image(format!("unsupported image format {f:?} (expected PNG or JPEG)"))),
-            None => Err(Error::Image(format!(
-                "not a PNG or JPEG image ({} bytes starting {:02x?})",
-                bytes.len(),
-                &bytes[..bytes.len().min(8)]
-            ))),
-        }
-    };
-    let (w, h) = reader()?
-        .into_dimensions()
-        .map_err(|e| Error::Image(format!("invalid image header: {e}")))?;
-    check_dims(w as u64, h as u64, max_pixels)?;
-    let mut r = reader()?;
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(w);
-    limits.max_image_height = Some(h);
-    limits.max_alloc = Some((max_pixels.saturating_mul(8)).max(512 << 20));
-    r.limits(limits);
-    let img = r.decode().map_err(|e| Error::Image(format!("cannot decode image: {e}")))?;
-    check_dims(img.width() as u64, img.height() as u64, max_pixels)?;
-    Ok(img)
-}
-
-fn check_dims(w: u64, h: u64, max_pixels: u64) -> Result<()> {
-    if w == 0 || h == 0 {
-        return Err(Error::Image(format!("image is {w}x{h}: it has no pixels")));
-    }
-    if w * h > max_pixels {
-        return Err(Error::Image(format!(
-            "image is {w}x{h} = {} pixels, over the limit of {max_pixels}",
-            w * h
-        )));
-    }
-    Ok(())
-}
 
 /// `CLIPImageProcessor.preprocess` for one image.
 #[derive(Debug, Clone)]
@@ -118,7 +57,9 @@ impl ImageProcessor {
     pub fn new(config: PreprocessorConfig) -> Result<Self> {
         let side = |what: &str, n: usize| {
             if n == 0 || n > MAX_CONFIG_SIDE {
-                Err(Error::Config(format!("{what} = {n} must be in 1..={MAX_CONFIG_SIDE}")))
+                Err(Error::Config(format!(
+                    "{what} = {n} must be in 1..={MAX_CONFIG_SIDE}"
+                )))
             } else {
                 Ok(())
             }
@@ -138,19 +79,33 @@ impl ImageProcessor {
             side("crop_size.width", config.crop_size.width)?;
         }
         if config.do_rescale && !config.rescale_factor.is_finite() {
-            return Err(Error::Config(format!("rescale_factor = {} is not finite", config.rescale_factor)));
+            return Err(Error::Config(format!(
+                "rescale_factor = {} is not finite",
+                config.rescale_factor
+            )));
         }
         if config.do_normalize {
-            for (name, v) in [("image_mean", &config.image_mean), ("image_std", &config.image_std)] {
+            for (name, v) in [
+                ("image_mean", &config.image_mean),
+                ("image_std", &config.image_std),
+            ] {
                 if v.len() != 3 {
-                    return Err(Error::Config(format!("{name} has {} values, RGB needs 3", v.len())));
+                    return Err(Error::Config(format!(
+                        "{name} has {} values, RGB needs 3",
+                        v.len()
+                    )));
                 }
                 if v.iter().any(|x| !x.is_finite() || !(*x as f32).is_finite()) {
-                    return Err(Error::Config(format!("{name} = {v:?} holds a non-finite value")));
+                    return Err(Error::Config(format!(
+                        "{name} = {v:?} holds a non-finite value"
+                    )));
                 }
             }
             if config.image_std.iter().any(|&s| s as f32 == 0.0) {
-                return Err(Error::Config(format!("image_std = {:?} holds a zero", config.image_std)));
+                return Err(Error::Config(format!(
+                    "image_std = {:?} holds a zero",
+                    config.image_std
+                )));
             }
         }
         Ok(ImageProcessor { config })
@@ -163,7 +118,8 @@ impl ImageProcessor {
 
     /// `(height, width)` of what [`ImageProcessor::preprocess`] returns for `img`.
     pub fn output_size_for(&self, img: &DynamicImage) -> (usize, usize) {
-        self.config.output_size_for(img.height() as usize, img.width() as usize)
+        self.config
+            .output_size_for(img.height() as usize, img.width() as usize)
     }
 
     /// Channel-first `f32` pixels, shape `(3, H, W)`, row-major: transformers' `pixel_values[0]`.
@@ -171,7 +127,11 @@ impl ImageProcessor {
         let cfg = &self.config;
         let src = convert::to_rgb_like(img, cfg.do_convert_rgb)?;
         let (h, w) = (src.height, src.width);
-        let (rh, rw) = if cfg.do_resize { cfg.resize_target(h, w) } else { (h, w) };
+        let (rh, rw) = if cfg.do_resize {
+            cfg.resize_target(h, w)
+        } else {
+            (h, w)
+        };
         if rh == 0 || rw == 0 {
             return Err(Error::Image(format!("{w}x{h} image resizes to {rw}x{rh}")));
         }
@@ -180,18 +140,46 @@ impl ImageProcessor {
                 "{w}x{h} image would be resized to {rw}x{rh}: aspect ratio too extreme"
             )));
         }
-        let (oh, ow) = if cfg.do_center_crop { (cfg.crop_size.height, cfg.crop_size.width) } else { (rh, rw) };
+        let (oh, ow) = if cfg.do_center_crop {
+            (cfg.crop_size.height, cfg.crop_size.width)
+        } else {
+            (rh, rw)
+        };
         // Centre-crop offsets in resized coordinates (negative: the crop pads).
         let top = (rh as i64 - oh as i64).div_euclid(2);
         let left = (rw as i64 - ow as i64).div_euclid(2);
         let rows = top.max(0) as usize..((top + oh as i64).min(rh as i64)) as usize;
         let cols = left.max(0) as usize..((left + ow as i64).min(rw as i64)) as usize;
 
-        let filter = if cfg.do_resize { Filter::from_pil(cfg.resample)? } else { Filter::Bicubic };
+        let filter = if cfg.do_resize {
+            Filter::from_pil(cfg.resample)?
+        } else {
+            Filter::Bicubic
+        };
         let c = src.channels;
         let window: Vec<u8> = match c {
-            1 => resample::resize_window::<1>(&src.data, (w, h), (rw, rh), filter, rows.clone(), cols.clone()).data,
-            _ => resample::resize_window::<3>(&src.data, (w, h), (rw, rh), filter, rows.clone(), cols.clone()).data,
+            1 => {
+                resample::resize_window::<1>(
+                    &src.data,
+                    (w, h),
+                    (rw, rh),
+                    filter,
+                    rows.clone(),
+                    cols.clone(),
+                )
+                .data
+            }
+            _ => {
+                resample::resize_window::<3>(
+                    &src.data,
+                    (w, h),
+                    (rw, rh),
+                    filter,
+                    rows.clone(),
+                    cols.clone(),
+                )
+                .data
+            }
         };
         let win_w = cols.len();
 
@@ -238,8 +226,11 @@ impl ImageProcessor {
         let mut lut = [[0f32; 256]; 3];
         for (c, table) in lut.iter_mut().enumerate() {
             for (v, out) in table.iter_mut().enumerate() {
-                let mut x =
-                    if cfg.do_rescale { (v as f64 * cfg.rescale_factor) as f32 } else { v as f32 };
+                let mut x = if cfg.do_rescale {
+                    (v as f64 * cfg.rescale_factor) as f32
+                } else {
+                    v as f32
+                };
                 if cfg.do_normalize {
                     x = (x - cfg.image_mean[c] as f32) / cfg.image_std[c] as f32;
                 }

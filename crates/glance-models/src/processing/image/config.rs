@@ -62,7 +62,10 @@ impl Default for PreprocessorConfig {
             size: ResizeTo::ShortestEdge(224),
             resample: 3,
             do_center_crop: true,
-            crop_size: CropSize { height: 224, width: 224 },
+            crop_size: CropSize {
+                height: 224,
+                width: 224,
+            },
             do_rescale: true,
             rescale_factor: 1.0 / 255.0,
             do_normalize: true,
@@ -86,19 +89,25 @@ impl PreprocessorConfig {
     /// size forms transformers' CLIP processor does not use: [`Error::Config`]).
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let json: Json = serde_json::from_str(&text)
-            .map_err(|source| Error::Json { path: path.to_path_buf(), source })?;
+        let json: Json = serde_json::from_str(&text).map_err(|source| Error::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::from_json(&json).map_err(|msg| Error::Config(format!("{}: {msg}", path.display())))
     }
 
     /// Builds the config from parsed JSON (an object); the error names the offending key.
     pub fn from_json(json: &Json) -> std::result::Result<Self, String> {
-        let obj = json.as_object().ok_or("preprocessor config must be a JSON object")?;
+        let obj = json
+            .as_object()
+            .ok_or("preprocessor config must be a JSON object")?;
         let d = Self::default();
         let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
         let flag = |k: &str, default: bool| match get(k) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or(format!("`{k}` must be true or false, got {v}")),
+            Some(v) => v
+                .as_bool()
+                .ok_or(format!("`{k}` must be true or false, got {v}")),
         };
         let size = match get("size") {
             None => d.size,
@@ -110,20 +119,29 @@ impl PreprocessorConfig {
         };
         let resample = match get("resample") {
             None => d.resample,
-            Some(v) => v.as_i64().ok_or(format!("`resample` must be an integer, got {v}"))?,
+            Some(v) => v
+                .as_i64()
+                .ok_or(format!("`resample` must be an integer, got {v}"))?,
         };
         let rescale_factor = match get("rescale_factor") {
             None => d.rescale_factor,
-            Some(v) => v.as_f64().ok_or(format!("`rescale_factor` must be a number, got {v}"))?,
+            Some(v) => v
+                .as_f64()
+                .ok_or(format!("`rescale_factor` must be a number, got {v}"))?,
         };
         let floats = |k: &str, default: Vec<f64>| match get(k) {
             None => Ok(default),
             Some(Json::Number(n)) => Ok(vec![n.as_f64().unwrap_or(f64::NAN); 3]),
             Some(Json::Array(a)) => a
                 .iter()
-                .map(|x| x.as_f64().ok_or(format!("`{k}` must hold numbers, got {x}")))
+                .map(|x| {
+                    x.as_f64()
+                        .ok_or(format!("`{k}` must hold numbers, got {x}"))
+                })
                 .collect(),
-            Some(v) => Err(format!("`{k}` must be a number or a list of numbers, got {v}")),
+            Some(v) => Err(format!(
+                "`{k}` must be a number or a list of numbers, got {v}"
+            )),
         };
         Ok(PreprocessorConfig {
             do_resize: flag("do_resize", d.do_resize)?,
@@ -172,7 +190,11 @@ impl PreprocessorConfig {
         match self.size {
             ResizeTo::Exact { height, width } => (height, width),
             ResizeTo::ShortestEdge(n) => {
-                let (short, long) = if width <= height { (width, height) } else { (height, width) };
+                let (short, long) = if width <= height {
+                    (width, height)
+                } else {
+                    (height, width)
+                };
                 // Python: int(n * long / short) -- exact product, correctly rounded division.
                 let new_long = if short == 0 {
                     0
@@ -198,13 +220,16 @@ fn as_size(v: &Json) -> std::result::Result<usize, String> {
 fn parse_size(v: &Json) -> std::result::Result<ResizeTo, String> {
     match v {
         Json::Number(_) => Ok(ResizeTo::ShortestEdge(as_size(v)?)),
-        Json::Array(a) if a.len() == 2 => {
-            Ok(ResizeTo::Exact { height: as_size(&a[0])?, width: as_size(&a[1])? })
-        }
+        Json::Array(a) if a.len() == 2 => Ok(ResizeTo::Exact {
+            height: as_size(&a[0])?,
+            width: as_size(&a[1])?,
+        }),
         Json::Array(a) if a.len() == 1 => Ok(ResizeTo::ShortestEdge(as_size(&a[0])?)),
         Json::Object(o) => {
             let key = |k: &str| o.get(k).filter(|v| !v.is_null());
-            if key("longest_edge").is_some() || key("max_height").is_some() || key("max_width").is_some()
+            if key("longest_edge").is_some()
+                || key("max_height").is_some()
+                || key("max_width").is_some()
             {
                 return Err(format!(
                     "{v}: `longest_edge` / `max_height` / `max_width` sizes are not supported \
@@ -213,11 +238,18 @@ fn parse_size(v: &Json) -> std::result::Result<ResizeTo, String> {
             }
             match (key("shortest_edge"), key("height"), key("width")) {
                 (Some(s), _, _) => Ok(ResizeTo::ShortestEdge(as_size(s)?)),
-                (None, Some(h), Some(w)) => Ok(ResizeTo::Exact { height: as_size(h)?, width: as_size(w)? }),
-                _ => Err(format!("{v}: needs `shortest_edge` or `height` and `width`")),
+                (None, Some(h), Some(w)) => Ok(ResizeTo::Exact {
+                    height: as_size(h)?,
+                    width: as_size(w)?,
+                }),
+                _ => Err(format!(
+                    "{v}: needs `shortest_edge` or `height` and `width`"
+                )),
             }
         }
-        other => Err(format!("{other}: expected an integer, [height, width] or an object")),
+        other => Err(format!(
+            "{other}: expected an integer, [height, width] or an object"
+        )),
     }
 }
 
@@ -225,13 +257,24 @@ fn parse_crop(v: &Json) -> std::result::Result<CropSize, String> {
     match v {
         Json::Number(_) => {
             let n = as_size(v)?;
-            Ok(CropSize { height: n, width: n })
+            Ok(CropSize {
+                height: n,
+                width: n,
+            })
         }
-        Json::Array(a) if a.len() == 2 => Ok(CropSize { height: as_size(&a[0])?, width: as_size(&a[1])? }),
+        Json::Array(a) if a.len() == 2 => Ok(CropSize {
+            height: as_size(&a[0])?,
+            width: as_size(&a[1])?,
+        }),
         Json::Object(o) => match (o.get("height"), o.get("width")) {
-            (Some(h), Some(w)) => Ok(CropSize { height: as_size(h)?, width: as_size(w)? }),
+            (Some(h), Some(w)) => Ok(CropSize {
+                height: as_size(h)?,
+                width: as_size(w)?,
+            }),
             _ => Err(format!("{v}: needs `height` and `width`")),
         },
-        other => Err(format!("{other}: expected an integer, [height, width] or an object")),
+        other => Err(format!(
+            "{other}: expected an integer, [height, width] or an object"
+        )),
     }
 }

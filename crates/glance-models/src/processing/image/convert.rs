@@ -56,15 +56,30 @@ pub(crate) fn composite_on_white(v: u8, a: u8) -> u8 {
 pub(crate) fn to_rgb_like(img: &DynamicImage, do_convert_rgb: bool) -> Result<RgbLike<'_>> {
     let (width, height) = (img.width() as usize, img.height() as usize);
     if width == 0 || height == 0 {
-        return Err(Error::Image(format!("image is {width}x{height}: it has no pixels")));
+        return Err(Error::Image(format!(
+            "image is {width}x{height}: it has no pixels"
+        )));
     }
-    let gray = |data: Vec<u8>| RgbLike { width, height, channels: 1, data: Cow::Owned(data) };
-    let rgb = |data: Vec<u8>| RgbLike { width, height, channels: 3, data: Cow::Owned(data) };
+    let gray = |data: Vec<u8>| RgbLike {
+        width,
+        height,
+        channels: 1,
+        data: Cow::Owned(data),
+    };
+    let rgb = |data: Vec<u8>| RgbLike {
+        width,
+        height,
+        channels: 3,
+        data: Cow::Owned(data),
+    };
     if !do_convert_rgb {
         return match img {
-            DynamicImage::ImageRgb8(b) => {
-                Ok(RgbLike { width, height, channels: 3, data: Cow::Borrowed(b.as_raw()) })
-            }
+            DynamicImage::ImageRgb8(b) => Ok(RgbLike {
+                width,
+                height,
+                channels: 3,
+                data: Cow::Borrowed(b.as_raw()),
+            }),
             _ => Err(Error::Image(format!(
                 "do_convert_rgb is false but the image is {:?}, not 8-bit RGB",
                 img.color()
@@ -72,20 +87,31 @@ pub(crate) fn to_rgb_like(img: &DynamicImage, do_convert_rgb: bool) -> Result<Rg
         };
     }
     Ok(match img {
-        DynamicImage::ImageLuma8(b) => {
-            RgbLike { width, height, channels: 1, data: Cow::Borrowed(b.as_raw()) }
-        }
-        DynamicImage::ImageRgb8(b) => {
-            RgbLike { width, height, channels: 3, data: Cow::Borrowed(b.as_raw()) }
-        }
-        DynamicImage::ImageLumaA8(b) => {
-            gray(b.as_raw().chunks_exact(2).map(|p| composite_on_white(p[0], p[1])).collect())
-        }
-        DynamicImage::ImageRgba8(b) => rgb(composite_rgba(b.as_raw().chunks_exact(4).map(|p| {
-            [p[0], p[1], p[2], p[3]]
-        }))),
+        DynamicImage::ImageLuma8(b) => RgbLike {
+            width,
+            height,
+            channels: 1,
+            data: Cow::Borrowed(b.as_raw()),
+        },
+        DynamicImage::ImageRgb8(b) => RgbLike {
+            width,
+            height,
+            channels: 3,
+            data: Cow::Borrowed(b.as_raw()),
+        },
+        DynamicImage::ImageLumaA8(b) => gray(
+            b.as_raw()
+                .chunks_exact(2)
+                .map(|p| composite_on_white(p[0], p[1]))
+                .collect(),
+        ),
+        DynamicImage::ImageRgba8(b) => rgb(composite_rgba(
+            b.as_raw().chunks_exact(4).map(|p| [p[0], p[1], p[2], p[3]]),
+        )),
         // Mode `I;16` -> RGB clips to 255 (Pillow `I16_RGB`).
-        DynamicImage::ImageLuma16(b) => gray(b.as_raw().iter().map(|&v| v.min(255) as u8).collect()),
+        DynamicImage::ImageLuma16(b) => {
+            gray(b.as_raw().iter().map(|&v| v.min(255) as u8).collect())
+        }
         // 16-bit gray+alpha opens as RGBA from the high bytes (`LA;16B`).
         DynamicImage::ImageLumaA16(b) => gray(
             b.as_raw()
@@ -95,12 +121,19 @@ pub(crate) fn to_rgb_like(img: &DynamicImage, do_convert_rgb: bool) -> Result<Rg
         ),
         DynamicImage::ImageRgb16(b) => rgb(b.as_raw().iter().map(|&v| (v >> 8) as u8).collect()),
         DynamicImage::ImageRgba16(b) => rgb(composite_rgba(b.as_raw().chunks_exact(4).map(|p| {
-            [(p[0] >> 8) as u8, (p[1] >> 8) as u8, (p[2] >> 8) as u8, (p[3] >> 8) as u8]
+            [
+                (p[0] >> 8) as u8,
+                (p[1] >> 8) as u8,
+                (p[2] >> 8) as u8,
+                (p[3] >> 8) as u8,
+            ]
         }))),
         // Float (and future) variants: only other decoders produce them; let `image` quantise.
         other if other.color().has_alpha() => {
             let b = other.to_rgba8();
-            rgb(composite_rgba(b.as_raw().chunks_exact(4).map(|p| [p[0], p[1], p[2], p[3]])))
+            rgb(composite_rgba(
+                b.as_raw().chunks_exact(4).map(|p| [p[0], p[1], p[2], p[3]]),
+            ))
         }
         other => rgb(other.to_rgb8().into_raw()),
     })

@@ -10,9 +10,11 @@
 //!   `[(int)(center - support + 0.5), (int)(center + support + 0.5))` clipped to the image, weight
 //!   `filter((x - center + 0.5) / filterscale)`, normalised to sum 1 (in f64);
 //! * `normalize_coeffs_8bpc`: each weight becomes `(int)(w * 2^22 ± 0.5)` (round half away from 0);
-//! * horizontal pass first (only over the source rows the vertical pass will read), then the
-//!   vertical pass; each output sample is `clamp((2^21 + Σ pixel · weight) >> 22, 0, 255)` in
-//!   32-bit integers, so the intermediate image is rounded to `uint8`;
+//! * two separable passes, each output sample being `clamp((2^21 + Σ pixel · weight) >> 22, 0, 255)`
+//!   in 32-bit integers, so the intermediate image is rounded to `uint8` and the pass order
+//!   matters: horizontal first (over the source rows the vertical pass will read), except that
+//!   Pillow 13 goes vertical first when the height shrinks by more than twice the width's
+//!   reduction ([`vertical_first`]; Pillow ≤ 12 was always horizontal first);
 //! * a pass whose axis keeps its size is skipped (it would be the identity anyway).
 //!
 //! Integer sums are exact (wrapping, associative), so the loop order here is free: this file
@@ -182,16 +184,28 @@ impl Coeffs {
             for (out, &w) in row.iter_mut().zip(&k[..n]) {
                 let w = if ww != 0.0 { w / ww } else { w };
                 let scaled = w * (1u32 << PRECISION_BITS) as f64;
-                *out = if w < 0.0 { (-0.5 + scaled) as i32 } else { (0.5 + scaled) as i32 };
+                *out = if w < 0.0 {
+                    (-0.5 + scaled) as i32
+                } else {
+                    (0.5 + scaled) as i32
+                };
             }
             start.push(xmin as usize);
             count.push(n);
         }
-        Coeffs { ksize, start, count, weights }
+        Coeffs {
+            ksize,
+            start,
+            count,
+            weights,
+        }
     }
 
     fn taps(&self, i: usize) -> (usize, &[i32]) {
-        (self.start[i], &self.weights[i * self.ksize..][..self.count[i]])
+        (
+            self.start[i],
+            &self.weights[i * self.ksize..][..self.count[i]],
+        )
     }
 
     /// Source range read by the output indices in `out` (empty when `out` is empty).
@@ -200,7 +214,10 @@ impl Coeffs {
             return 0..0;
         }
         let first = self.start[out.start];
-        let last = (out.clone()).map(|i| self.start[i] + self.count[i]).max().unwrap_or(first);
+        let last = (out.clone())
+            .map(|i| self.start[i] + self.count[i])
+            .max()
+            .unwrap_or(first);
         first..last.max(first)
     }
 }
@@ -245,7 +262,11 @@ pub(crate) fn resize_window<const C: usize>(
     let cols = cols.start.min(out_w)..cols.end.min(out_w);
     let (win_w, win_h) = (cols.len(), rows.len());
     if win_w == 0 || win_h == 0 {
-        return U8Image { width: win_w, height: win_h, data: Vec::new() };
+        return U8Image {
+            width: win_w,
+            height: win_h,
+            data: Vec::new(),
+        };
     }
     let need_h = out_w != width;
     let need_v = out_h != height;
@@ -281,7 +302,11 @@ pub(crate) fn resize_window<const C: usize>(
             }
         }
     };
-    U8Image { width: win_w, height: win_h, data }
+    U8Image {
+        width: win_w,
+        height: win_h,
+        data,
+    }
 }
 
 /// Horizontal pass. `src` rows are `stride` pixels wide and start at source column `x0`; reads
@@ -371,8 +396,32 @@ pub fn resize_u8(
         )));
     }
     Ok(match channels {
-        1 => resize_window::<1>(src, (width, height), (out_w, out_h), filter, 0..out_h, 0..out_w).data,
-        3 => resize_window::<3>(src, (width, height), (out_w, out_h), filter, 0..out_h, 0..out_w).data,
-        other => return Err(Error::Image(format!("resize supports 1 or 3 channels, not {other}"))),
+        1 => {
+            resize_window::<1>(
+                src,
+                (width, height),
+                (out_w, out_h),
+                filter,
+                0..out_h,
+                0..out_w,
+            )
+            .data
+        }
+        3 => {
+            resize_window::<3>(
+                src,
+                (width, height),
+                (out_w, out_h),
+                filter,
+                0..out_h,
+                0..out_w,
+            )
+            .data
+        }
+        other => {
+            return Err(Error::Image(format!(
+                "resize supports 1 or 3 channels, not {other}"
+            )))
+        }
     })
 }

@@ -1,0 +1,145 @@
+//! Decoding PNG / JPEG bytes into a [`DynamicImage`] with the checks a server needs: known
+//! format, pixel limit checked from the header before decoding, zero-sized images, corrupt and
+//! truncated data (the JPEG decoder fills a truncated scan with grey instead of failing, so JPEGs
+//! must end with an end-of-image marker, as Pillow requires by default: "image file is truncated").
+
+use std::io::Cursor;
+use std::path::Path;
+
+use image::{DynamicImage, ImageReader};
+
+use glance_core::{Error, Result};
+
+/// Largest decoded image accepted by [`load_image`] / [`decode_image`] (64 Mi pixels = 8192²).
+pub const DEFAULT_MAX_PIXELS: u64 = 64 * 1024 * 1024;
+
+/// Reads and decodes an image file (PNG or JPEG) with the default pixel limit.
+pub fn load_image(path: &Path) -> Result<DynamicImage> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    decode_image(&bytes).map_err(|e| match e {
+        Error::Image(msg) => Error::Image(format!("{}: {msg}", path.display())),
+        other => other,
+    })
+}
+
+/// Decodes PNG or JPEG bytes with the default pixel limit ([`DEFAULT_MAX_PIXELS`]).
+pub fn decode_image(bytes: &[u8]) -> Result<DynamicImage> {
+    decode_image_with_limit(bytes, DEFAULT_MAX_PIXELS)
+}
+
+/// Decodes PNG or JPEG bytes; rejects empty input, unknown formats, corrupt or truncated data,
+/// zero-sized images and images of more than `max_pixels` pixels (checked from the header,
+/// before the pixels are decoded) with [`Error::Image`].
+pub fn decode_image_with_limit(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage> {
+    if bytes.is_empty() {
+        return Err(Error::Image("no image data (0 bytes)".into()));
+    }
+    let reader = || -> Result<ImageReader<Cursor<&[u8]>>> {
+        let r = ImageReader::new(Cursor::new(bytes))
+            .with_guessed_format()
+            .map_err(|e| Error::Image(format!("cannot read image data: {e}")))?;
+        match r.format() {
+            Some(image::ImageFormat::Png | image::ImageFormat::Jpeg) => Ok(r),
+            Some(f) => Err(Error::Image(format!(
+                "unsupported image format {f:?} (expected PNG or JPEG)"
+            ))),
+            None => Err(Error::Image(format!(
+                "not a PNG or JPEG image ({} bytes starting {:02x?})",
+                bytes.len(),
+                &bytes[..bytes.len().min(8)]
+            ))),
+        }
+    };
+    let (w, h) = reader()?
+        .into_dimensions()
+        .map_err(|e| Error::Image(format!("invalid image header: {e}")))?;
+    check_dims(w as u64, h as u64, max_pixels)?;
+    if is_jpeg(bytes) && !jpeg_is_complete(bytes) {
+        return Err(Error::Image(
+            "truncated JPEG: the data ends before the end-of-image marker".into(),
+        ));
+    }
+    let mut r = reader()?;
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(w);
+    limits.max_image_height = Some(h);
+    limits.max_alloc = Some((max_pixels.saturating_mul(8)).max(512 << 20));
+    r.limits(limits);
+    let img = r
+        .decode()
+        .map_err(|e| Error::Image(format!("cannot decode image: {e}")))?;
+    check_dims(img.width() as u64, img.height() as u64, max_pixels)?;
+    Ok(img)
+}
+
+fn check_dims(w: u64, h: u64, max_pixels: u64) -> Result<()> {
+    if w == 0 || h == 0 {
+        return Err(Error::Image(format!("image is {w}x{h}: it has no pixels")));
+    }
+    if w * h > max_pixels {
+        return Err(Error::Image(format!(
+            "image is {w}x{h} = {} pixels, over the limit of {max_pixels}",
+            w * h
+        )));
+    }
+    Ok(())
+}
+
+fn is_jpeg(bytes: &[u8]) -> bool {
+    image::guess_format(bytes).ok() == Some(image::ImageFormat::Jpeg)
+}
+
+/// Whether JPEG data reaches its end-of-image marker: walks the marker segments and the
+/// entropy-coded scans (byte stuffing `FF 00`, restart markers `FF D0..D7`, fill bytes `FF FF`).
+pub(crate) fn jpeg_is_complete(b: &[u8]) -> bool {
+    if !b.starts_with(&[0xFF, 0xD8]) {
+        return false;
+    }
+    let mut i = 2;
+    loop {
+        // Find the next marker (tolerating garbage between segments, as libjpeg does).
+        while i < b.len() && b[i] != 0xFF {
+            i += 1;
+        }
+        while i < b.len() && b[i] == 0xFF {
+            i += 1;
+        }
+        let Some(&marker) = b.get(i) else {
+            return false;
+        };
+        i += 1;
+        match marker {
+            0xD9 => return true,
+            0x01 | 0xD0..=0xD8 => {}
+            _ => {
+                let Some(len) = b
+                    .get(i..i + 2)
+                    .map(|l| u16::from_be_bytes([l[0], l[1]]) as usize)
+                else {
+                    return false;
+                };
+                if len < 2 {
+                    return false;
+                }
+                i += len;
+                if i > b.len() {
+                    return false;
+                }
+                if marker == 0xDA {
+                    // Entropy-coded data runs to the next marker other than FF00 / RSTn.
+                    loop {
+                        while i < b.len() && b[i] != 0xFF {
+                            i += 1;
+                        }
+                        match b.get(i + 1) {
+                            None => return false,
+                            Some(0x00) | Some(0xD0..=0xD7) => i += 2,
+                            Some(0xFF) => i += 1,
+                            Some(_) => break,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

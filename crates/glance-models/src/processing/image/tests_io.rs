@@ -1,0 +1,269 @@
+//! Unit tests of decoding and of `preprocessor_config.json` parsing / validation.
+
+use image::{DynamicImage, ImageBuffer, Rgb};
+use serde_json::json;
+
+use super::config::{CropSize, PreprocessorConfig, ResizeTo};
+use super::tests::{is_config_err, is_image_err, jpeg_bytes, png_bytes};
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn decodes_png_and_jpeg() {
+    let img = DynamicImage::ImageRgb8(ImageBuffer::from_fn(16, 8, |x, y| {
+        Rgb([x as u8 * 10, y as u8 * 20, 7])
+    }));
+    let back = decode_image(&png_bytes(&img)).unwrap();
+    assert_eq!(back, img);
+    let j = decode_image(&jpeg_bytes(&img)).unwrap();
+    assert_eq!((j.width(), j.height()), (16, 8));
+}
+
+#[test]
+fn bad_bytes_are_clear_errors() {
+    assert!(is_image_err(decode_image(b"")).contains("0 bytes"));
+    let msg = is_image_err(decode_image(b"hello, this is not an image at all"));
+    assert!(msg.contains("not a PNG or JPEG"), "{msg}");
+    // A GIF header: a known format, but not one we decode.
+    is_image_err(decode_image(b"GIF89a\x01\x00\x01\x00\x00\x00\x00;"));
+
+    let img = DynamicImage::ImageRgb8(ImageBuffer::from_fn(64, 64, |x, y| {
+        Rgb([(x * y) as u8, x as u8, y as u8])
+    }));
+    let png = png_bytes(&img);
+    // Truncated PNG (header intact, pixel data cut).
+    for cut in [png.len() / 2, png.len() - 20, 40] {
+        is_image_err(decode_image(&png[..cut]));
+    }
+    // Corrupt PNG: garbage in the compressed data.
+    let mut bad = png.clone();
+    let mid = bad.len() / 2;
+    for b in &mut bad[mid..mid + 32] {
+        *b ^= 0x5a;
+    }
+    is_image_err(decode_image(&bad));
+    // Only the signature.
+    is_image_err(decode_image(&png[..8]));
+    // Truncated JPEG: cut in the headers or in the scan (the decoder itself would fill the
+    // missing part with grey; Pillow raises "image file is truncated").
+    let jpg = jpeg_bytes(&img);
+    for cut in [20, jpg.len() / 3, jpg.len() / 2, jpg.len() - 2] {
+        let msg = is_image_err(decode_image(&jpg[..cut]));
+        assert!(
+            msg.contains("truncated") || msg.contains("header"),
+            "cut {cut}: {msg}"
+        );
+    }
+    // Bytes after the end-of-image marker are ignored, as libjpeg does.
+    let mut padded = jpg.clone();
+    padded.extend_from_slice(b"trailing junk");
+    assert!(decode_image(&padded).is_ok());
+}
+
+/// A PNG claiming `w x h` RGB 8-bit: signature, IHDR, a tiny IDAT (one empty stored zlib
+/// block: far too little data) and IEND, all with valid CRCs.
+fn png_header_only(w: u32, h: u32) -> Vec<u8> {
+    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let body: Vec<u8> = kind.iter().chain(data).copied().collect();
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&crc32(&body).to_be_bytes());
+    }
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&w.to_be_bytes());
+    ihdr.extend_from_slice(&h.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    chunk(&mut out, b"IHDR", &ihdr);
+    chunk(
+        &mut out,
+        b"IDAT",
+        &[
+            0x78, 0x01, 0x01, 0x00, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
+        ],
+    );
+    chunk(&mut out, b"IEND", &[]);
+    out
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn zero_sized_and_oversized_images_are_rejected() {
+    for (w, h) in [(0, 10), (10, 0)] {
+        let msg = is_image_err(decode_image(&png_header_only(w, h)));
+        assert!(msg.contains("dimensions"), "{w}x{h}: {msg}");
+    }
+    // The header-only PNG itself is well-formed up to its (missing) pixel data.
+    assert!(decode_image(&png_header_only(2, 2)).is_err());
+    // 20000 x 20000 = 400 M pixels: rejected from the header, before any allocation.
+    let msg = is_image_err(decode_image(&png_header_only(20000, 20000)));
+    assert!(msg.contains("over the limit"), "{msg}");
+    // A real small image under a smaller limit.
+    let img = DynamicImage::new_rgb8(100, 100);
+    let msg = is_image_err(decode_image_with_limit(&png_bytes(&img), 9999));
+    assert!(msg.contains("over the limit"), "{msg}");
+    assert!(decode_image_with_limit(&png_bytes(&img), 10000).is_ok());
+}
+
+#[test]
+fn load_image_reports_the_path() {
+    let missing = std::path::Path::new("/nonexistent/glance/cat.png");
+    assert!(matches!(load_image(missing), Err(Error::Io { .. })));
+    let dir = std::env::temp_dir().join(format!("glance-image-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("not-an-image.png");
+    std::fs::write(&path, b"plain text").unwrap();
+    let msg = is_image_err(load_image(&path));
+    assert!(msg.contains("not-an-image.png"), "{msg}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config
+// ---------------------------------------------------------------------------------------------
+
+fn cfg(v: serde_json::Value) -> std::result::Result<PreprocessorConfig, String> {
+    PreprocessorConfig::from_json(&v)
+}
+
+#[test]
+fn config_parses_size_forms() {
+    let c =
+        cfg(json!({"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 300}}))
+            .unwrap();
+    assert_eq!(c.size, ResizeTo::ShortestEdge(336));
+    assert_eq!(
+        c.crop_size,
+        CropSize {
+            height: 336,
+            width: 300
+        }
+    );
+    assert_eq!(c.output_size(), (336, 300));
+    let c = cfg(json!({"size": {"height": 224, "width": 256}, "do_center_crop": false})).unwrap();
+    assert_eq!(
+        c.size,
+        ResizeTo::Exact {
+            height: 224,
+            width: 256
+        }
+    );
+    assert_eq!(c.output_size(), (224, 256));
+    // Legacy ints: `size` is the shortest edge, `crop_size` a square.
+    let c = cfg(json!({"size": 224, "crop_size": 224})).unwrap();
+    assert_eq!(c.size, ResizeTo::ShortestEdge(224));
+    assert_eq!(
+        c.crop_size,
+        CropSize {
+            height: 224,
+            width: 224
+        }
+    );
+    // Lists are (height, width).
+    let c = cfg(json!({"size": [100, 200], "crop_size": [50, 60]})).unwrap();
+    assert_eq!(
+        c.size,
+        ResizeTo::Exact {
+            height: 100,
+            width: 200
+        }
+    );
+    assert_eq!(
+        c.crop_size,
+        CropSize {
+            height: 50,
+            width: 60
+        }
+    );
+}
+
+#[test]
+fn config_defaults_nulls_and_scalars() {
+    let c = cfg(json!({})).unwrap();
+    let d = PreprocessorConfig::default();
+    assert_eq!((c.size, c.crop_size, c.resample), (d.size, d.crop_size, 3));
+    assert_eq!(c.image_mean, OPENAI_CLIP_MEAN);
+    assert_eq!(c.image_std, OPENAI_CLIP_STD);
+    assert_eq!(c.rescale_factor, 0.00392156862745098);
+    assert!(c.do_resize && c.do_center_crop && c.do_rescale && c.do_normalize && c.do_convert_rgb);
+    let c = cfg(
+        json!({"do_convert_rgb": null, "resample": null, "size": null, "image_mean": 0.5,
+                       "image_std": [0.5, 0.5, 0.5], "image_processor_type": "CLIPImageProcessor"}),
+    )
+    .unwrap();
+    assert!(c.do_convert_rgb);
+    assert_eq!(c.resample, 3);
+    assert_eq!(c.image_mean, [0.5; 3]);
+    // serde entry point (the lead may embed the config in a larger struct).
+    let c: PreprocessorConfig =
+        serde_json::from_value(json!({"size": {"shortest_edge": 42}})).unwrap();
+    assert_eq!(c.size, ResizeTo::ShortestEdge(42));
+    assert!(serde_json::from_value::<PreprocessorConfig>(json!({"size": "big"})).is_err());
+}
+
+#[test]
+fn config_rejects_what_it_cannot_do() {
+    assert!(cfg(json!([1, 2])).is_err());
+    assert!(cfg(json!({"size": {"shortest_edge": 224, "longest_edge": 448}})).is_err());
+    assert!(cfg(json!({"size": {"width": 224}})).is_err());
+    assert!(cfg(json!({"size": -3})).is_err());
+    assert!(cfg(json!({"crop_size": {"height": 2}})).is_err());
+    assert!(cfg(json!({"do_resize": "yes"})).is_err());
+    assert!(cfg(json!({"image_mean": ["a", "b", "c"]})).is_err());
+
+    let new = |v| ImageProcessor::new(cfg(v).unwrap());
+    assert!(is_config_err(new(json!({"image_std": [0.2, 0.0, 0.3]}))).contains("zero"));
+    is_config_err(new(json!({"image_mean": [0.5, 0.5]})));
+    is_config_err(new(json!({"image_std": [0.5, 0.5, 0.5, 0.5]})));
+    is_config_err(new(json!({"resample": 0})));
+    is_config_err(new(json!({"resample": 9})));
+    is_config_err(new(json!({"size": 0})));
+    is_config_err(new(json!({"crop_size": {"height": 0, "width": 5}})));
+    is_config_err(new(json!({"size": 100000})));
+    // What is switched off is not checked.
+    assert!(new(json!({"do_normalize": false, "image_std": [0, 0, 0]})).is_ok());
+    assert!(new(json!({"do_resize": false, "resample": 0})).is_ok());
+    assert!(new(json!({"resample": 2})).is_ok());
+}
+
+#[test]
+fn config_file_errors() {
+    let dir = std::env::temp_dir().join(format!("glance-pp-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("preprocessor_config.json");
+    assert!(matches!(
+        PreprocessorConfig::from_file(&path),
+        Err(Error::Io { .. })
+    ));
+    std::fs::write(&path, "{ not json").unwrap();
+    assert!(matches!(
+        PreprocessorConfig::from_file(&path),
+        Err(Error::Json { .. })
+    ));
+    std::fs::write(&path, r#"{"size": {"longest_edge": 5}}"#).unwrap();
+    assert!(matches!(
+        PreprocessorConfig::from_file(&path),
+        Err(Error::Config(_))
+    ));
+    std::fs::write(&path, r#"{"size": 30, "crop_size": 30, "image_std": 0.5}"#).unwrap();
+    let p = ImageProcessor::from_file(&path).unwrap();
+    assert_eq!(p.config.output_size(), (30, 30));
+    std::fs::remove_dir_all(&dir).ok();
+}
