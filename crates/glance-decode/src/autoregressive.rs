@@ -69,10 +69,17 @@ pub struct Prefilled {
 
 /// Runs the prompt rows `(t, hidden)` at `positions` (length `t`; usually `0..t`, but pruned
 /// prompts keep their original positions) through the model under a causal mask.
-pub fn prefill<M: CausalLm + ?Sized>(model: &M, prompt: &Tensor, positions: &[u32]) -> Result<Prefilled> {
+pub fn prefill<M: CausalLm + ?Sized>(
+    model: &M,
+    prompt: &Tensor,
+    positions: &[u32],
+) -> Result<Prefilled> {
     let t = prompt.dim(0)?;
     if t == 0 || positions.len() != t {
-        return Err(Error::Input(format!("prompt has {t} rows and {} positions", positions.len())));
+        return Err(Error::Input(format!(
+            "prompt has {t} rows and {} positions",
+            positions.len()
+        )));
     }
     let max = model.max_positions();
     let last_pos = *positions.iter().max().expect("non-empty") as usize;
@@ -161,7 +168,11 @@ pub fn decode<M: CausalLm + ?Sized>(
 }
 
 /// Logits of one hidden row `(1, hidden)` → the sampled token.
-fn pick<M: CausalLm + ?Sized>(model: &M, hidden: &Tensor, sampler: &mut Sampler) -> Result<TokenId> {
+fn pick<M: CausalLm + ?Sized>(
+    model: &M,
+    hidden: &Tensor,
+    sampler: &mut Sampler,
+) -> Result<TokenId> {
     let logits: Vec<f32> = model.logits(hidden)?.squeeze(0)?.to_vec1()?;
     Ok(sampler.sample(&logits))
 }

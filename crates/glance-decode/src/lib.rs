@@ -11,6 +11,8 @@ pub mod rng;
 pub mod sampler;
 pub mod stop;
 
-pub use autoregressive::{decode, generate, prefill, FinishReason, GenerateConfig, Generation, Prefilled};
+pub use autoregressive::{
+    decode, generate, prefill, FinishReason, GenerateConfig, Generation, Prefilled,
+};
 pub use sampler::Sampler;
 pub use stop::StopStrings;

@@ -54,7 +54,10 @@ impl Sampler {
             scored.truncate(self.params.top_k);
         }
         let max = scored.first().map_or(0.0, |s| s.1);
-        let mut probs: Vec<(TokenId, f32)> = scored.into_iter().map(|(i, l)| (i, (l - max).exp())).collect();
+        let mut probs: Vec<(TokenId, f32)> = scored
+            .into_iter()
+            .map(|(i, l)| (i, (l - max).exp()))
+            .collect();
         normalise(&mut probs);
         if self.params.top_p < 1.0 {
             // Keep the shortest prefix whose mass reaches top_p (at least one token).
@@ -124,12 +127,18 @@ mod tests {
     #[test]
     fn top_k_and_top_p_restrict_support() {
         let logits = [4.0f32, 3.0, 2.0, 1.0, 0.0];
-        let d = Sampler::new(params(1.0, 2, 1.0, 0)).unwrap().distribution(&logits);
+        let d = Sampler::new(params(1.0, 2, 1.0, 0))
+            .unwrap()
+            .distribution(&logits);
         assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1]);
         // p(0) ≈ 0.636, p(0)+p(1) ≈ 0.87: top-p 0.8 keeps two tokens, 0.5 keeps one.
-        let d = Sampler::new(params(1.0, 0, 0.8, 0)).unwrap().distribution(&logits);
+        let d = Sampler::new(params(1.0, 0, 0.8, 0))
+            .unwrap()
+            .distribution(&logits);
         assert_eq!(d.len(), 2);
-        let d = Sampler::new(params(1.0, 0, 0.5, 0)).unwrap().distribution(&logits);
+        let d = Sampler::new(params(1.0, 0, 0.5, 0))
+            .unwrap()
+            .distribution(&logits);
         assert_eq!(d.len(), 1);
         assert!((d[0].1 - 1.0).abs() < 1e-6);
     }

@@ -32,7 +32,12 @@ impl StopStrings {
 
     pub fn push(&mut self, piece: &str) -> StopStatus {
         self.pending.push_str(piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return StopStatus::Stopped(out);

@@ -56,7 +56,10 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             if !f.is_file() {
                 return Err(Error::MissingFile {
                     dir: dir.to_path_buf(),
-                    what: format!("shard {} listed in model.safetensors.index.json", f.display()),
+                    what: format!(
+                        "shard {} listed in model.safetensors.index.json",
+                        f.display()
+                    ),
                 });
             }
         }

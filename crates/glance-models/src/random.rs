@@ -16,24 +16,39 @@ struct RandomBackend {
 }
 
 impl SimpleBackend for RandomBackend {
-    fn get(&self, s: Shape, name: &str, _: candle_nn::Init, dtype: DType, dev: &Device) -> Result<Tensor> {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Tensor> {
         let mut made = self.made.lock().expect("not poisoned");
         if let Some(t) = made.get(name) {
             return Ok(t.clone());
         }
         let n = s.elem_count();
-        let is_norm_weight = name.ends_with("norm.weight") || name.contains("layernorm") || name.contains("layer_norm");
+        let is_norm_weight = name.ends_with("norm.weight")
+            || name.contains("layernorm")
+            || name.contains("layer_norm");
         let mut state = self.seed ^ fxhash(name);
         let mut data = Vec::with_capacity(n);
         for _ in 0..n {
             // Irwin–Hall(4) approximation of a normal: fast and good enough for timing weights.
             let mut u = 0.0f32;
             for _ in 0..4 {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 u += (state >> 40) as f32 / (1u64 << 24) as f32;
             }
             let z = (u - 2.0) * 1.732;
-            data.push(if is_norm_weight { 1.0 + 0.02 * z } else { 0.02 * z });
+            data.push(if is_norm_weight {
+                1.0 + 0.02 * z
+            } else {
+                0.02 * z
+            });
         }
         let t = Tensor::from_vec(data, s, dev)?.to_dtype(dtype)?;
         made.insert(name.to_string(), t.clone());
@@ -50,8 +65,9 @@ impl SimpleBackend for RandomBackend {
 }
 
 fn fxhash(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// A `VarBuilder` that makes seeded random f32 weights of whatever shape is asked for.

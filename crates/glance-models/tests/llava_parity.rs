@@ -21,16 +21,28 @@ fn fixtures() -> PathBuf {
 }
 
 fn manifest() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixtures().join("manifest.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join("manifest.json")).unwrap())
+        .unwrap()
 }
 
 fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims(), "shape");
-    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap()
 }
 
 fn ids(t: &Tensor) -> Vec<u32> {
-    t.to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect()
+    t.to_vec1::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|x| x as u32)
+        .collect()
 }
 
 struct Case {
@@ -51,9 +63,13 @@ fn cases() -> Vec<Case> {
             models.insert(c["model"].as_str().unwrap().into(), dir.clone());
             Case {
                 name: c["name"].as_str().unwrap().into(),
-                model: Llava::load(&dir, &Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", dir.display())),
-                t: candle_core::safetensors::load(fixtures().join(c["tensors"].as_str().unwrap()), &Device::Cpu)
-                    .unwrap(),
+                model: Llava::load(&dir, &Device::Cpu)
+                    .unwrap_or_else(|e| panic!("{}: {e}", dir.display())),
+                t: candle_core::safetensors::load(
+                    fixtures().join(c["tensors"].as_str().unwrap()),
+                    &Device::Cpu,
+                )
+                .unwrap(),
             }
         })
         .collect()
@@ -72,10 +88,17 @@ fn vision_tower_projector_and_logits_match_transformers() {
         let emb = c.model.embed_prompt(&input_ids, &[&enc.features]).unwrap();
         let positions: Vec<u32> = (0..input_ids.len() as u32).collect();
         let text = c.model.text();
-        let hidden = text.forward_uncached(&emb, &positions, &AttnMask::causal()).unwrap();
+        let hidden = text
+            .forward_uncached(&emb, &positions, &AttnMask::causal())
+            .unwrap();
         let d_logits = max_abs(&text.logits(&hidden).unwrap(), &c.t["logits"]);
         println!("{}: vision {d_hidden:.2e} cls-attn {d_attn:.2e} features {d_feat:.2e} logits {d_logits:.2e}", c.name);
-        for (what, d) in [("vision", d_hidden), ("cls attention", d_attn), ("features", d_feat), ("logits", d_logits)] {
+        for (what, d) in [
+            ("vision", d_hidden),
+            ("cls attention", d_attn),
+            ("features", d_feat),
+            ("logits", d_logits),
+        ] {
             assert!(d <= TOL, "{}: {what} differ by {d}", c.name);
         }
     }
@@ -100,14 +123,24 @@ fn greedy_generation_matches_transformers_and_cached_equals_recomputed() {
 
         // Cached decoding == full recomputation: logits of the whole sequence in one uncached pass
         // equal the per-step cached logits transformers recorded.
-        let all: Vec<u32> = input_ids.iter().chain(&want[..want.len() - 1]).copied().collect();
+        let all: Vec<u32> = input_ids
+            .iter()
+            .chain(&want[..want.len() - 1])
+            .copied()
+            .collect();
         let gen_emb = text.embed_tokens(&want[..want.len() - 1]).unwrap();
         let full_emb = Tensor::cat(&[&emb, &gen_emb], 0).unwrap();
         let pos: Vec<u32> = (0..all.len() as u32).collect();
-        let hidden = text.forward_uncached(&full_emb, &pos, &AttnMask::causal()).unwrap();
+        let hidden = text
+            .forward_uncached(&full_emb, &pos, &AttnMask::causal())
+            .unwrap();
         let tail = hidden.narrow(0, input_ids.len() - 1, want.len()).unwrap();
         let d = max_abs(&text.logits(&tail).unwrap(), &c.t["greedy_logits"]);
-        assert!(d <= TOL, "{}: recomputed vs cached logits differ by {d}", c.name);
+        assert!(
+            d <= TOL,
+            "{}: recomputed vs cached logits differ by {d}",
+            c.name
+        );
     }
 }
 
@@ -124,7 +157,15 @@ fn kv_cache_prefill_in_chunks_equals_one_pass() {
     let mut outs = Vec::new();
     for (a, b) in [(0, 10), (10, 31), (31, n)] {
         let pos: Vec<u32> = (a as u32..b as u32).collect();
-        outs.push(text.forward(&emb.narrow(0, a, b - a).unwrap(), &pos, &AttnMask::causal(), &mut cache).unwrap());
+        outs.push(
+            text.forward(
+                &emb.narrow(0, a, b - a).unwrap(),
+                &pos,
+                &AttnMask::causal(),
+                &mut cache,
+            )
+            .unwrap(),
+        );
     }
     let chunked = text.logits(&Tensor::cat(&outs, 0).unwrap()).unwrap();
     assert!(max_abs(&chunked, &c.t["logits"]) <= TOL);

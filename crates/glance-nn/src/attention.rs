@@ -116,7 +116,13 @@ mod tests {
     use super::*;
 
     /// Reference: repeat K/V per query head and attend head by head.
-    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Result<Tensor> {
+    fn reference(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        scale: f64,
+    ) -> Result<Tensor> {
         let (_, h, _, _) = q.dims4()?;
         let kv_h = k.dim(1)?;
         let mut outs = Vec::new();

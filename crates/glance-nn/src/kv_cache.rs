@@ -47,7 +47,9 @@ impl LayerCache {
     /// Views of the rows held, or `None` when empty.
     pub fn get(&self) -> Result<Option<(Tensor, Tensor)>> {
         match (&self.k, &self.v) {
-            (Some(k), Some(v)) if self.len > 0 => Ok(Some((k.narrow(2, 0, self.len)?, v.narrow(2, 0, self.len)?))),
+            (Some(k), Some(v)) if self.len > 0 => {
+                Ok(Some((k.narrow(2, 0, self.len)?, v.narrow(2, 0, self.len)?)))
+            }
             _ => Ok(None),
         }
     }
@@ -68,7 +70,9 @@ impl LayerCache {
     }
 
     fn deep_copy(&self) -> Result<Self> {
-        let copy = |b: &Option<Tensor>| -> Result<Option<Tensor>> { b.as_ref().map(|t| t.copy()).transpose() };
+        let copy = |b: &Option<Tensor>| -> Result<Option<Tensor>> {
+            b.as_ref().map(|t| t.copy()).transpose()
+        };
         Ok(Self {
             k: copy(&self.k)?,
             v: copy(&self.v)?,
@@ -128,7 +132,11 @@ impl KvCache {
     /// An independent copy: appending to one never affects the other.
     pub fn fork(&self) -> Result<Self> {
         Ok(Self {
-            layers: self.layers.iter().map(|l| l.deep_copy()).collect::<Result<_>>()?,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.deep_copy())
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -148,14 +156,22 @@ impl KvCache {
             candle_core::bail!("compact_layers: layers {layers:?} hold different numbers of rows")
         }
         if rows.windows(2).any(|w| w[0] >= w[1]) || rows.last().is_some_and(|&r| r >= len) {
-            candle_core::bail!("compact: rows must be strictly increasing and < {len}, got {rows:?}")
+            candle_core::bail!(
+                "compact: rows must be strictly increasing and < {len}, got {rows:?}"
+            )
         }
-        let Some(device) = self.layers.iter().find_map(|l| l.k.as_ref().map(|k| k.device().clone())) else {
+        let Some(device) = self
+            .layers
+            .iter()
+            .find_map(|l| l.k.as_ref().map(|k| k.device().clone()))
+        else {
             return Ok(());
         };
         let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let idx = Tensor::from_vec(idx, rows.len(), &device)?;
-        self.layers[layers].iter_mut().try_for_each(|l| l.compact(&idx, rows.len()))
+        self.layers[layers]
+            .iter_mut()
+            .try_for_each(|l| l.compact(&idx, rows.len()))
     }
 }
 
@@ -166,13 +182,15 @@ mod tests {
 
     fn rows(t: usize, start: f32) -> Result<Tensor> {
         // (1, 2, t, 3) whose row r holds the value start + r everywhere.
-        let v: Vec<f32> = (0..2 * t * 3).map(|i| start + ((i / 3) % t) as f32).collect();
+        let v: Vec<f32> = (0..2 * t * 3)
+            .map(|i| start + ((i / 3) % t) as f32)
+            .collect();
         Tensor::from_vec(v, (1, 2, t, 3), &Device::Cpu)
     }
 
     fn row_values(c: &KvCache) -> Result<Vec<f32>> {
         let (k, _) = c.layer(0).get()?.unwrap();
-        Ok(k.narrow(1, 0, 1)?.narrow(3, 0, 1)?.flatten_all()?.to_vec1()?)
+        k.narrow(1, 0, 1)?.narrow(3, 0, 1)?.flatten_all()?.to_vec1()
     }
 
     #[test]
@@ -186,7 +204,10 @@ mod tests {
             c.layer_mut(l).append(&rows(200, 3.0)?, &rows(200, 3.0)?)?;
         }
         assert_eq!(c.len(), 203);
-        assert_eq!(row_values(&c)?, (0..203).map(|x| x as f32).collect::<Vec<_>>());
+        assert_eq!(
+            row_values(&c)?,
+            (0..203).map(|x| x as f32).collect::<Vec<_>>()
+        );
 
         let fork = c.fork()?;
         c.truncate(5);

@@ -35,7 +35,10 @@ pub enum Mode {
 }
 
 /// Softmax over the last dimension, fused for inference and differentiable for training.
-pub fn softmax_last_dim(xs: &candle_core::Tensor, mode: Mode) -> candle_core::Result<candle_core::Tensor> {
+pub fn softmax_last_dim(
+    xs: &candle_core::Tensor,
+    mode: Mode,
+) -> candle_core::Result<candle_core::Tensor> {
     match mode {
         Mode::Infer => candle_nn::ops::softmax_last_dim(xs),
         Mode::Train => candle_nn::ops::softmax(xs, candle_core::D::Minus1),

@@ -21,7 +21,13 @@ pub trait CausalLm {
     /// Runs rows `xs` `(t, hidden)` placed at `positions` (length `t`) after the rows already in
     /// `cache`, appends their keys / values to it, and returns the final-normed hidden states
     /// `(t, hidden)`.
-    fn forward(&self, xs: &Tensor, positions: &[u32], mask: &AttnMask, cache: &mut KvCache) -> Result<Tensor>;
+    fn forward(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor>;
 
     /// Hidden states `(t, hidden)` → logits `(t, vocab)`.
     fn logits(&self, hidden: &Tensor) -> Result<Tensor>;

@@ -23,7 +23,9 @@ impl RmsNorm {
     /// `xs`: `(..., hidden)`.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         match self.mode {
-            Mode::Infer if xs.is_contiguous() => candle_nn::ops::rms_norm(xs, &self.weight, self.eps),
+            Mode::Infer if xs.is_contiguous() => {
+                candle_nn::ops::rms_norm(xs, &self.weight, self.eps)
+            }
             _ => candle_nn::ops::rms_norm_slow(xs, &self.weight, self.eps),
         }
     }

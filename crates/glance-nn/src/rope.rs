@@ -54,13 +54,21 @@ impl RotaryEmbedding {
                 original_max_position_embeddings,
             }) => {
                 let old = *original_max_position_embeddings as f32;
-                let (factor, lo, hi) = (*factor as f32, *low_freq_factor as f32, *high_freq_factor as f32);
+                let (factor, lo, hi) = (
+                    *factor as f32,
+                    *low_freq_factor as f32,
+                    *high_freq_factor as f32,
+                );
                 let low_freq_wavelen = old / lo;
                 let high_freq_wavelen = old / hi;
                 for f in inv.iter_mut() {
                     let wavelen = 2.0 * std::f32::consts::PI / *f;
-                    let scaled = if wavelen > low_freq_wavelen { *f / factor } else { *f };
-                    let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                    let scaled = if wavelen > low_freq_wavelen {
+                        *f / factor
+                    } else {
+                        *f
+                    };
+                    let medium = (high_freq_wavelen..=low_freq_wavelen).contains(&wavelen);
                     *f = if medium {
                         let smooth = (old / wavelen - lo) / (hi - lo);
                         (1.0 - smooth) * scaled / factor + smooth * scaled
@@ -110,7 +118,8 @@ mod tests {
         let slow = RotaryEmbedding::new(16, 10000.0, None, Mode::Train, &dev)?;
         let (qf, kf) = fast.apply(&q, &k, &pos)?;
         let (qs, ks) = slow.apply(&q, &k, &pos)?;
-        let diff = |a: &Tensor, b: &Tensor| -> Result<f32> { (a - b)?.abs()?.max_all()?.to_scalar() };
+        let diff =
+            |a: &Tensor, b: &Tensor| -> Result<f32> { (a - b)?.abs()?.max_all()?.to_scalar() };
         assert!(diff(&qf, &qs)? < 1e-5 && diff(&kf, &ks)? < 1e-5);
         assert!(diff(&qf.narrow(2, 0, 1)?, &q.narrow(2, 0, 1)?)? < 1e-7);
         Ok(())

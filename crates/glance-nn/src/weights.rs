@@ -33,7 +33,11 @@ pub fn param<S: Into<Shape>>(vb: &VarBuilder, shape: S, name: &str) -> Result<Te
 /// `{prefix}.weight` `(out, in)` and, if `bias`, `{prefix}.bias` `(out,)`.
 pub fn linear(vb: &VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> Result<Linear> {
     let w = param(vb, (out_dim, in_dim), "weight")?;
-    let b = if bias { Some(param(vb, out_dim, "bias")?) } else { None };
+    let b = if bias {
+        Some(param(vb, out_dim, "bias")?)
+    } else {
+        None
+    };
     Ok(Linear::new(w, b))
 }
 
@@ -42,5 +46,10 @@ pub fn rms_norm(vb: &VarBuilder, size: usize, eps: f64, mode: Mode) -> Result<Rm
 }
 
 pub fn layer_norm(vb: &VarBuilder, size: usize, eps: f64, mode: Mode) -> Result<LayerNorm> {
-    Ok(LayerNorm::new(param(vb, size, "weight")?, param(vb, size, "bias")?, eps, mode))
+    Ok(LayerNorm::new(
+        param(vb, size, "weight")?,
+        param(vb, size, "bias")?,
+        eps,
+        mode,
+    ))
 }

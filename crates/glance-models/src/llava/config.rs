@@ -119,7 +119,8 @@ impl LlavaConfig {
     }
 
     pub fn from_value(v: &Value) -> Result<Self> {
-        let raw: Raw = serde_json::from_value(v.clone()).map_err(|e| Error::Config(e.to_string()))?;
+        let raw: Raw =
+            serde_json::from_value(v.clone()).map_err(|e| Error::Config(e.to_string()))?;
         let is_llava = raw.model_type.as_deref() == Some("llava")
             || raw
                 .architectures
@@ -133,7 +134,8 @@ impl LlavaConfig {
         }
         let vision: VisionConfig = match raw.vision_config {
             None => VisionConfig::llava_default(),
-            Some(vc) => serde_json::from_value(vc).map_err(|e| Error::Config(format!("vision_config: {e}")))?,
+            Some(vc) => serde_json::from_value(vc)
+                .map_err(|e| Error::Config(format!("vision_config: {e}")))?,
         };
         if vision.model_type != "clip_vision_model" {
             return Err(Error::Config(format!(
@@ -141,25 +143,42 @@ impl LlavaConfig {
                 vision.model_type
             )));
         }
-        if vision.patch_size == 0 || vision.image_size % vision.patch_size != 0 {
+        if vision.patch_size == 0 || !vision.image_size.is_multiple_of(vision.patch_size) {
             return Err(Error::Config(format!(
                 "image_size {} is not a multiple of patch_size {}",
                 vision.image_size, vision.patch_size
             )));
         }
-        if vision.num_attention_heads == 0 || vision.hidden_size % vision.num_attention_heads != 0 {
-            return Err(Error::Config("vision hidden_size must be a multiple of num_attention_heads".into()));
+        if vision.num_attention_heads == 0
+            || !vision
+                .hidden_size
+                .is_multiple_of(vision.num_attention_heads)
+        {
+            return Err(Error::Config(
+                "vision hidden_size must be a multiple of num_attention_heads".into(),
+            ));
         }
-        let text = TextConfig::from_value(&raw.text_config.unwrap_or_else(|| serde_json::json!({})))?;
+        let text =
+            TextConfig::from_value(&raw.text_config.unwrap_or_else(|| serde_json::json!({})))?;
         let n_states = vision.num_hidden_layers as i64 + 1;
         let layers: Vec<i64> = match raw.vision_feature_layer {
             None => vec![-2],
-            Some(Value::Number(n)) => vec![n.as_i64().ok_or_else(|| Error::Config("vision_feature_layer".into()))?],
+            Some(Value::Number(n)) => vec![n
+                .as_i64()
+                .ok_or_else(|| Error::Config("vision_feature_layer".into()))?],
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|x| x.as_i64().ok_or_else(|| Error::Config("vision_feature_layer entries must be integers".into())))
+                .map(|x| {
+                    x.as_i64().ok_or_else(|| {
+                        Error::Config("vision_feature_layer entries must be integers".into())
+                    })
+                })
                 .collect::<Result<_>>()?,
-            Some(other) => return Err(Error::Config(format!("vision_feature_layer: unexpected {other}"))),
+            Some(other) => {
+                return Err(Error::Config(format!(
+                    "vision_feature_layer: unexpected {other}"
+                )))
+            }
         };
         let feature_layers = layers
             .iter()
@@ -184,7 +203,9 @@ impl LlavaConfig {
             image_token_id: raw.image_token_index.unwrap_or(32000),
             projector_hidden_act: raw.projector_hidden_act.unwrap_or(Activation::Gelu),
             projector_bias: raw.multimodal_projector_bias.unwrap_or(true),
-            feature_select: raw.vision_feature_select_strategy.unwrap_or(FeatureSelect::Default),
+            feature_select: raw
+                .vision_feature_select_strategy
+                .unwrap_or(FeatureSelect::Default),
             feature_layers,
         })
     }
@@ -227,9 +248,16 @@ mod tests {
     #[test]
     fn rejects_bad_configs() {
         assert!(LlavaConfig::from_value(&json!({"model_type": "llama"})).is_err());
-        assert!(LlavaConfig::from_value(&json!({"model_type": "llava", "vision_feature_layer": 30})).is_err());
-        assert!(LlavaConfig::from_value(&json!({"model_type": "llava", "vision_feature_select_strategy": "cls"})).is_err());
+        assert!(LlavaConfig::from_value(
+            &json!({"model_type": "llava", "vision_feature_layer": 30})
+        )
+        .is_err());
+        assert!(LlavaConfig::from_value(
+            &json!({"model_type": "llava", "vision_feature_select_strategy": "cls"})
+        )
+        .is_err());
         assert!(LlavaConfig::from_value(&json!({"model_type": "llava",
-            "vision_config": {"model_type": "siglip_vision_model"}})).is_err());
+            "vision_config": {"model_type": "siglip_vision_model"}}))
+        .is_err());
     }
 }

@@ -54,7 +54,10 @@ impl WeightLayout {
             "model.vision_tower.vision_model",
             "model.vision_tower",
         ];
-        if let Some(v) = vision_candidates.iter().find(|p| has(p, "embeddings.class_embedding")) {
+        if let Some(v) = vision_candidates
+            .iter()
+            .find(|p| has(p, "embeddings.class_embedding"))
+        {
             l.vision = v.to_string();
         }
         if !has(&l.lm_head, "weight") && has("lm_head", "weight") {
@@ -92,8 +95,17 @@ impl Llava {
     }
 
     /// Builds the model from any `VarBuilder` (a checkpoint, or a `VarMap` when training).
-    pub fn from_var_builder(vb: &VarBuilder, config: LlavaConfig, layout: &WeightLayout, mode: Mode) -> Result<Self> {
-        let deepest = *config.feature_layers.iter().max().expect("config validated: non-empty");
+    pub fn from_var_builder(
+        vb: &VarBuilder,
+        config: LlavaConfig,
+        layout: &WeightLayout,
+        mode: Mode,
+    ) -> Result<Self> {
+        let deepest = *config
+            .feature_layers
+            .iter()
+            .max()
+            .expect("config validated: non-empty");
         let vision = ClipVision::load(&vb.pp(&layout.vision), &config.vision, deepest, mode)?;
         let proj_in = config.vision.hidden_size * config.feature_layers.len();
         let projector = Projector::load(
@@ -103,7 +115,12 @@ impl Llava {
             config.projector_hidden_act,
             config.projector_bias,
         )?;
-        let text = TextModel::load(&vb.pp(&layout.text), &vb.pp(&layout.lm_head), &config.text, mode)?;
+        let text = TextModel::load(
+            &vb.pp(&layout.text),
+            &vb.pp(&layout.lm_head),
+            &config.text,
+            mode,
+        )?;
         Ok(Self {
             config,
             vision,
@@ -171,12 +188,19 @@ impl Llava {
             )));
         }
         // All image tokens in prompt order: (n_features, text_hidden).
-        let all = if images.is_empty() { None } else { Some(Tensor::cat(images, 0)?) };
+        let all = if images.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(images, 0)?)
+        };
         let mut parts: Vec<Tensor> = Vec::new();
         let (mut i, mut offset) = (0, 0);
         while i < ids.len() {
             let is_img = ids[i] == image_id;
-            let j = i + ids[i..].iter().take_while(|&&x| (x == image_id) == is_img).count();
+            let j = i + ids[i..]
+                .iter()
+                .take_while(|&&x| (x == image_id) == is_img)
+                .count();
             match (&all, is_img) {
                 (Some(all), true) => {
                     parts.push(all.narrow(0, offset, j - i)?);

@@ -53,9 +53,12 @@ impl LlavaProcessor {
                 "preprocessor_config.json produces {h}x{w} pixels but the vision tower takes {s}x{s}"
             )));
         }
-        let image_token = text
-            .id_to_token(config.image_token_id)
-            .ok_or_else(|| Error::Config(format!("image token id {} is not in the tokenizer", config.image_token_id)))?;
+        let image_token = text.id_to_token(config.image_token_id).ok_or_else(|| {
+            Error::Config(format!(
+                "image token id {} is not in the tokenizer",
+                config.image_token_id
+            ))
+        })?;
         Ok(Self {
             text,
             image,
@@ -71,7 +74,12 @@ impl LlavaProcessor {
     }
 
     /// Renders and tokenises `prompt` for `n_images` images.
-    pub fn prepare(&self, prompt: &str, n_images: usize, format: PromptFormat) -> Result<PreparedPrompt> {
+    pub fn prepare(
+        &self,
+        prompt: &str,
+        n_images: usize,
+        format: PromptFormat,
+    ) -> Result<PreparedPrompt> {
         let text = match format {
             PromptFormat::Raw => prompt.to_string(),
             PromptFormat::Chat => match self.text.chat_template() {
@@ -103,6 +111,10 @@ impl LlavaProcessor {
                 n_images * self.tokens_per_image
             )));
         }
-        Ok(PreparedPrompt { text, ids, image_tokens })
+        Ok(PreparedPrompt {
+            text,
+            ids,
+            image_tokens,
+        })
     }
 }

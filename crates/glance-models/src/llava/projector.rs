@@ -14,7 +14,13 @@ pub struct Projector {
 }
 
 impl Projector {
-    pub fn load(vb: &VarBuilder, in_dim: usize, out_dim: usize, act: Activation, bias: bool) -> Result<Self> {
+    pub fn load(
+        vb: &VarBuilder,
+        in_dim: usize,
+        out_dim: usize,
+        act: Activation,
+        bias: bool,
+    ) -> Result<Self> {
         Ok(Self {
             linear_1: linear(&vb.pp("linear_1"), in_dim, out_dim, bias)?,
             act,

@@ -47,13 +47,23 @@ pub struct ClipVision {
 
 impl ClipVision {
     /// `vb` at `vision_model`; loads `num_layers` encoder layers.
-    pub fn load(vb: &VarBuilder, config: &VisionConfig, num_layers: usize, mode: Mode) -> Result<Self> {
+    pub fn load(
+        vb: &VarBuilder,
+        config: &VisionConfig,
+        num_layers: usize,
+        mode: Mode,
+    ) -> Result<Self> {
         let c = config;
         let (h, p, ch) = (c.hidden_size, c.patch_size, c.num_channels);
         let emb = vb.pp("embeddings");
-        let patch_weight = param(&emb.pp("patch_embedding"), (h, ch, p, p), "weight")?.reshape((h, ch * p * p))?;
+        let patch_weight =
+            param(&emb.pp("patch_embedding"), (h, ch, p, p), "weight")?.reshape((h, ch * p * p))?;
         let class_embedding = param(&emb, h, "class_embedding")?;
-        let position_embedding = param(&emb.pp("position_embedding"), (c.num_patches() + 1, h), "weight")?;
+        let position_embedding = param(
+            &emb.pp("position_embedding"),
+            (c.num_patches() + 1, h),
+            "weight",
+        )?;
         let eps = c.layer_norm_eps;
         let layers = (0..num_layers)
             .map(|i| {
@@ -140,20 +150,35 @@ impl ClipVision {
             let k = split(layer.k.forward(&h)?)?;
             let v = split(layer.v.forward(&h)?)?;
             let want_probs = i + 1 == deepest;
-            let att = attention(&q, &k, &v, None, 1.0 / (hd as f64).sqrt(), self.mode, want_probs)?;
+            let att = attention(
+                &q,
+                &k,
+                &v,
+                None,
+                1.0 / (hd as f64).sqrt(),
+                self.mode,
+                want_probs,
+            )?;
             if let Some(p) = att.probs {
                 // (1, heads, n, n) -> [CLS] query row (heads, n)
                 cls_attention = Some(p.squeeze(0)?.narrow(1, 0, 1)?.squeeze(1)?);
             }
             let a = att.out.transpose(1, 2)?.reshape((n, c.hidden_size))?;
             x = (x + layer.out.forward(&a)?)?;
-            let m = layer.fc2.forward(&c.hidden_act.forward(&layer.fc1.forward(&layer.ln2.forward(&x)?)?)?)?;
+            let m = layer.fc2.forward(
+                &c.hidden_act
+                    .forward(&layer.fc1.forward(&layer.ln2.forward(&x)?)?)?,
+            )?;
             x = (x + m)?;
             states[i + 1] = Some(x.clone());
         }
         let hidden_states = layers
             .iter()
-            .map(|&l| states[l].clone().expect("every state up to `deepest` is recorded"))
+            .map(|&l| {
+                states[l]
+                    .clone()
+                    .expect("every state up to `deepest` is recorded")
+            })
             .collect();
         Ok(VisionOutput {
             hidden_states,

@@ -83,7 +83,8 @@ struct Raw {
 impl TextConfig {
     /// Parses a text config object (the `text_config` of a LLaVA config, or a whole LLM config).
     pub fn from_value(v: &Value) -> Result<Self> {
-        let raw: Raw = serde_json::from_value(v.clone()).map_err(|e| Error::Config(format!("text_config: {e}")))?;
+        let raw: Raw = serde_json::from_value(v.clone())
+            .map_err(|e| Error::Config(format!("text_config: {e}")))?;
         let arch = TextArch::parse(raw.model_type.as_deref())?;
         // (vocab, hidden, intermediate, layers, heads, kv_heads, max_pos) defaults per HF class.
         let (vocab, hidden, inter, layers, heads, kv, max_pos) = match arch {
@@ -95,14 +96,16 @@ impl TextConfig {
         let num_heads = raw.num_attention_heads.unwrap_or(heads);
         let num_kv_heads = raw.num_key_value_heads.or(kv).unwrap_or(num_heads);
         let num_layers = raw.num_hidden_layers.unwrap_or(layers);
-        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+        if num_heads == 0 || num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
             return Err(Error::Config(format!(
                 "num_attention_heads ({num_heads}) must be a positive multiple of num_key_value_heads ({num_kv_heads})"
             )));
         }
         let head_dim = raw.head_dim.unwrap_or(hidden_size / num_heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(Error::Config(format!("head_dim must be even and positive, got {head_dim}")));
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(Error::Config(format!(
+                "head_dim must be even and positive, got {head_dim}"
+            )));
         }
         let (rope_theta, rope_scaling) = parse_rope(&raw)?;
         let attention_bias = raw.attention_bias.unwrap_or(false);
@@ -169,10 +172,13 @@ fn parse_rope(raw: &Raw) -> Result<(f64, Option<RopeScaling>)> {
         .and_then(Value::as_str)
         .unwrap_or("default");
     let num = |k: &str| s.get(k).and_then(Value::as_f64);
-    let need = |k: &str| num(k).ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")));
+    let need =
+        |k: &str| num(k).ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")));
     let scaling = match kind {
         "default" => None,
-        "linear" => Some(RopeScaling::Linear { factor: need("factor")? }),
+        "linear" => Some(RopeScaling::Linear {
+            factor: need("factor")?,
+        }),
         "llama3" => Some(RopeScaling::Llama3 {
             factor: need("factor")?,
             low_freq_factor: need("low_freq_factor")?,
@@ -208,7 +214,9 @@ fn layer_windows(arch: TextArch, raw: &Raw, num_layers: usize) -> Result<Vec<Opt
             .map(|t| match t.as_str() {
                 "full_attention" => Ok(None),
                 "sliding_attention" => Ok(window.or(raw.sliding_window)),
-                other => Err(Error::Config(format!("layer type `{other}` is not supported"))),
+                other => Err(Error::Config(format!(
+                    "layer type `{other}` is not supported"
+                ))),
             })
             .collect();
     }
@@ -216,7 +224,9 @@ fn layer_windows(arch: TextArch, raw: &Raw, num_layers: usize) -> Result<Vec<Opt
         TextArch::Qwen2 => raw.max_window_layers.unwrap_or(28),
         _ => 0,
     };
-    Ok((0..num_layers).map(|i| if i >= first_windowed { window } else { None }).collect())
+    Ok((0..num_layers)
+        .map(|i| if i >= first_windowed { window } else { None })
+        .collect())
 }
 
 #[cfg(test)]
@@ -227,9 +237,16 @@ mod tests {
     #[test]
     fn llama_defaults_like_llava_1_5() {
         // The text_config of llava-hf/llava-1.5-7b-hf lists only a few fields.
-        let c = TextConfig::from_value(&json!({"model_type": "llama", "vocab_size": 32064})).unwrap();
-        assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads), (4096, 32, 32, 32));
-        assert_eq!((c.head_dim, c.intermediate_size, c.vocab_size), (128, 11008, 32064));
+        let c =
+            TextConfig::from_value(&json!({"model_type": "llama", "vocab_size": 32064})).unwrap();
+        assert_eq!(
+            (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads),
+            (4096, 32, 32, 32)
+        );
+        assert_eq!(
+            (c.head_dim, c.intermediate_size, c.vocab_size),
+            (128, 11008, 32064)
+        );
         assert!(!c.tie_word_embeddings && !c.qkv_bias);
         assert_eq!(c.layer_windows, vec![None; 32]);
         // ~6.7B parameters.
@@ -259,7 +276,13 @@ mod tests {
         assert_eq!(c.layer_windows, vec![Some(24); 2]);
         assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
         assert!(TextConfig::from_value(&json!({"model_type": "gpt2"})).is_err());
-        assert!(TextConfig::from_value(&json!({"num_attention_heads": 6, "num_key_value_heads": 4})).is_err());
-        assert!(TextConfig::from_value(&json!({"rope_scaling": {"type": "yarn", "factor": 4.0}})).is_err());
+        assert!(TextConfig::from_value(
+            &json!({"num_attention_heads": 6, "num_key_value_heads": 4})
+        )
+        .is_err());
+        assert!(
+            TextConfig::from_value(&json!({"rope_scaling": {"type": "yarn", "factor": 4.0}}))
+                .is_err()
+        );
     }
 }

@@ -11,7 +11,9 @@ use candle_core::{Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use glance_core::{Error, Result};
 use glance_nn::weights::{linear, param, rms_norm};
-use glance_nn::{attention, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode, RmsNorm, RotaryEmbedding};
+use glance_nn::{
+    attention, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode, RmsNorm, RotaryEmbedding,
+};
 
 struct Attention {
     q: Linear,
@@ -37,21 +39,25 @@ impl Attention {
         })
     }
 
-    /// `x`: `(t, hidden)` → `(t, hidden)`.
+    /// `x`: `(t, hidden)` → `(t, hidden)`, and the attention probabilities if `want_probs`.
     fn forward(
         &self,
         x: &Tensor,
-        rope: &RotaryEmbedding,
-        positions: &Tensor,
+        step: &Step,
         mask: Option<&Tensor>,
         cache: Option<&mut LayerCache>,
-        mode: Mode,
         want_probs: bool,
     ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+        let Step {
+            rope,
+            positions,
+            mode,
+        } = *step;
         let t = x.dim(0)?;
         let hd = self.head_dim;
         // (t, heads * hd) -> (1, heads, t, hd)
-        let split = |y: Tensor, heads: usize| y.reshape((1, t, heads, hd))?.transpose(1, 2)?.contiguous();
+        let split =
+            |y: Tensor, heads: usize| y.reshape((1, t, heads, hd))?.transpose(1, 2)?.contiguous();
         let q = split(self.q.forward(x)?, self.num_heads)?;
         let k = split(self.k.forward(x)?, self.num_kv_heads)?;
         let v = split(self.v.forward(x)?, self.num_kv_heads)?;
@@ -67,6 +73,18 @@ impl Attention {
         Ok((self.o.forward(&out)?, att.probs))
     }
 }
+
+/// What every layer of one forward pass shares.
+#[derive(Clone, Copy)]
+struct Step<'a> {
+    rope: &'a RotaryEmbedding,
+    /// `(t,)` u32
+    positions: &'a Tensor,
+    mode: Mode,
+}
+
+/// Materialised masks of one forward pass, keyed by (sliding window, cached rows).
+type MaskCache = Vec<((Option<usize>, usize), Option<Tensor>)>;
 
 struct Mlp {
     gate: Linear,
@@ -115,16 +133,35 @@ pub struct TextModel {
 impl TextModel {
     /// `vb` at the decoder root (`embed_tokens`, `layers`, `norm`); `head_vb` at the LM head
     /// (`lm_head`), ignored when the embeddings are tied.
-    pub fn load(vb: &VarBuilder, head_vb: &VarBuilder, config: &TextConfig, mode: Mode) -> Result<Self> {
+    pub fn load(
+        vb: &VarBuilder,
+        head_vb: &VarBuilder,
+        config: &TextConfig,
+        mode: Mode,
+    ) -> Result<Self> {
         let c = config;
-        let embed_w = param(&vb.pp("embed_tokens"), (c.vocab_size, c.hidden_size), "weight")?;
+        let embed_w = param(
+            &vb.pp("embed_tokens"),
+            (c.vocab_size, c.hidden_size),
+            "weight",
+        )?;
         let layers = (0..c.num_layers)
             .map(|i| {
                 let lv = vb.pp(format!("layers.{i}"));
                 Ok(Layer {
-                    input_norm: rms_norm(&lv.pp("input_layernorm"), c.hidden_size, c.rms_norm_eps, mode)?,
+                    input_norm: rms_norm(
+                        &lv.pp("input_layernorm"),
+                        c.hidden_size,
+                        c.rms_norm_eps,
+                        mode,
+                    )?,
                     attn: Attention::load(&lv.pp("self_attn"), c)?,
-                    post_norm: rms_norm(&lv.pp("post_attention_layernorm"), c.hidden_size, c.rms_norm_eps, mode)?,
+                    post_norm: rms_norm(
+                        &lv.pp("post_attention_layernorm"),
+                        c.hidden_size,
+                        c.rms_norm_eps,
+                        mode,
+                    )?,
                     mlp: Mlp::load(&lv.pp("mlp"), c)?,
                     window: c.layer_windows[i],
                 })
@@ -135,7 +172,13 @@ impl TextModel {
         } else {
             linear(head_vb, c.hidden_size, c.vocab_size, false)?
         };
-        let rope = RotaryEmbedding::new(c.head_dim, c.rope_theta, c.rope_scaling.as_ref(), mode, vb.device())?;
+        let rope = RotaryEmbedding::new(
+            c.head_dim,
+            c.rope_theta,
+            c.rope_scaling.as_ref(),
+            mode,
+            vb.device(),
+        )?;
         Ok(Self {
             config: c.clone(),
             embed: Embedding::new(embed_w, c.hidden_size),
@@ -158,12 +201,23 @@ impl TextModel {
     }
 
     /// Full-sequence forward without a cache (training, reference checks): `xs` `(t, hidden)`.
-    pub fn forward_uncached(&self, xs: &Tensor, positions: &[u32], mask: &AttnMask) -> Result<Tensor> {
+    pub fn forward_uncached(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+    ) -> Result<Tensor> {
         self.run(xs, positions, mask, None)
     }
 
-    fn run(&self, xs: &Tensor, positions: &[u32], mask: &AttnMask, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
-        let (x, _) = self.run_layers(xs, positions, mask, cache.as_deref_mut(), 0..self.layers.len(), None)?;
+    fn run(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let (x, _) = self.run_layers(xs, positions, mask, cache, 0..self.layers.len(), None)?;
         Ok(self.norm.forward(&x)?)
     }
 
@@ -182,7 +236,10 @@ impl TextModel {
         probe: Option<usize>,
     ) -> Result<(Tensor, Option<Tensor>)> {
         if layers.end > self.layers.len() || layers.start > layers.end {
-            return Err(Error::InvalidParam(format!("layer range {layers:?} of {}", self.layers.len())));
+            return Err(Error::InvalidParam(format!(
+                "layer range {layers:?} of {}",
+                self.layers.len()
+            )));
         }
         self.run_layers(xs, positions, mask, Some(cache), layers, probe)
     }
@@ -203,7 +260,10 @@ impl TextModel {
     ) -> Result<(Tensor, Option<Tensor>)> {
         let t = xs.dim(0)?;
         if positions.len() != t {
-            return Err(Error::Input(format!("{} positions for {t} rows", positions.len())));
+            return Err(Error::Input(format!(
+                "{} positions for {t} rows",
+                positions.len()
+            )));
         }
         let max = self.config.max_position_embeddings;
         let past = cache.as_ref().map_or(0, |c| c.len());
@@ -217,7 +277,7 @@ impl TextModel {
         }
         let pos = Tensor::new(positions, &self.device)?;
         // One materialised mask per distinct (sliding window, cached rows).
-        let mut masks: Vec<((Option<usize>, usize), Option<Tensor>)> = Vec::new();
+        let mut masks: MaskCache = Vec::new();
         let mut x = xs.clone();
         let mut probed = None;
         for i in layers {
@@ -233,11 +293,19 @@ impl TextModel {
                 };
                 masks.push((key, m.materialize(t, kv_len, &self.device)?));
             }
-            let m = masks.iter().find(|(k, _)| *k == key).and_then(|(_, m)| m.as_ref());
+            let m = masks
+                .iter()
+                .find(|(k, _)| *k == key)
+                .and_then(|(_, m)| m.as_ref());
             let h = layer.input_norm.forward(&x)?;
             let lc = cache.as_mut().map(|c| c.layer_mut(i));
             let want = probe == Some(i);
-            let (h, probs) = layer.attn.forward(&h, &self.rope, &pos, m, lc, self.mode, want)?;
+            let step = Step {
+                rope: &self.rope,
+                positions: &pos,
+                mode: self.mode,
+            };
+            let (h, probs) = layer.attn.forward(&h, &step, m, lc, want)?;
             if let Some(p) = probs {
                 // (1, heads, t, kv_len) -> last query row (heads, kv_len)
                 probed = Some(p.squeeze(0)?.narrow(1, t - 1, 1)?.squeeze(1)?);
@@ -282,7 +350,13 @@ impl CausalLm for TextModel {
         Ok(self.embed.forward(&ids)?)
     }
 
-    fn forward(&self, xs: &Tensor, positions: &[u32], mask: &AttnMask, cache: &mut KvCache) -> Result<Tensor> {
+    fn forward(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
         self.run(xs, positions, mask, Some(cache))
     }
 
