@@ -8,6 +8,7 @@ mod logits;
 mod pipeline;
 mod run;
 mod threads;
+mod train;
 mod world;
 
 use anyhow::Result;
@@ -34,6 +35,9 @@ enum Command {
     /// The synthetic world: sample images with questions and answers.
     #[command(subcommand)]
     World(world::WorldCommand),
+    /// Train a model (the glance world VLM) from scratch; exports an HF checkpoint.
+    #[command(subcommand)]
+    Train(train::TrainCommand),
 }
 
 fn main() {
@@ -43,6 +47,7 @@ fn main() {
         Command::Logits(a) => logits::run(a),
         Command::Bench(b) => bench::run(b),
         Command::World(w) => world::run(w),
+        Command::Train(t) => train::run(t),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,11 +1,11 @@
 //! `glance run`: answer a prompt about an image, streaming the answer.
 
-use crate::pipeline::{prepare, Vlm};
+use crate::pipeline::{prefill, prepare, PruneArgs, Vlm};
 use anyhow::{bail, Result};
 use clap::Args;
 use glance_core::SamplingParams;
 use glance_decode::stop::StopStatus;
-use glance_decode::{generate, GenerateConfig, StopStrings};
+use glance_decode::{decode, GenerateConfig, Sampler, StopStrings};
 use glance_models::llava::PromptFormat;
 use serde_json::json;
 use std::io::Write;
@@ -27,6 +27,8 @@ pub struct RunArgs {
     pub raw: bool,
     #[command(flatten)]
     pub gen: GenArgs,
+    #[command(flatten)]
+    pub prune: PruneArgs,
     /// Threads for the tensor kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -76,6 +78,7 @@ impl GenArgs {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let sampling = args.gen.sampling()?;
+    let spec = args.prune.spec()?;
     let threads = crate::threads::init(args.threads)?;
     let vlm = Vlm::load(&args.model)?;
     let format = if args.raw { PromptFormat::Raw } else { PromptFormat::Chat };
@@ -85,7 +88,6 @@ pub fn run(args: RunArgs) -> Result<()> {
         sampling,
         eos_token_ids: vlm.processor.text.eos_token_ids().to_vec(),
     };
-    let positions: Vec<u32> = (0..prep.prompt.ids.len() as u32).collect();
     let mut stream = vlm.processor.text.stream_decoder();
     let mut stops = StopStrings::new(args.gen.stop.clone());
     let mut text = String::new();
@@ -101,7 +103,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         Ok(())
     };
     let mut stopped = false;
-    let generation = generate(vlm.model.text(), &prep.embeddings, &positions, &config, &mut |id| {
+    let sampler = Sampler::new(config.sampling.clone())?;
+    let pruned = prefill(&vlm, &prep, &spec)?;
+    let stats = pruned.stats;
+    let generation = decode(vlm.model.text(), pruned.state, sampler, &config, &mut |id| {
         let piece = stream.push(id)?;
         let (s, stop) = match stops.push(&piece) {
             StopStatus::Continue(s) => (s, false),
@@ -137,14 +142,22 @@ pub fn run(args: RunArgs) -> Result<()> {
         "prompt_tokens": prep.prompt.ids.len(),
         "image_tokens": prep.prompt.image_tokens,
         "generated_tokens": gen_tokens,
+        "pruning": {
+            "policy": spec.policy.name(),
+            "keep": spec.budget.to_string(),
+            "visual_tokens": stats.visual_tokens,
+            "kept_visual_tokens": stats.kept_visual_tokens,
+            "prompt_rows": stats.prompt_rows,
+        },
         "timings": {
             "load_s": vlm.load_time.as_secs_f64(),
             "image_preprocess_s": prep.preprocess_time.as_secs_f64(),
             "vision_encode_s": prep.vision_time.as_secs_f64(),
+            "prune_select_s": stats.select_time.as_secs_f64(),
             "prefill_s": generation.prefill.as_secs_f64(),
             "decode_s": generation.decode.as_secs_f64(),
-            "time_to_first_token_s": (prep.preprocess_time + prep.vision_time + generation.prefill).as_secs_f64(),
-            "prefill_tokens_per_s": prep.prompt.ids.len() as f64 / generation.prefill.as_secs_f64(),
+            "time_to_first_token_s": (prep.preprocess_time + prep.vision_time + stats.select_time + generation.prefill).as_secs_f64(),
+            "prefill_tokens_per_s": stats.prompt_rows as f64 / generation.prefill.as_secs_f64(),
             "decode_tokens_per_s": generation.decode_tokens_per_sec(),
         }
     });

@@ -215,3 +215,19 @@ fn invalid_parameters_are_rejected() {
     let o = glance(&["run", "--model", s(&m), "--image", s(&img), "--prompt", "no placeholder", "--raw"]);
     assert_fails_with(&o, "placeholder");
 }
+
+#[test]
+fn world_sample_writes_images_and_questions() {
+    let d = scratch("world");
+    let o = glance(&["world", "sample", "--split", "test", "--n", "3", "--out", s(&d)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for i in 0..3 {
+        assert!(d.join(format!("{i:04}.png")).is_file());
+    }
+    let qs = std::fs::read_to_string(d.join("questions.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(qs.lines().next().unwrap()).unwrap();
+    assert_eq!(first["split"], "test");
+    assert!(first["question"].as_str().is_some() && first["answer"].as_str().is_some());
+    let o = glance(&["world", "sample", "--split", "nope", "--n", "1", "--out", s(&d)]);
+    assert_eq!(o.status.code(), Some(2), "clap rejects an unknown split");
+}

@@ -3,6 +3,8 @@
 
 mod decode;
 mod machine;
+mod plot;
+mod prune;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -12,11 +14,15 @@ pub enum BenchCommand {
     /// Prefill and decode throughput of the text decoder beside this machine's limits: the
     /// memory-bandwidth bound for decode and the GEMM rate for prefill, measured in the same run.
     Decode(decode::DecodeArgs),
+    /// Every visual-token pruning policy × budget: time to first token (on a random-weight model
+    /// at LLaVA-1.5-7B's 576-token shape, and on --model) and world test accuracy (with --model).
+    Prune(prune::PruneBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(a) => decode::run(a),
+        BenchCommand::Prune(a) => prune::run(a),
     }
 }
 

@@ -1,0 +1,500 @@
+//! `glance bench prune`: every pruning policy × budget (fractions of the visual tokens), side by
+//! side in one run.
+//!
+//! * **Time to first token** on a random-weight LLaVA at a real shape (always, unless
+//!   `--shape none`): CLIP ViT-L/14-336 (576 visual tokens, feature layer −2, as LLaVA-1.5-7B)
+//!   with a ≥ 1B text backbone (`tinyllama-1.1b`: 22 layers, d2048, GQA 32/4). TTFT = vision
+//!   encode (identical for every policy: measured once, best of `--reps`) + scoring / selection +
+//!   prefill + the first token's logits. Each (policy, budget) is timed `--reps` times
+//!   round-robin and the best kept; speedups are against the 100% row of the same run.
+//! * With `--model DIR`: the same TTFT table for that checkpoint (on a world test image), and, with
+//!   `--examples N > 0`, **accuracy** on the first `N` images of the world test split — one
+//!   question per family per image, the model's chat template, greedy decoding, scored by
+//!   glance-world (normalised exact match; description object-level F1). The target accuracy is
+//!   the mean over attribute / counting / spatial / existence; sign reading and description F1 are
+//!   reported separately.
+//!
+//! At 100% every policy is the unpruned prefill (tested exactly), so that row is run once.
+//! Writes `prune.json`, `prune-ttft.svg` and (with accuracy) `prune-accuracy.svg` under `--out`.
+
+use super::plot::{line_plot, Axes, Series};
+use crate::pipeline::Vlm;
+use crate::threads;
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use clap::Args;
+use glance_core::SamplingParams;
+use glance_decode::{decode, GenerateConfig, Sampler};
+use glance_models::llava::{Llava, LlavaConfig, PromptFormat, WeightLayout};
+use glance_models::random::random_var_builder;
+use glance_nn::{CausalLm, Mode};
+use glance_prune::{prefill_llava, Budget, Policy, PruneSpec, Stage};
+use glance_world::{description_prf, exact_match, Family, Split};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct PruneBenchArgs {
+    /// A LLaVA checkpoint: TTFT on a world test image and, with --examples > 0, accuracy on the
+    /// world test split (meaningful for a world-trained model such as glance-tiny).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// World test-split images to score per policy × budget (one question per family each).
+    #[arg(long, default_value_t = 100)]
+    pub examples: usize,
+    /// Policies, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Budgets as fractions of the visual tokens, comma-separated (default 1,0.5,0.25,0.125,0.0625).
+    #[arg(long, value_delimiter = ',')]
+    pub budgets: Vec<f64>,
+    /// Temperature of the text-relevance scores.
+    #[arg(long, allow_negative_numbers = true)]
+    pub tau: Option<f32>,
+    /// Random-weight model for the real-shape TTFT: CLIP ViT-L/14-336 with a tinyllama-1.1b
+    /// (22 layers, d2048, GQA 32/4), sheared-llama-2.7b (32 layers, d2560; 11 GB in f32) or
+    /// llama-134m text backbone; `none` skips it.
+    #[arg(long, default_value = "tinyllama-1.1b")]
+    pub shape: String,
+    /// Question tokens in the real-shape prompt (the template adds 10).
+    #[arg(long, default_value_t = 12)]
+    pub question_tokens: usize,
+    /// Timed repetitions per TTFT measurement (the best is kept).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Threads for the tensor kernels (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Output directory.
+    #[arg(long, default_value = "bench-results/prune")]
+    pub out: PathBuf,
+}
+
+/// One (policy, budget) cell. At 100% the policy is `none` (every policy equals it).
+#[derive(Clone, Copy)]
+struct Cell {
+    policy: Policy,
+    ratio: f64,
+}
+
+impl Cell {
+    fn spec(&self, tau: Option<f32>) -> PruneSpec {
+        let mut s = PruneSpec::new(self.policy, Budget::Ratio(self.ratio));
+        if let Some(t) = tau {
+            s.tau = t;
+        }
+        s
+    }
+}
+
+fn cells(args: &PruneBenchArgs) -> Result<(Vec<Policy>, Vec<f64>, Vec<Cell>)> {
+    let policies: Vec<Policy> = if args.policies.is_empty() {
+        Policy::ALL.iter().copied().filter(|&p| p != Policy::None).collect()
+    } else {
+        let mut v = Vec::new();
+        for p in &args.policies {
+            let p: Policy = p.parse()?;
+            if p != Policy::None && !v.contains(&p) {
+                v.push(p);
+            }
+        }
+        v
+    };
+    let budgets = if args.budgets.is_empty() { vec![1.0, 0.5, 0.25, 0.125, 0.0625] } else { args.budgets.clone() };
+    if let Some(b) = budgets.iter().find(|&&b| !(b > 0.0 && b <= 1.0)) {
+        bail!("budgets must be fractions in (0, 1], got {b}");
+    }
+    let mut cells = Vec::new();
+    if budgets.contains(&1.0) {
+        cells.push(Cell { policy: Policy::None, ratio: 1.0 });
+    }
+    for &ratio in budgets.iter().filter(|&&b| b < 1.0) {
+        cells.extend(policies.iter().map(|&policy| Cell { policy, ratio }));
+    }
+    PruneSpec { tau: args.tau.unwrap_or(glance_prune::signals::DEFAULT_TAU), ..PruneSpec::default() }.validate()?;
+    Ok((policies, budgets, cells))
+}
+
+/// The TTFT measurement of one cell.
+struct Ttft {
+    cell: Cell,
+    kept: usize,
+    rows: usize,
+    select_s: f64,
+    prefill_s: f64,
+}
+
+/// Times every cell on one image and prompt; returns the vision time and the rows.
+fn measure_ttft(
+    model: &Llava,
+    pixels: &Tensor,
+    ids: &[u32],
+    query: &[u32],
+    cells: &[Cell],
+    tau: Option<f32>,
+    reps: usize,
+) -> Result<(f64, Vec<Ttft>)> {
+    let mut vision = f64::INFINITY;
+    let mut encoding = None;
+    for _ in 0..reps {
+        let start = Instant::now();
+        encoding = Some(model.encode_image(pixels)?);
+        vision = vision.min(start.elapsed().as_secs_f64());
+    }
+    let encoding = encoding.context("at least one repetition")?;
+    let mut rows: Vec<Ttft> = cells
+        .iter()
+        .map(|&cell| Ttft { cell, kept: 0, rows: 0, select_s: f64::INFINITY, prefill_s: f64::INFINITY })
+        .collect();
+    for _ in 0..reps {
+        for r in rows.iter_mut() {
+            let start = Instant::now();
+            let p = prefill_llava(model, ids, &[&encoding], query, &r.cell.spec(tau))?;
+            let logits: Vec<f32> = model.text().logits(&p.state.last_hidden)?.squeeze(0)?.to_vec1()?;
+            let _first = glance_decode::sampler::argmax(&logits);
+            let total = start.elapsed().as_secs_f64();
+            let select = p.stats.select_time.as_secs_f64();
+            if total < r.select_s + r.prefill_s {
+                (r.select_s, r.prefill_s) = (select, total - select);
+            }
+            (r.kept, r.rows) = (p.stats.kept_visual_tokens, p.stats.prompt_rows);
+        }
+    }
+    Ok((vision, rows))
+}
+
+/// Prints the TTFT table and returns its JSON.
+fn report_ttft(label: &str, vision: f64, rows: &[Ttft]) -> Value {
+    let base = rows.iter().find(|r| r.cell.ratio >= 1.0).map(|r| (vision + r.select_s + r.prefill_s, r.prefill_s));
+    println!("\ntime to first token — {label}");
+    println!("vision encode {:.2} ms (every row includes it)", vision * 1e3);
+    println!(
+        "{:>9} {:>7} | {:>6} {:>6} | {:>9} {:>10} {:>9} | {:>8} {:>9}",
+        "policy", "budget", "kept", "rows", "select ms", "prefill ms", "TTFT ms", "TTFT ×", "prefill ×"
+    );
+    let mut out = Vec::new();
+    for r in rows {
+        let ttft = vision + r.select_s + r.prefill_s;
+        let (su, pu) = base.map_or((f64::NAN, f64::NAN), |(t, p)| (t / ttft, p / r.prefill_s));
+        println!(
+            "{:>9} {:>6.2}% | {:>6} {:>6} | {:>9.2} {:>10.2} {:>9.2} | {:>7.2}× {:>8.2}×",
+            name(r.cell),
+            r.cell.ratio * 100.0,
+            r.kept,
+            r.rows,
+            r.select_s * 1e3,
+            r.prefill_s * 1e3,
+            ttft * 1e3,
+            su,
+            pu
+        );
+        out.push(json!({
+            "policy": name(r.cell), "budget": r.cell.ratio, "kept_visual_tokens": r.kept, "prompt_rows": r.rows,
+            "select_s": r.select_s, "prefill_s": r.prefill_s, "ttft_s": ttft,
+            "ttft_speedup": su, "prefill_speedup": pu,
+        }));
+    }
+    json!({ "label": label, "vision_encode_s": vision, "rows": out })
+}
+
+fn name(c: Cell) -> &'static str {
+    if c.ratio >= 1.0 {
+        "all"
+    } else {
+        c.policy.name()
+    }
+}
+
+/// LLaVA-1.5-7B's vision shape with a text backbone preset, random weights.
+fn shape_model(preset: &str) -> Result<(LlavaConfig, Llava)> {
+    let text = match preset {
+        "tinyllama-1.1b" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 2048,
+            "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "max_position_embeddings": 4096}),
+        "sheared-llama-2.7b" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 2560,
+            "intermediate_size": 6912, "num_hidden_layers": 32, "num_attention_heads": 20,
+            "num_key_value_heads": 20, "max_position_embeddings": 4096}),
+        "llama-134m" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 768,
+            "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "num_key_value_heads": 12, "max_position_embeddings": 4096}),
+        other => bail!("unknown --shape `{other}` (tinyllama-1.1b, sheared-llama-2.7b, llama-134m, none)"),
+    };
+    let config = LlavaConfig::from_value(&json!({
+        "model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+            "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+            "hidden_act": "quick_gelu"},
+        "text_config": text,
+    }))?;
+    let vb = random_var_builder(0, &Device::Cpu);
+    let model = Llava::from_var_builder(&vb, config.clone(), &WeightLayout::hub(), Mode::Infer)?;
+    Ok((config, model))
+}
+
+/// The real-shape TTFT: a LLaVA-1.5 style prompt around 576 image tokens.
+fn shape_ttft(args: &PruneBenchArgs, cells: &[Cell]) -> Result<Value> {
+    eprintln!("building the random-weight `{}` model at LLaVA-1.5-7B's vision shape…", args.shape);
+    let (config, model) = shape_model(&args.shape)?;
+    let n = config.image_tokens_per_image();
+    let word = |i: usize| (100 + (i * 7919) % 31_000) as u32;
+    let question: Vec<u32> = (0..args.question_tokens).map(word).collect();
+    // "<s> USER: <image>×576 \n {question} ASSISTANT:"
+    let mut ids = vec![1, 3148, 1001, 29901];
+    ids.extend(std::iter::repeat_n(config.image_token_id, n));
+    ids.push(13);
+    ids.extend(&question);
+    ids.extend([319, 1799, 9047, 13566, 29901]);
+    let s = config.vision.image_size;
+    let pix: Vec<f32> = (0..3 * s * s).map(|i| (((i * 37) % 255) as f32 / 127.5 - 1.0) * 1.5).collect();
+    let pixels = Tensor::from_vec(pix, (3, s, s), &Device::Cpu)?;
+    let params = config.text.num_parameters();
+    let label = format!(
+        "random weights: CLIP ViT-L/14-336 ({n} visual tokens) + {} ({:.2}B parameters), {}-row prompt",
+        args.shape,
+        params as f64 / 1e9,
+        ids.len()
+    );
+    let (vision, rows) = measure_ttft(&model, &pixels, &ids, &question, cells, args.tau, args.reps)?;
+    let mut v = report_ttft(&label, vision, &rows);
+    v["shape"] = json!(args.shape);
+    v["text_parameters"] = json!(params);
+    Ok(v)
+}
+
+/// Accuracy counters of one cell.
+#[derive(Default, Clone)]
+struct Score {
+    /// (sum of scores, questions) per family, in `Family::ALL` order.
+    family: [(f64, usize); 6],
+    ttft_s: f64,
+    kept: usize,
+    runs: usize,
+}
+
+/// The families whose mean is the target accuracy (sign reading and descriptions are reported
+/// separately).
+const TARGET_FAMILIES: [Family; 4] = [Family::Attribute, Family::Counting, Family::Spatial, Family::Existence];
+
+impl Score {
+    fn acc(&self, f: Family) -> f64 {
+        let (s, n) = self.family[Family::ALL.iter().position(|&x| x == f).expect("a family")];
+        if n == 0 {
+            f64::NAN
+        } else {
+            s / n as f64
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        TARGET_FAMILIES.iter().map(|&f| self.acc(f)).sum::<f64>() / TARGET_FAMILIES.len() as f64
+    }
+}
+
+/// Scores every cell on the first `examples` images of the world test split.
+fn accuracy(vlm: &Vlm, cells: &[Cell], tau: Option<f32>, examples: usize) -> Result<Vec<Score>> {
+    let mut scores = vec![Score::default(); cells.len()];
+    let eos = vlm.processor.text.eos_token_ids().to_vec();
+    let text = vlm.model.text();
+    for i in 0..examples {
+        let ex = glance_world::sample(Split::Test, i as u64)?;
+        let img = image::DynamicImage::ImageRgb8(ex.image.clone());
+        let pixels = vlm.processor.image.preprocess_tensor(&img, &Device::Cpu)?;
+        let start = Instant::now();
+        let encoding = vlm.model.encode_image(&pixels)?;
+        let vision = start.elapsed().as_secs_f64();
+        for qa in &ex.questions {
+            let prompt = vlm.processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
+            let query = vlm.query_ids(&qa.question)?;
+            let max_new_tokens = if qa.family == Family::Description { 160 } else { 24 };
+            let config =
+                GenerateConfig { max_new_tokens, sampling: SamplingParams::greedy(), eos_token_ids: eos.clone() };
+            let f = Family::ALL.iter().position(|&x| x == qa.family).expect("a family");
+            for (cell, score) in cells.iter().zip(scores.iter_mut()) {
+                let p = prefill_llava(&vlm.model, &prompt.ids, &[&encoding], &query, &cell.spec(tau))?;
+                let select = p.stats.select_time.as_secs_f64();
+                let g = decode(text, p.state, Sampler::new(SamplingParams::greedy())?, &config, &mut |_| Ok(false))?;
+                let answer = vlm.processor.text.decode(&g.tokens, true)?;
+                let s = if qa.family == Family::Description {
+                    description_prf(&answer, &ex.scene.objects).f1
+                } else {
+                    f64::from(u8::from(exact_match(&answer, &qa.answer)))
+                };
+                score.family[f].0 += s;
+                score.family[f].1 += 1;
+                score.ttft_s += vision + select + g.prefill.as_secs_f64();
+                score.kept += p.stats.kept_visual_tokens;
+                score.runs += 1;
+            }
+        }
+        eprint!("\raccuracy: {}/{examples} test images", i + 1);
+    }
+    eprintln!();
+    Ok(scores)
+}
+
+/// Prints the accuracy table and the targets; returns (rows JSON, targets JSON).
+fn report_accuracy(cells: &[Cell], scores: &[Score]) -> (Value, Value) {
+    println!("\naccuracy on the world test split (target = mean of attribute, counting, spatial, existence)");
+    println!(
+        "{:>9} {:>7} | {:>5} | {:>6} {:>6} {:>6} {:>6} | {:>6} | {:>6} {:>6} | {:>8}",
+        "policy", "budget", "kept", "attr", "count", "spat", "exist", "mean", "sign", "descF1", "TTFT ms"
+    );
+    let mut rows = Vec::new();
+    for (c, s) in cells.iter().zip(scores) {
+        let runs = s.runs.max(1) as f64;
+        println!(
+            "{:>9} {:>6.2}% | {:>5.0} | {:>6.3} {:>6.3} {:>6.3} {:>6.3} | {:>6.3} | {:>6.3} {:>6.3} | {:>8.1}",
+            name(*c),
+            c.ratio * 100.0,
+            s.kept as f64 / runs,
+            s.acc(Family::Attribute),
+            s.acc(Family::Counting),
+            s.acc(Family::Spatial),
+            s.acc(Family::Existence),
+            s.mean(),
+            s.acc(Family::Sign),
+            s.acc(Family::Description),
+            s.ttft_s / runs * 1e3
+        );
+        let fam: serde_json::Map<String, Value> = Family::ALL
+            .iter()
+            .zip(&s.family)
+            .map(|(&f, &(_, n))| (f.name().to_string(), json!({"score": s.acc(f), "questions": n})))
+            .collect();
+        rows.push(json!({"policy": name(*c), "budget": c.ratio, "mean_kept_visual_tokens": s.kept as f64 / runs,
+            "families": fam, "mean_accuracy": s.mean(), "sign_accuracy": s.acc(Family::Sign),
+            "description_f1": s.acc(Family::Description), "mean_ttft_s": s.ttft_s / runs}));
+    }
+    let at = |p: Policy, r: f64| {
+        cells.iter().zip(scores).find(|(c, _)| c.policy == p && c.ratio == r).map(|(_, s)| s.mean())
+    };
+    let full = cells.iter().zip(scores).find(|(c, _)| c.ratio >= 1.0).map(|(_, s)| s.mean());
+    let meaningful = full.is_some_and(|f| f > 0.0);
+    let mut targets = Vec::new();
+    for r in [0.125, 0.0625] {
+        let Some(a) = at(Policy::Adaptive, r) else { continue };
+        let others: Vec<(Policy, f64)> = cells
+            .iter()
+            .zip(scores)
+            .filter(|(c, _)| c.ratio == r && c.policy.stage() == Stage::PreLlm && c.policy != Policy::Adaptive)
+            .map(|(c, s)| (c.policy, s.mean()))
+            .collect();
+        let best = others.iter().map(|o| o.1).fold(f64::NEG_INFINITY, f64::max);
+        targets.push(json!({"target": format!("adaptive ≥ every other pre-LLM policy at {}%", r * 100.0),
+            "adaptive": a, "best_other": best, "met": meaningful.then_some(a >= best)}));
+    }
+    if let (Some(a), Some(f)) = (at(Policy::Adaptive, 0.125), full) {
+        targets.push(json!({"target": "adaptive at 12.5% keeps ≥ 95% of full-token accuracy",
+            "adaptive": a, "full": f, "ratio": a / f, "met": meaningful.then_some(a >= 0.95 * f)}));
+    }
+    if !meaningful {
+        println!("(full-token accuracy is 0: not a world-trained model, so the accuracy targets are not judged)");
+    }
+    for t in &targets {
+        let verdict = match t["met"].as_bool() {
+            Some(true) => "MET",
+            Some(false) => "NOT MET",
+            None => "n/a",
+        };
+        println!("target: {} — {verdict}", t["target"].as_str().unwrap_or(""));
+    }
+    (json!(rows), json!(targets))
+}
+
+fn budget_ticks(budgets: &[f64]) -> Vec<(f64, String)> {
+    budgets.iter().map(|&b| (b, format!("{}%", b * 100.0))).collect()
+}
+
+/// One line per policy through the shared 100% point: `value(cell index)`.
+fn series(policies: &[Policy], cells: &[Cell], value: impl Fn(usize) -> f64) -> Vec<Series> {
+    let full = cells.iter().position(|c| c.ratio >= 1.0);
+    policies
+        .iter()
+        .map(|&p| Series {
+            name: p.name().to_string(),
+            points: full
+                .into_iter()
+                .chain(cells.iter().enumerate().filter(|(_, c)| c.policy == p && c.ratio < 1.0).map(|(i, _)| i))
+                .map(|i| (cells[i].ratio, value(i)))
+                .collect(),
+        })
+        .collect()
+}
+
+fn write_svg(path: &std::path::Path, svg: &str) -> Result<()> {
+    std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))?;
+    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
+}
+
+pub fn run(args: PruneBenchArgs) -> Result<()> {
+    if args.reps == 0 || args.question_tokens == 0 {
+        bail!("--reps and --question-tokens must be at least 1");
+    }
+    let (policies, budgets, cells) = cells(&args)?;
+    let threads = threads::init(args.threads)?;
+    let mut report = json!({"bench": "prune", "threads": threads, "budgets": budgets,
+        "policies": policies.iter().map(|p| p.name()).collect::<Vec<_>>(),
+        "tau": args.tau.unwrap_or(glance_prune::signals::DEFAULT_TAU)});
+    let ticks = budget_ticks(&budgets);
+    if args.shape != "none" {
+        let v = shape_ttft(&args, &cells)?;
+        let speed: Vec<f64> = v["rows"]
+            .as_array()
+            .map_or(vec![], |r| r.iter().map(|x| x["ttft_speedup"].as_f64().unwrap_or(f64::NAN)).collect());
+        let axes = Axes {
+            title: "Time-to-first-token speedup (576-token shape)",
+            x_label: "visual tokens kept",
+            y_label: "TTFT speedup vs 100% (×)",
+            x_ticks: &ticks,
+            log2_x: true,
+        };
+        write_svg(&args.out.join("prune-ttft.svg"), &line_plot(&axes, &series(&policies, &cells, |i| speed[i])))?;
+        if let Some(row) =
+            v["rows"].as_array().and_then(|r| r.iter().find(|x| x["policy"] == "adaptive" && x["budget"] == 0.125))
+        {
+            let s = row["ttft_speedup"].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "target: TTFT speedup at 12.5% ≥ 3× on the 576-token shape — {s:.2}× {}",
+                if s >= 3.0 { "MET" } else { "NOT MET" }
+            );
+        }
+        report["shape_ttft"] = v;
+    }
+    if let Some(dir) = &args.model {
+        let vlm = Vlm::load(dir)?;
+        let ex = glance_world::sample(Split::Test, 0)?;
+        let qa = ex.questions.first().context("the world example has no question")?;
+        let prompt = vlm.processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
+        let pixels =
+            vlm.processor.image.preprocess_tensor(&image::DynamicImage::ImageRgb8(ex.image.clone()), &Device::Cpu)?;
+        let query = vlm.query_ids(&qa.question)?;
+        let label = format!("{} on world test image 0, {}-row prompt", dir.display(), prompt.ids.len());
+        let (vision, rows) = measure_ttft(&vlm.model, &pixels, &prompt.ids, &query, &cells, args.tau, args.reps)?;
+        report["model_ttft"] = report_ttft(&label, vision, &rows);
+        if args.examples > 0 {
+            let scores = accuracy(&vlm, &cells, args.tau, args.examples)?;
+            let (rows, targets) = report_accuracy(&cells, &scores);
+            report["accuracy"] =
+                json!({"model": dir, "split": "test", "examples": args.examples, "rows": rows, "targets": targets});
+            let axes = Axes {
+                title: "World test accuracy vs visual-token budget",
+                x_label: "visual tokens kept",
+                y_label: "accuracy (attribute, counting, spatial, existence)",
+                x_ticks: &ticks,
+                log2_x: true,
+            };
+            write_svg(
+                &args.out.join("prune-accuracy.svg"),
+                &line_plot(&axes, &series(&policies, &cells, |i| scores[i].mean())),
+            )?;
+        }
+    } else {
+        println!("\n(accuracy needs --model DIR of a world-trained checkpoint; only TTFT was measured)");
+    }
+    let path = args.out.join("prune.json");
+    super::write_json(&path, &report)?;
+    println!("\nwrote {}", path.display());
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! `glance train world …`: train the glance world VLM from scratch (vision pretraining → LLaVA
+//! stage → optional end-to-end fine-tune), with checkpoints, resume, validation and HF export.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use glance_train::eval::EvalReport;
+use glance_train::trainer::{RunEnd, StepReport};
+use glance_train::{Budget, Observer, Stage, TrainConfig, Trainer};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Subcommand)]
+pub enum TrainCommand {
+    /// Train a LLaVA checkpoint on the synthetic world (writes OUT/model, an HF LLaVA directory).
+    World(WorldArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StageArg {
+    Vision,
+    Llava,
+    E2e,
+    All,
+}
+
+#[derive(Args)]
+pub struct WorldArgs {
+    /// A few minutes on a small model: proves the pipeline end to end.
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory (checkpoint, metrics.jsonl, model/). Default: runs/glance-tiny[-quick].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue from OUT/checkpoint.safetensors (its saved settings are used).
+    #[arg(long)]
+    pub resume: bool,
+    /// Start over even if OUT already holds a checkpoint.
+    #[arg(long, conflicts_with = "resume")]
+    pub force: bool,
+    /// Which stages to run.
+    #[arg(long, value_enum, default_value = "all")]
+    pub stage: StageArg,
+    /// Fit the selected stages into this many minutes of training (split in proportion to the
+    /// preset's step budgets); default: the preset's step counts.
+    #[arg(long)]
+    pub minutes: Option<f64>,
+    /// Initial weights from a model directory (e.g. OUT/model of a vision-stage run) instead of
+    /// random ones; tensors it lacks keep their random initialisation.
+    #[arg(long, conflicts_with = "resume")]
+    pub init: Option<PathBuf>,
+    /// Seed of the initial weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Validate every N steps of the QA stages (0: only at the end of each stage).
+    #[arg(long)]
+    pub eval_every: Option<u64>,
+    /// Validation questions per family (0: no validation).
+    #[arg(long)]
+    pub eval_per_family: Option<usize>,
+    /// Checkpoint every N steps.
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    /// Stop (with a checkpoint) after this many steps of this invocation; continue with --resume.
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+    /// Threads in all (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Split each batch over this many worker threads (default: one per thread); GEMMs run on
+    /// threads / workers threads each. Saved in the checkpoint: it fixes how gradients are
+    /// summed. Data-parallel workers beat multi-threaded GEMMs here: candle runs element-wise
+    /// ops on one thread, so only workers keep every core busy.
+    #[arg(long)]
+    pub workers: Option<usize>,
+}
+
+pub fn run(cmd: TrainCommand) -> Result<()> {
+    match cmd {
+        TrainCommand::World(a) => world(a),
+    }
+}
+
+fn world(a: WorldArgs) -> Result<()> {
+    let threads = crate::threads::init(a.threads)?;
+    let cpu = glance_train::runtime::prepare_cpu_for_training();
+    let preset = if a.quick { "quick" } else { "base" };
+    let out = a.out.clone().unwrap_or_else(|| {
+        PathBuf::from(if a.quick {
+            "runs/glance-tiny-quick"
+        } else {
+            "runs/glance-tiny"
+        })
+    });
+    let ckpt = Trainer::checkpoint_path(&out);
+    let mut trainer = if a.resume {
+        if !ckpt.is_file() {
+            bail!("--resume: no checkpoint at {}", ckpt.display());
+        }
+        let t =
+            Trainer::resume(&out).with_context(|| format!("resuming from {}", ckpt.display()))?;
+        eprintln!(
+            "resuming {}: stage {}/{} step {} (saved settings win over command-line ones)",
+            out.display(),
+            t.state.stage_index + 1,
+            t.state.config.stages.len(),
+            t.state.stage_step
+        );
+        t
+    } else {
+        if ckpt.is_file() && !a.force {
+            bail!(
+                "{} already holds a checkpoint: pass --resume to continue or --force to start over",
+                out.display()
+            );
+        }
+        let config = build_config(&a, preset, threads)?;
+        let t =
+            Trainer::new(config, &out).with_context(|| format!("setting up {}", out.display()))?;
+        if let Some(dir) = &a.init {
+            let n = t
+                .model
+                .load_weights(dir)
+                .with_context(|| format!("loading initial weights from {}", dir.display()))?;
+            eprintln!("initial weights: {n} tensors from {}", dir.display());
+        }
+        t
+    };
+    let c = &trainer.state.config;
+    let gemm_threads = (threads / c.workers).max(1);
+    crate::threads::set(gemm_threads);
+    eprintln!(
+        "glance train world ({preset}): {} parameters, stages [{}], {} worker(s) × {gemm_threads} GEMM thread(s){}{}",
+        glance_train::TrainModel::count(&trainer.model.all_params()),
+        c.stages.iter().map(describe_stage).collect::<Vec<_>>().join(", "),
+        c.workers,
+        if cpu.elementwise_single_thread { ", element-wise ops on 1 thread" } else { "" },
+        if cpu.allocator_tuned { ", allocator tuned" } else { "" },
+    );
+    let start = Instant::now();
+    let mut obs = Progress::default();
+    let end = trainer.run(&mut obs, a.stop_after)?;
+    obs.finish();
+    match end {
+        RunEnd::Finished => eprintln!(
+            "done in {:.1} min: model in {} (metrics: {})",
+            start.elapsed().as_secs_f64() / 60.0,
+            Trainer::model_dir(&out).display(),
+            out.join("metrics.jsonl").display()
+        ),
+        RunEnd::Stopped => eprintln!("stopped; continue with --resume"),
+    }
+    Ok(())
+}
+
+fn describe_stage(s: &glance_train::StageSpec) -> String {
+    let b = match s.budget {
+        Budget::Steps(n) => format!("{n} steps"),
+        Budget::Seconds(x) => format!("{:.1} min", x / 60.0),
+    };
+    format!("{} {b} × {} img", s.stage, s.images_per_step)
+}
+
+fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConfig> {
+    let mut c = TrainConfig::preset(preset)?;
+    let stages: Vec<Stage> = match a.stage {
+        StageArg::Vision => vec![Stage::Vision],
+        StageArg::Llava => vec![Stage::Llava],
+        StageArg::E2e => vec![Stage::EndToEnd],
+        StageArg::All => Stage::ALL.to_vec(),
+    };
+    c = c.only(&stages);
+    c.stages.retain(|s| s.budget != Budget::Steps(0));
+    if let Some(m) = a.minutes {
+        c = c.with_minutes(m)?;
+    }
+    c.seed = a.seed;
+    c.workers = a.workers.unwrap_or(threads);
+    if let Some(v) = a.eval_every {
+        c.eval_every = v;
+    }
+    if let Some(v) = a.eval_per_family {
+        c.eval_per_family = v;
+    }
+    if let Some(v) = a.checkpoint_every {
+        c.checkpoint_every = v;
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+/// indicatif bar per stage: loss (smoothed), images/s, lr, the stage's first metric.
+#[derive(Default)]
+struct Progress {
+    bar: Option<ProgressBar>,
+    ema: Option<f32>,
+    images: usize,
+    seconds: f64,
+    /// When the last plain-text progress line was written (hidden bar only).
+    last_line: Option<Instant>,
+}
+
+impl Progress {
+    fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish();
+        }
+    }
+
+    /// A line above the bar (plain stderr when the bar is hidden, e.g. not a terminal).
+    fn print(&self, text: &str) {
+        match &self.bar {
+            Some(b) if !b.is_hidden() => b.println(text),
+            _ => eprintln!("{text}"),
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn stage_started(&mut self, stage: Stage, step: u64, total: Option<u64>) {
+        self.finish();
+        let bar = ProgressBar::new(total.unwrap_or(0));
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>6} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_prefix(stage.to_string());
+        bar.set_position(step);
+        self.bar = Some(bar);
+        self.ema = None;
+        self.images = 0;
+        self.seconds = 0.0;
+    }
+
+    fn step(&mut self, r: &StepReport) {
+        let ema = match self.ema {
+            None => r.loss,
+            Some(e) => 0.9 * e + 0.1 * r.loss,
+        };
+        self.ema = Some(ema);
+        self.images += r.images;
+        self.seconds += r.seconds;
+        let extra: String = r
+            .metrics
+            .iter()
+            .map(|(k, v)| format!(" {k} {v:.3}"))
+            .collect();
+        let msg = format!(
+            "loss {ema:.4} | {:.1} img/s | lr {:.2e}{extra}",
+            self.images as f64 / self.seconds.max(1e-9),
+            r.lr
+        );
+        if let Some(b) = &self.bar {
+            if let Some(t) = r.total {
+                b.set_length(t);
+            }
+            b.set_position(r.step);
+            if b.is_hidden() {
+                let last = r.total == Some(r.step);
+                if last || self.last_line.is_none_or(|t| t.elapsed().as_secs() >= 30) {
+                    let total = r.total.map_or("?".to_string(), |t| t.to_string());
+                    eprintln!("{} step {}/{total}: {msg}", r.stage, r.step);
+                    self.last_line = Some(Instant::now());
+                }
+            }
+            b.set_message(msg);
+        }
+    }
+
+    fn eval(&mut self, stage: Stage, step: u64, r: &EvalReport) {
+        let fams: String = r
+            .families
+            .iter()
+            .map(|f| format!(" {} {:.2} (n={})", f.family, f.score, f.questions))
+            .collect();
+        self.print(&format!(
+            "[{stage} step {step}] validation: mean {:.3} |{fams} ({:.0} s)",
+            r.mean, r.seconds
+        ));
+        for (q, want, got) in &r.examples {
+            self.print(&format!(
+                "    Q: {q}\n      want: {want}\n      got:  {got}"
+            ));
+        }
+    }
+
+    fn message(&mut self, text: &str) {
+        self.print(text);
+    }
+}

@@ -1,0 +1,90 @@
+//! FastV (Chen et al., "An Image is Worth 1/2 Tokens After Layer 2", ECCV 2024) as a prefill
+//! strategy: run the whole prompt through decoder layers `0..l`, rank the visual rows by the
+//! attention the last prompt row pays them in layer `l - 1` (mean over heads), keep the top `k`,
+//! and run only the kept rows (all text rows + `k` visual rows, original position ids) through
+//! layers `l..L`.
+//!
+//! The KV cache of layers `0..l` holds every prompt row (those layers saw them all); layers `l..L`
+//! hold only the kept rows. Decoding continues with [`glance_decode::decode`]: each layer's mask
+//! is sized to its own cache. With a sliding window (Mistral) the window counts cache rows, so in
+//! the pruned layers it reaches further back in positions.
+
+use crate::top_k;
+use candle_core::Tensor;
+use glance_core::{Error, Result};
+use glance_decode::Prefilled;
+use glance_models::text::TextModel;
+use glance_nn::{AttnMask, CausalLm};
+use std::time::Instant;
+
+/// The layer FastV prunes after when none is given: 2 (the paper's K), or the last layer boundary
+/// of a shallower model.
+pub fn default_layer(num_layers: usize) -> usize {
+    2.min(num_layers.saturating_sub(1)).max(1)
+}
+
+/// Prefills `rows` `(t, hidden)` at `positions`, dropping all but `keep` of the rows `visual`
+/// (strictly increasing row indices) after decoder layer `layer` (`1 ≤ layer < layers`). The last
+/// prompt row is never dropped. `keep ≥ visual.len()` is a plain prefill.
+pub fn prefill(
+    model: &TextModel,
+    rows: &Tensor,
+    positions: &[u32],
+    visual: &[usize],
+    keep: usize,
+    layer: usize,
+) -> Result<Prefilled> {
+    let t = rows.dim(0)?;
+    let layers = model.num_layers();
+    if t == 0 || positions.len() != t {
+        return Err(Error::Input(format!("prompt has {t} rows and {} positions", positions.len())));
+    }
+    if layer == 0 || layer >= layers {
+        return Err(Error::InvalidParam(format!(
+            "the FastV layer must be between 1 and {} (the model has {layers} decoder layers), got {layer}",
+            layers.saturating_sub(1)
+        )));
+    }
+    if visual.windows(2).any(|w| w[0] >= w[1]) || visual.last().is_some_and(|&v| v >= t) {
+        return Err(Error::Input("FastV: visual rows must be increasing indices into the prompt".into()));
+    }
+    if keep >= visual.len() {
+        return glance_decode::prefill(model, rows, positions);
+    }
+    let max = model.max_positions();
+    let last_pos = *positions.iter().max().expect("non-empty") as usize;
+    if last_pos + 1 >= max || t >= max {
+        return Err(Error::PromptTooLong { len: (last_pos + 1).max(t), max });
+    }
+    let start = Instant::now();
+    let mut cache = model.new_cache();
+    let mask = AttnMask::causal();
+    let (x, probs) = model.forward_layers(rows, positions, &mask, &mut cache, 0..layer, Some(layer - 1))?;
+    let probs = probs.ok_or_else(|| Error::Config("FastV: the decoder returned no attention probabilities".into()))?;
+    // (heads, t) -> (t): the attention the last row pays each row, averaged over heads.
+    let received: Vec<f32> = probs.mean(0)?.to_vec1()?;
+    // The last row is the one the next token is predicted from: never a candidate.
+    let candidates: Vec<usize> = visual.iter().copied().filter(|&r| r != t - 1).collect();
+    let forced = visual.len() - candidates.len();
+    let scores: Vec<f32> = candidates.iter().map(|&r| received[r]).collect();
+    let mut drop = vec![false; t];
+    candidates.iter().for_each(|&r| drop[r] = true);
+    for i in top_k(&scores, keep.saturating_sub(forced)) {
+        drop[candidates[i]] = false;
+    }
+    let kept: Vec<usize> = (0..t).filter(|&r| !drop[r]).collect();
+    let ids: Vec<u32> = kept.iter().map(|&r| r as u32).collect();
+    let ids = Tensor::from_vec(ids, kept.len(), rows.device())?;
+    // (t, hidden) -> (t', hidden)
+    let x = x.index_select(&ids, 0)?;
+    let kept_positions: Vec<u32> = kept.iter().map(|&r| positions[r]).collect();
+    let (x, _) = model.forward_layers(&x, &kept_positions, &mask, &mut cache, layer..layers, None)?;
+    let last = model.final_norm(&x.narrow(0, kept.len() - 1, 1)?)?;
+    Ok(Prefilled {
+        cache,
+        last_hidden: last,
+        last_pos: last_pos as u32,
+        prompt_len: kept.len(),
+        elapsed: start.elapsed(),
+    })
+}

@@ -1,0 +1,520 @@
+//! Model sizes and training settings, with presets.
+//!
+//! A [`ModelSpec`] is the handful of sizes that define a glance world VLM; [`ModelSpec::hf_config`]
+//! turns it into a standard HF `LlavaConfig` JSON (`vision_config`: `clip_vision_model`,
+//! `text_config`: `llama`) that both glance and transformers load. The vocabulary, special-token ids
+//! and image size come from glance-world.
+//!
+//! Design choices (see the crate docs): `vision_feature_layer = -1`, so the layer the vision
+//! pretraining heads supervise is the layer LLaVA reads (no trained layer is thrown away), and
+//! strategy `default` (patch tokens only, 256 at patch 14).
+
+use crate::{Result, TrainError};
+use glance_models::llava::LlavaConfig;
+use glance_world::vocab;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Sizes of a LLaVA model for the glance world.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// Vision patch side in pixels; must divide 224 (14 → 256 visual tokens).
+    pub patch_size: usize,
+    pub vision_layers: usize,
+    pub vision_hidden: usize,
+    pub vision_heads: usize,
+    pub vision_intermediate: usize,
+    pub text_layers: usize,
+    pub text_hidden: usize,
+    pub text_heads: usize,
+    pub text_kv_heads: usize,
+    pub text_intermediate: usize,
+    pub max_positions: usize,
+}
+
+impl ModelSpec {
+    /// For unit tests: patch 56 (16 visual tokens), two layers of width 32 on each side.
+    pub fn tiny() -> Self {
+        Self {
+            patch_size: 56,
+            vision_layers: 2,
+            vision_hidden: 32,
+            vision_heads: 2,
+            vision_intermediate: 64,
+            text_layers: 2,
+            text_hidden: 32,
+            text_heads: 2,
+            text_kv_heads: 1,
+            text_intermediate: 64,
+            max_positions: 512,
+        }
+    }
+
+    /// `--quick`: the real token layout (patch 14, 256 visual tokens) at a width that learns
+    /// something visible in a few minutes.
+    pub fn quick() -> Self {
+        Self {
+            patch_size: 14,
+            vision_layers: 2,
+            vision_hidden: 96,
+            vision_heads: 2,
+            vision_intermediate: 384,
+            text_layers: 2,
+            text_hidden: 128,
+            text_heads: 2,
+            text_kv_heads: 2,
+            text_intermediate: 352,
+            max_positions: 1024,
+        }
+    }
+
+    /// glance-tiny: ViT 4L d192, decoder 4L d256 (≈5.5M parameters), the size of the PyTorch
+    /// experiment in ENGINEERING §6.
+    pub fn base() -> Self {
+        Self {
+            patch_size: 14,
+            vision_layers: 4,
+            vision_hidden: 192,
+            vision_heads: 3,
+            vision_intermediate: 768,
+            text_layers: 4,
+            text_hidden: 256,
+            text_heads: 4,
+            text_kv_heads: 4,
+            text_intermediate: 704,
+            max_positions: 1024,
+        }
+    }
+
+    /// Visual tokens per image (`(224 / patch)²`).
+    pub fn image_tokens(&self) -> usize {
+        let g = glance_world::IMAGE_SIZE as usize / self.patch_size;
+        g * g
+    }
+
+    fn validate(&self) -> Result<()> {
+        let size = glance_world::IMAGE_SIZE as usize;
+        let bad = |m: String| Err(TrainError::Config(m));
+        if self.patch_size == 0 || !size.is_multiple_of(self.patch_size) {
+            return bad(format!(
+                "patch size {} does not divide {size}",
+                self.patch_size
+            ));
+        }
+        if self.vision_heads == 0 || !self.vision_hidden.is_multiple_of(self.vision_heads) {
+            return bad("vision_hidden must be a multiple of vision_heads".into());
+        }
+        if self.text_heads == 0
+            || !self.text_hidden.is_multiple_of(self.text_heads)
+            || !(self.text_hidden / self.text_heads).is_multiple_of(2)
+        {
+            return bad("text_hidden / text_heads must be a positive even head size".into());
+        }
+        if self.text_kv_heads == 0 || !self.text_heads.is_multiple_of(self.text_kv_heads) {
+            return bad("text_heads must be a multiple of text_kv_heads".into());
+        }
+        if self.vision_layers == 0 || self.text_layers == 0 {
+            return bad("both towers need at least one layer".into());
+        }
+        Ok(())
+    }
+
+    /// The HF `config.json` of this model (transformers `LlavaConfig` layout).
+    pub fn hf_config(&self) -> Result<Value> {
+        self.validate()?;
+        let id = |t: &str| {
+            vocab::token_id(t)
+                .ok_or_else(|| TrainError::Config(format!("world vocabulary lacks {t}")))
+        };
+        let (bos, eos, pad, image) = (
+            id(vocab::BOS)?,
+            id(vocab::EOS)?,
+            id(vocab::PAD)?,
+            id(vocab::IMAGE)?,
+        );
+        Ok(json!({
+            "architectures": ["LlavaForConditionalGeneration"],
+            "model_type": "llava",
+            "dtype": "float32",
+            "image_token_index": image,
+            "image_seq_length": self.image_tokens(),
+            "projector_hidden_act": "gelu",
+            "multimodal_projector_bias": true,
+            "vision_feature_layer": -1,
+            "vision_feature_select_strategy": "default",
+            "tie_word_embeddings": false,
+            "text_config": {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "vocab_size": vocab::vocab_size(),
+                "hidden_size": self.text_hidden,
+                "intermediate_size": self.text_intermediate,
+                "num_hidden_layers": self.text_layers,
+                "num_attention_heads": self.text_heads,
+                "num_key_value_heads": self.text_kv_heads,
+                "head_dim": self.text_hidden / self.text_heads,
+                "hidden_act": "silu",
+                "max_position_embeddings": self.max_positions,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0,
+                "attention_bias": false,
+                "mlp_bias": false,
+                "tie_word_embeddings": false,
+                "bos_token_id": bos,
+                "eos_token_id": eos,
+                "pad_token_id": pad,
+                "initializer_range": 0.02,
+            },
+            "vision_config": {
+                "model_type": "clip_vision_model",
+                "hidden_size": self.vision_hidden,
+                "intermediate_size": self.vision_intermediate,
+                "num_hidden_layers": self.vision_layers,
+                "num_attention_heads": self.vision_heads,
+                "num_channels": 3,
+                "image_size": glance_world::IMAGE_SIZE,
+                "patch_size": self.patch_size,
+                "hidden_act": "quick_gelu",
+                "layer_norm_eps": 1e-5,
+                "projection_dim": self.vision_hidden,
+            },
+        }))
+    }
+
+    /// The parsed config glance runs with.
+    pub fn llava_config(&self) -> Result<LlavaConfig> {
+        Ok(LlavaConfig::from_value(&self.hf_config()?)?)
+    }
+}
+
+/// Which stage of the recipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Vision tower alone, dense per-patch targets and a [CLS] object-set head.
+    Vision,
+    /// Projector + decoder on packed QA turns, vision tower frozen.
+    Llava,
+    /// Everything but the training heads, on packed QA turns.
+    #[serde(rename = "e2e", alias = "end_to_end")]
+    EndToEnd,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 3] = [Stage::Vision, Stage::Llava, Stage::EndToEnd];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Vision => "vision",
+            Stage::Llava => "llava",
+            Stage::EndToEnd => "e2e",
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Optimiser and schedule of one stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OptimSpec {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warm-up steps (at least the probe steps of a time-budgeted stage).
+    pub warmup: u64,
+    /// Cosine decay ends at `lr * min_lr_ratio`.
+    pub min_lr_ratio: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Global-norm clipping threshold (0 = off).
+    pub clip_norm: f64,
+}
+
+impl OptimSpec {
+    /// AdamW (0.9, 0.95), wd 0.05, clip 1.0, cosine to 10% (the §6 experiment's settings).
+    pub fn with_lr(lr: f64, warmup: u64) -> Self {
+        Self {
+            lr,
+            warmup,
+            min_lr_ratio: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.05,
+            clip_norm: 1.0,
+        }
+    }
+}
+
+/// How long a stage runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Budget {
+    /// Exactly this many optimiser steps.
+    Steps(u64),
+    /// As many steps as fit in this many seconds, fixed after timing the warm-up steps.
+    Seconds(f64),
+}
+
+/// One stage of the recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageSpec {
+    pub stage: Stage,
+    pub budget: Budget,
+    /// Images per optimiser step.
+    pub images_per_step: usize,
+    /// QA turns packed per image (LLaVA and end-to-end stages).
+    pub turns_per_image: usize,
+    pub optim: OptimSpec,
+    /// Curriculum: scenes have at most `curriculum_start` objects at step 0, growing linearly to
+    /// the world's maximum (6) at `curriculum_until` × the stage's steps. `None`: no curriculum.
+    pub curriculum_start: Option<usize>,
+    pub curriculum_until: f64,
+}
+
+/// Everything a training run needs besides the output directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub model: ModelSpec,
+    pub stages: Vec<StageSpec>,
+    /// Seed of the initial weights. The data order is fixed by the world's train split.
+    pub seed: u64,
+    /// Write a checkpoint every this many steps (and at the end of every stage).
+    pub checkpoint_every: u64,
+    /// Validate every this many steps of a QA stage (0 = only at the end of each stage).
+    pub eval_every: u64,
+    /// Validation questions per family.
+    pub eval_per_family: usize,
+    /// Longest generated answer at validation.
+    pub eval_max_new_tokens: usize,
+    /// Threads a batch is split over ([`crate::step::batch_grads`]). Part of the configuration
+    /// because it fixes how gradients are summed (a resumed run must use the same count).
+    #[serde(default = "one")]
+    pub workers: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl TrainConfig {
+    /// A preset: `quick` (minutes) or `base` (the full recipe) with every stage. Stage budgets
+    /// are steps; [`TrainConfig::with_minutes`] turns them into a time budget.
+    pub fn preset(name: &str) -> Result<Self> {
+        match name {
+            "quick" => Ok(Self {
+                model: ModelSpec::quick(),
+                stages: vec![
+                    StageSpec::new(
+                        Stage::Vision,
+                        Budget::Steps(150),
+                        8,
+                        0,
+                        OptimSpec::with_lr(1e-3, 10),
+                    ),
+                    StageSpec::new(
+                        Stage::Llava,
+                        Budget::Steps(400),
+                        4,
+                        8,
+                        OptimSpec::with_lr(2e-3, 20),
+                    ),
+                    StageSpec::new(
+                        Stage::EndToEnd,
+                        Budget::Steps(40),
+                        4,
+                        8,
+                        OptimSpec::with_lr(3e-4, 5),
+                    ),
+                ],
+                seed: 0,
+                checkpoint_every: 100,
+                eval_every: 200,
+                eval_per_family: 20,
+                eval_max_new_tokens: 80,
+                workers: 1,
+            }),
+            "base" => Ok(Self {
+                model: ModelSpec::base(),
+                stages: vec![
+                    StageSpec {
+                        curriculum_start: Some(3),
+                        ..StageSpec::new(
+                            Stage::Vision,
+                            Budget::Steps(3000),
+                            16,
+                            0,
+                            OptimSpec::with_lr(1e-3, 100),
+                        )
+                    },
+                    StageSpec {
+                        curriculum_start: Some(2),
+                        ..StageSpec::new(
+                            Stage::Llava,
+                            Budget::Steps(6000),
+                            8,
+                            8,
+                            OptimSpec::with_lr(1e-3, 100),
+                        )
+                    },
+                    StageSpec::new(
+                        Stage::EndToEnd,
+                        Budget::Steps(1000),
+                        8,
+                        8,
+                        OptimSpec::with_lr(2e-4, 50),
+                    ),
+                ],
+                seed: 0,
+                checkpoint_every: 200,
+                eval_every: 1000,
+                eval_per_family: 70,
+                eval_max_new_tokens: 120,
+                workers: 1,
+            }),
+            other => Err(TrainError::Config(format!(
+                "unknown preset `{other}` (quick, base)"
+            ))),
+        }
+    }
+
+    /// Splits `minutes` of training time over the stages in proportion to their step budgets.
+    pub fn with_minutes(mut self, minutes: f64) -> Result<Self> {
+        if !(minutes > 0.0 && minutes.is_finite()) {
+            return Err(TrainError::Config(format!(
+                "--minutes must be positive, got {minutes}"
+            )));
+        }
+        let weight = |s: &StageSpec| match s.budget {
+            Budget::Steps(n) => {
+                n as f64
+                    * (s.images_per_step as f64)
+                    * if s.stage == Stage::Vision { 0.4 } else { 1.0 }
+            }
+            Budget::Seconds(x) => x,
+        };
+        let total: f64 = self.stages.iter().map(weight).sum();
+        if total <= 0.0 {
+            return Err(TrainError::Config("no stage has any budget".into()));
+        }
+        for s in &mut self.stages {
+            let share = weight(s) / total;
+            s.budget = Budget::Seconds(minutes * 60.0 * share);
+        }
+        Ok(self)
+    }
+
+    /// Keeps only `stages`, in recipe order.
+    pub fn only(mut self, stages: &[Stage]) -> Self {
+        self.stages.retain(|s| stages.contains(&s.stage));
+        self
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        if self.stages.is_empty() {
+            return Err(TrainError::Config("no stages to run".into()));
+        }
+        if self.workers == 0 {
+            return Err(TrainError::Config("workers must be ≥ 1".into()));
+        }
+        for s in &self.stages {
+            if s.images_per_step == 0 {
+                return Err(TrainError::Config(format!(
+                    "stage {}: images_per_step must be ≥ 1",
+                    s.stage
+                )));
+            }
+            if s.stage != Stage::Vision && s.turns_per_image == 0 {
+                return Err(TrainError::Config(format!(
+                    "stage {}: turns_per_image must be ≥ 1",
+                    s.stage
+                )));
+            }
+            let o = &s.optim;
+            let ok = o.lr > 0.0
+                && o.lr.is_finite()
+                && (0.0..1.0).contains(&o.beta1)
+                && (0.0..1.0).contains(&o.beta2);
+            if !ok {
+                return Err(TrainError::Config(format!(
+                    "stage {}: bad optimiser settings {o:?}",
+                    s.stage
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StageSpec {
+    pub fn new(
+        stage: Stage,
+        budget: Budget,
+        images_per_step: usize,
+        turns_per_image: usize,
+        optim: OptimSpec,
+    ) -> Self {
+        Self {
+            stage,
+            budget,
+            images_per_step,
+            turns_per_image,
+            optim,
+            curriculum_start: None,
+            curriculum_until: 0.5,
+        }
+    }
+
+    /// Most objects a scene may have at `step` of `total` (the curriculum).
+    pub fn max_objects(&self, step: u64, total: u64) -> usize {
+        let max = glance_world::scene::MAX_OBJECTS;
+        match self.curriculum_start {
+            None => max,
+            Some(start) => {
+                let end = (total as f64 * self.curriculum_until).max(1.0);
+                let frac = (step as f64 / end).min(1.0);
+                let n = start as f64 + frac * (max as f64 - start as f64);
+                (n.floor() as usize).clamp(1, max)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minutes_split_over_stages_and_curriculum_grows() {
+        let c = TrainConfig::preset("base")
+            .unwrap()
+            .with_minutes(240.0)
+            .unwrap();
+        let secs: f64 = c
+            .stages
+            .iter()
+            .map(|s| match s.budget {
+                Budget::Seconds(x) => x,
+                Budget::Steps(_) => panic!("still steps"),
+            })
+            .sum();
+        assert!((secs - 240.0 * 60.0).abs() < 1e-6);
+        let s = &c.stages[1];
+        assert_eq!(s.max_objects(0, 1000), 2);
+        assert_eq!(s.max_objects(250, 1000), 4);
+        assert_eq!(s.max_objects(900, 1000), 6);
+        assert!(TrainConfig::preset("quick")
+            .unwrap()
+            .with_minutes(0.0)
+            .is_err());
+        c.model.llava_config().unwrap();
+        ModelSpec::tiny().llava_config().unwrap();
+        assert_eq!(ModelSpec::base().image_tokens(), 256);
+    }
+}

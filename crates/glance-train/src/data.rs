@@ -1,0 +1,190 @@
+//! The training data stream over glance-world's train split.
+//!
+//! Pixels go through the model's own `ImageProcessor` (the one inference uses, built from the
+//! exported `preprocessor_config.json`), so train-time and inference pixels are identical. Token
+//! ids come from the exported tokenizer; a test checks that `prefix ++ segment` equals what
+//! `LlavaProcessor::prepare` + the chat template produce for the same question and answer.
+//!
+//! Adapters over the world API (which has no knobs for these):
+//! * **curriculum** by rejection — a scene is skipped while it has more objects than the stage
+//!   allows at this step (`Scene::generate` is cheap; only accepted scenes are rendered);
+//! * **turn mix** — independent turns drawn with the world's `DIALOGUE_MIX` weights (sign turns
+//!   only when there is a sign), no follow-ups, no repeated question, at most one description.
+//!
+//! The stream is a pure function of a cursor into the train split (saved in checkpoints).
+
+use crate::heads::{vision_targets, VisionTargets};
+use crate::packing::{pack, Packed, Segment};
+use crate::{Result, TrainError};
+use candle_core::{Device, Tensor};
+use glance_models::llava::{LlavaConfig, LlavaProcessor};
+use glance_world::qa::DIALOGUE_MIX;
+use glance_world::{render, Family, Qa, Scene, Split, WorldRng};
+use image::DynamicImage;
+use std::path::Path;
+
+/// Stream id of the QA draws of training turns (distinct from the world's own streams).
+const TURN_STREAM: u64 = 0x7472_6169_6e00;
+
+/// Tokenizer, image processor and the shared prompt prefix of a model directory.
+pub struct WorldData {
+    pub processor: LlavaProcessor,
+    patch: usize,
+    /// `<s> USER : <image>×N`.
+    prefix: Vec<u32>,
+    eos: u32,
+    max_rows: usize,
+    device: Device,
+}
+
+/// One image with what every stage needs.
+pub struct ImageSample {
+    pub index: u64,
+    pub seed: u64,
+    pub scene: Scene,
+    /// `(3, 224, 224)`.
+    pub pixels: Tensor,
+}
+
+impl WorldData {
+    /// `dir` holds the model files written by [`crate::export::write_model_files`].
+    pub fn new(dir: &Path, config: &LlavaConfig, device: &Device) -> Result<Self> {
+        let processor = LlavaProcessor::from_dir(dir, config)?;
+        let probe = processor.prepare("x", 1, glance_models::llava::PromptFormat::Chat)?;
+        let image_id = config.image_token_id;
+        let last_image = probe
+            .ids
+            .iter()
+            .rposition(|&i| i == image_id)
+            .ok_or_else(|| TrainError::Config("the chat prompt has no image tokens".into()))?;
+        let prefix = probe.ids[..=last_image].to_vec();
+        let eos = *processor
+            .text
+            .eos_token_ids()
+            .first()
+            .ok_or_else(|| TrainError::Config("the tokenizer has no EOS token".into()))?;
+        Ok(Self {
+            processor,
+            patch: config.vision.patch_size,
+            prefix,
+            eos,
+            max_rows: config.text.max_position_embeddings,
+            device: device.clone(),
+        })
+    }
+
+    pub fn prefix(&self) -> &[u32] {
+        &self.prefix
+    }
+
+    /// The scene of train index `index`.
+    pub fn scene(&self, split: Split, index: u64) -> Result<(u64, Scene)> {
+        let seed = split.seed(index)?;
+        Ok((seed, Scene::generate(seed)))
+    }
+
+    /// Renders and pre-processes a scene.
+    pub fn pixels(&self, scene: &Scene) -> Result<Tensor> {
+        let img = DynamicImage::ImageRgb8(render(scene));
+        Ok(self.processor.image.preprocess_tensor(&img, &self.device)?)
+    }
+
+    /// The next `n` accepted train images from `cursor` (advanced past them), each with at most
+    /// `max_objects` objects.
+    pub fn next_images(
+        &self,
+        cursor: &mut u64,
+        n: usize,
+        max_objects: usize,
+    ) -> Result<Vec<ImageSample>> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let index = *cursor;
+            *cursor += 1;
+            let (seed, scene) = self.scene(Split::Train, index)?;
+            if scene.objects.len() > max_objects {
+                continue;
+            }
+            let pixels = self.pixels(&scene)?;
+            out.push(ImageSample {
+                index,
+                seed,
+                scene,
+                pixels,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Per-patch and [CLS] targets of a scene.
+    pub fn vision_targets(&self, scene: &Scene) -> Result<VisionTargets> {
+        vision_targets(scene, self.patch)
+    }
+
+    /// Up to `k` independent training turns about a scene (deterministic in `seed`).
+    pub fn turns(&self, scene: &Scene, seed: u64, k: usize) -> Vec<Qa> {
+        let mut rng = WorldRng::derive(seed, TURN_STREAM);
+        let weights: Vec<f64> = DIALOGUE_MIX
+            .iter()
+            .map(|(f, w)| {
+                if *f == Family::Sign && scene.sign.is_none() {
+                    0.0
+                } else {
+                    *w
+                }
+            })
+            .collect();
+        let mut turns: Vec<Qa> = Vec::with_capacity(k);
+        let mut attempts = 0;
+        while turns.len() < k && attempts < 8 * k {
+            attempts += 1;
+            let Some(i) = rng.weighted(&weights) else {
+                break;
+            };
+            let family = DIALOGUE_MIX[i].0;
+            if family == Family::Description
+                && turns.iter().any(|t| t.family == Family::Description)
+            {
+                continue;
+            }
+            if let Some(qa) = glance_world::generate(scene, family, &mut rng) {
+                if !qa.follow_up && !turns.iter().any(|t| t.question == qa.question) {
+                    turns.push(qa);
+                }
+            }
+        }
+        turns
+    }
+
+    /// The question tokens after the prefix: `question ASSISTANT :`.
+    pub fn prompt_tail(&self, question: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .processor
+            .text
+            .encode_plain(&format!("{question} ASSISTANT:"))?)
+    }
+
+    /// The answer tokens followed by `</s>`.
+    pub fn answer_ids(&self, answer: &str) -> Result<Vec<u32>> {
+        let mut ids = self.processor.text.encode_plain(&format!(" {answer}"))?;
+        ids.push(self.eos);
+        Ok(ids)
+    }
+
+    /// One packed training sequence of `turns` about an image.
+    pub fn pack_turns(&self, turns: &[Qa]) -> Result<Packed> {
+        let segments = turns
+            .iter()
+            .map(|qa| {
+                Ok(Segment {
+                    prompt: self.prompt_tail(&qa.question)?,
+                    answer: self.answer_ids(&qa.answer)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if segments.is_empty() {
+            return Err(TrainError::Config("an image has no training turns".into()));
+        }
+        Ok(pack(&self.prefix, &segments, self.max_rows))
+    }
+}

@@ -1,0 +1,39 @@
+//! glance-train: training on candle autograd, CPU first.
+//!
+//! The world VLM recipe (`glance train world`), in stages over one set of parameters:
+//!
+//! 1. [`Stage::Vision`] — the CLIP-style tower alone, with dense supervision from the world's
+//!    ground truth: per-patch heads (kind / colour / shape / size / digit of what covers each
+//!    patch) and a multi-label [CLS] head over the scene's object set ([`heads`]);
+//! 2. [`Stage::Llava`] — projector + decoder with the tower frozen (its features computed with
+//!    the fused inference ops and detached), on sequences that pack several independent QA
+//!    turns per image over one shared image prefix ([`packing`]); loss on answer tokens only;
+//! 3. [`Stage::EndToEnd`] — optional short fine-tune of everything on the same sequences.
+//!
+//! Training uses the models of glance-models built with `Mode::Train` (composed, differentiable
+//! softmax / norms / RoPE: candle's fused kernels have no backward pass). Parameters live in one
+//! `VarMap` under HF hub names, so export is a rename-free dump ([`export`]).
+//!
+//! Modules: [`config`] (sizes, presets, stages), [`params`] (init, parameter groups),
+//! [`optim`] (AdamW + warm-up/cosine + global-norm clipping), [`data`] (world stream),
+//! [`step`] (losses), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
+//! [`eval`] (validation accuracy per question family), [`runtime`] (thread and allocator settings for CPU training).
+
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+mod error;
+pub mod eval;
+pub mod export;
+pub mod heads;
+pub mod optim;
+pub mod packing;
+pub mod params;
+pub mod runtime;
+pub mod step;
+pub mod trainer;
+
+pub use config::{Budget, ModelSpec, OptimSpec, Stage, StageSpec, TrainConfig};
+pub use error::{Result, TrainError};
+pub use params::TrainModel;
+pub use trainer::{Observer, StepReport, Trainer};

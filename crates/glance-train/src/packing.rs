@@ -1,0 +1,148 @@
+//! Packing several QA turns about one image into one training sequence.
+//!
+//! Layout: one shared prefix (`<s> USER : <image>×N`), then each turn as an *independent*
+//! segment (`question ASSISTANT : answer </s>`). The mask is block-diagonal over the segments:
+//! every row sees the prefix and, causally, its own segment only; positions restart at the end of
+//! the prefix for every segment. Each segment is therefore exactly the single-turn prompt the
+//! model sees at inference (`USER: <image>\n{q} ASSISTANT:`), and the answer rows are trained as
+//! if the turn were asked cold (ENGINEERING §6: plain causal multi-turn packing taught the model
+//! that a description only follows other turns).
+
+use crate::Result;
+use candle_core::{Device, Tensor};
+
+/// One segment: the question tokens up to and including `ASSISTANT :`, then the answer tokens
+/// ending with `</s>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub prompt: Vec<u32>,
+    pub answer: Vec<u32>,
+}
+
+/// A packed sequence of `t` rows.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    /// Token ids, image placeholders included.
+    pub ids: Vec<u32>,
+    /// Position id of each row.
+    pub positions: Vec<u32>,
+    /// Additive mask `(t, t)`, row-major: 0 visible, -inf hidden.
+    pub mask: Vec<f32>,
+    /// Rows whose next-token logits are trained, and the tokens they must predict.
+    pub target_rows: Vec<u32>,
+    pub targets: Vec<u32>,
+}
+
+impl Packed {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The mask as a `(t, t)` tensor.
+    pub fn mask_tensor(&self, device: &Device) -> Result<Tensor> {
+        let t = self.len();
+        Ok(Tensor::from_slice(&self.mask, (t, t), device)?)
+    }
+}
+
+/// Packs `segments` after `prefix`, keeping only as many segments as fit in `max_rows` rows (the
+/// model's position limit bounds the whole packed sequence). At least one segment is kept.
+pub fn pack(prefix: &[u32], segments: &[Segment], max_rows: usize) -> Packed {
+    let p = prefix.len();
+    let mut kept: Vec<&Segment> = Vec::new();
+    let mut t = p;
+    for s in segments {
+        let len = s.prompt.len() + s.answer.len();
+        if !kept.is_empty() && t + len > max_rows {
+            continue;
+        }
+        kept.push(s);
+        t += len;
+    }
+    let mut ids = prefix.to_vec();
+    let mut positions: Vec<u32> = (0..p as u32).collect();
+    let mut mask = vec![f32::NEG_INFINITY; t * t];
+    // Prefix: causal.
+    for i in 0..p {
+        mask[i * t..i * t + i + 1].fill(0.0);
+    }
+    let mut target_rows = Vec::new();
+    let mut targets = Vec::new();
+    let mut start = p;
+    for s in kept {
+        let seg: Vec<u32> = s.prompt.iter().chain(&s.answer).copied().collect();
+        let n = seg.len();
+        for (k, &id) in seg.iter().enumerate() {
+            let row = start + k;
+            ids.push(id);
+            positions.push((p + k) as u32);
+            mask[row * t..row * t + p].fill(0.0);
+            mask[row * t + start..row * t + row + 1].fill(0.0);
+        }
+        // Row of token k predicts token k + 1; answers start at index prompt.len().
+        for k in s.prompt.len().saturating_sub(1)..n - 1 {
+            target_rows.push((start + k) as u32);
+            targets.push(seg[k + 1]);
+        }
+        start += n;
+    }
+    Packed {
+        ids,
+        positions,
+        mask,
+        target_rows,
+        targets,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_diagonal_layout() {
+        let prefix = [1u32, 9, 9];
+        let segs = [
+            Segment {
+                prompt: vec![10, 11],
+                answer: vec![20, 3],
+            },
+            Segment {
+                prompt: vec![12],
+                answer: vec![21, 22, 3],
+            },
+        ];
+        let p = pack(&prefix, &segs, 100);
+        assert_eq!(p.ids, vec![1, 9, 9, 10, 11, 20, 3, 12, 21, 22, 3]);
+        assert_eq!(p.positions, vec![0, 1, 2, 3, 4, 5, 6, 3, 4, 5, 6]);
+        // Segment 1's prompt row 4 ("11") predicts 20, then 20 → 3.
+        assert_eq!(p.target_rows, vec![4, 5, 7, 8, 9]);
+        assert_eq!(p.targets, vec![20, 3, 21, 22, 3]);
+        let t = p.len();
+        let vis = |r: usize| -> Vec<bool> { (0..t).map(|c| p.mask[r * t + c] == 0.0).collect() };
+        let row = |s: &str| -> Vec<bool> { s.chars().map(|c| c == '1').collect() };
+        assert_eq!(vis(1), row("11000000000"));
+        assert_eq!(vis(5), row("11111100000"));
+        assert_eq!(vis(7), row("11100001000"));
+        assert_eq!(vis(10), row("11100001111"));
+    }
+
+    #[test]
+    fn drops_segments_that_do_not_fit() {
+        let segs = vec![
+            Segment {
+                prompt: vec![5; 4],
+                answer: vec![3]
+            };
+            5
+        ];
+        let p = pack(&[1, 2], &segs, 13);
+        assert_eq!(p.len(), 12);
+        let p = pack(&[1, 2], &segs[..1], 3);
+        assert_eq!(p.len(), 7, "one segment is always kept");
+    }
+}
