@@ -27,7 +27,7 @@ impl Activation {
         match self {
             Activation::Gelu => xs.gelu_erf(),
             Activation::GeluTanh => xs.gelu(),
-            Activation::QuickGelu => xs * candle_nn::ops::sigmoid(&(xs * 1.702)?)?,
+            Activation::QuickGelu => crate::fused::quick_gelu(xs),
             Activation::Silu => xs.silu(),
             Activation::Relu => xs.relu(),
         }

@@ -89,10 +89,10 @@ pub fn attention(
     let (b, h, t, d) = q.dims4()?;
     let (_, kv_h, s, _) = k.dims4()?;
     let n_rep = h / kv_h;
-    // (b, kv_h, n_rep * t, d)
-    let qg = q.reshape((b, kv_h, n_rep * t, d))?;
+    // (b, kv_h, n_rep * t, d), scaled here: t·d multiplies instead of t·s.
+    let qg = (q.reshape((b, kv_h, n_rep * t, d))? * scale)?;
     // (b, kv_h, n_rep * t, s)
-    let scores = (qg.matmul(&k.t()?)? * scale)?;
+    let scores = qg.matmul(&k.t()?)?;
     let scores = match mask {
         Some(m) => scores
             .reshape((b * kv_h * n_rep, t, s))?

@@ -11,6 +11,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod fused;
 pub mod kv_cache;
 pub mod linear;
 pub mod lm;
