@@ -38,16 +38,32 @@ pub fn tiny_config(steps: [u64; 3]) -> glance_train::TrainConfig {
     }
 }
 
+/// A scratch directory, removed when dropped.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A fresh, empty scratch directory for one test.
-pub fn scratch(name: &str) -> PathBuf {
+pub fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("glance-train-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
 }
 
 /// The tiny model (patch 56) with its data pipeline.
-pub fn tiny(name: &str) -> (TrainModel, WorldData, PathBuf) {
+pub fn tiny(name: &str) -> (TrainModel, WorldData, Scratch) {
     setup();
     let spec = ModelSpec::tiny();
     let dir = scratch(name);
