@@ -34,13 +34,22 @@ pub struct LogitsArgs {
 pub fn run(args: LogitsArgs) -> Result<()> {
     crate::threads::init(args.threads)?;
     let vlm = Vlm::load(&args.model)?;
-    let format = if args.raw { PromptFormat::Raw } else { PromptFormat::Chat };
+    let format = if args.raw {
+        PromptFormat::Raw
+    } else {
+        PromptFormat::Chat
+    };
     let prep = prepare(&vlm, &args.image, &args.prompt, format)?;
     let text = vlm.model.text();
     let n = prep.prompt.ids.len();
     let positions: Vec<u32> = (0..n as u32).collect();
     let mut cache = text.new_cache();
-    let hidden = text.forward(&prep.embeddings, &positions, &AttnMask::causal(), &mut cache)?;
+    let hidden = text.forward(
+        &prep.embeddings,
+        &positions,
+        &AttnMask::causal(),
+        &mut cache,
+    )?;
     // (seq_len, vocab)
     let logits = text.logits(&hidden)?;
     logits

@@ -5,7 +5,9 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Args;
-use glance_models::llava::{ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat};
+use glance_models::llava::{
+    ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat,
+};
 use glance_models::processing::image::load_image;
 use glance_prune::{Budget, Policy, PruneSpec, PrunedPrefill};
 use std::path::{Path, PathBuf};
@@ -22,10 +24,13 @@ pub struct Vlm {
 impl Vlm {
     pub fn load(dir: &Path) -> Result<Self> {
         let start = Instant::now();
-        let config = LlavaConfig::from_dir(dir).with_context(|| format!("loading the model config from {}", dir.display()))?;
-        let processor = LlavaProcessor::from_dir(dir, &config)
-            .with_context(|| format!("loading the tokenizer / preprocessor of {}", dir.display()))?;
-        let model = Llava::load(dir, &Device::Cpu).with_context(|| format!("loading the weights of {}", dir.display()))?;
+        let config = LlavaConfig::from_dir(dir)
+            .with_context(|| format!("loading the model config from {}", dir.display()))?;
+        let processor = LlavaProcessor::from_dir(dir, &config).with_context(|| {
+            format!("loading the tokenizer / preprocessor of {}", dir.display())
+        })?;
+        let model = Llava::load(dir, &Device::Cpu)
+            .with_context(|| format!("loading the weights of {}", dir.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             model,
@@ -65,7 +70,9 @@ pub fn prepare(vlm: &Vlm, image: &Path, prompt: &str, format: PromptFormat) -> R
     let preprocess_time = start.elapsed();
     let start = Instant::now();
     let encoding = vlm.model.encode_image(&pixels)?;
-    let embeddings = vlm.model.embed_prompt(&prepared.ids, &[&encoding.features])?;
+    let embeddings = vlm
+        .model
+        .embed_prompt(&prepared.ids, &[&encoding.features])?;
     Ok(Prepared {
         prompt: prepared,
         embeddings,
@@ -122,7 +129,9 @@ impl PruneArgs {
             Some(p) => match (p.parse::<Policy>(), p.parse::<Budget>()) {
                 (Ok(policy), _) => (policy, keep.unwrap_or(DEFAULT_KEEP)),
                 (Err(_), Ok(b)) if keep.is_none() => (Policy::Adaptive, b),
-                (Err(_), Ok(_)) => bail!("give the budget once: `--prune {p}` already is one, and --keep is set too"),
+                (Err(_), Ok(_)) => bail!(
+                    "give the budget once: `--prune {p}` already is one, and --keep is set too"
+                ),
                 (Err(e), Err(_)) => return Err(e.into()),
             },
         };

@@ -81,7 +81,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     let spec = args.prune.spec()?;
     let threads = crate::threads::init(args.threads)?;
     let vlm = Vlm::load(&args.model)?;
-    let format = if args.raw { PromptFormat::Raw } else { PromptFormat::Chat };
+    let format = if args.raw {
+        PromptFormat::Raw
+    } else {
+        PromptFormat::Chat
+    };
     let prep = prepare(&vlm, &args.image, &args.prompt, format)?;
     let config = GenerateConfig {
         max_new_tokens: args.gen.max_new_tokens,
@@ -106,16 +110,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     let sampler = Sampler::new(config.sampling.clone())?;
     let pruned = prefill(&vlm, &prep, &spec)?;
     let stats = pruned.stats;
-    let generation = decode(vlm.model.text(), pruned.state, sampler, &config, &mut |id| {
-        let piece = stream.push(id)?;
-        let (s, stop) = match stops.push(&piece) {
-            StopStatus::Continue(s) => (s, false),
-            StopStatus::Stopped(s) => (s, true),
-        };
-        emit(&s, &mut text).map_err(|e| glance_core::Error::io("stdout", e))?;
-        stopped = stop;
-        Ok(stop)
-    })?;
+    let generation = decode(
+        vlm.model.text(),
+        pruned.state,
+        sampler,
+        &config,
+        &mut |id| {
+            let piece = stream.push(id)?;
+            let (s, stop) = match stops.push(&piece) {
+                StopStatus::Continue(s) => (s, false),
+                StopStatus::Stopped(s) => (s, true),
+            };
+            emit(&s, &mut text).map_err(|e| glance_core::Error::io("stdout", e))?;
+            stopped = stop;
+            Ok(stop)
+        },
+    )?;
     if !stopped {
         // Release what the stream decoder and the stop matcher still hold.
         let tail = stream.finish()?;

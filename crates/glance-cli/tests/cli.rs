@@ -66,7 +66,17 @@ const MODEL: &str = "models/llama-gqa";
 #[test]
 fn run_streams_text_and_json_reports_counts_and_timings() {
     let (m, img) = (fixture(MODEL), fixture("images/astronaut.png"));
-    let args = ["run", "--model", s(&m), "--image", s(&img), "--prompt", "What is this?", "--max-new-tokens", "6"];
+    let args = [
+        "run",
+        "--model",
+        s(&m),
+        "--image",
+        s(&img),
+        "--prompt",
+        "What is this?",
+        "--max-new-tokens",
+        "6",
+    ];
     let o = glance(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let streamed = stdout(&o);
@@ -78,7 +88,13 @@ fn run_streams_text_and_json_reports_counts_and_timings() {
     assert_eq!(v["token_ids"].as_array().unwrap().len(), 6);
     assert_eq!(v["image_tokens"], 16);
     assert_eq!(v["finish_reason"], "length");
-    for k in ["load_s", "vision_encode_s", "prefill_s", "decode_s", "decode_tokens_per_s"] {
+    for k in [
+        "load_s",
+        "vision_encode_s",
+        "prefill_s",
+        "decode_s",
+        "decode_tokens_per_s",
+    ] {
         assert!(v["timings"][k].as_f64().unwrap() >= 0.0, "{k}");
     }
     // The streamed text is the JSON text plus the final newline.
@@ -90,8 +106,24 @@ fn sampling_is_deterministic_per_seed() {
     let (m, img) = (fixture(MODEL), fixture("images/camera_gray.png"));
     let run = |seed: &str| {
         let o = glance(&[
-            "run", "--model", s(&m), "--image", s(&img), "--prompt", "Describe it.", "--max-new-tokens", "16",
-            "--temperature", "1.0", "--top-k", "50", "--top-p", "0.95", "--seed", seed, "--json",
+            "run",
+            "--model",
+            s(&m),
+            "--image",
+            s(&img),
+            "--prompt",
+            "Describe it.",
+            "--max-new-tokens",
+            "16",
+            "--temperature",
+            "1.0",
+            "--top-k",
+            "50",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+            "--json",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -105,15 +137,34 @@ fn sampling_is_deterministic_per_seed() {
 fn logits_raw_match_the_transformers_fixture() {
     let out = scratch("logits").join("l.npy");
     let o = glance(&[
-        "logits", "--model", s(&fixture(MODEL)), "--image", s(&fixture("images/astronaut.png")),
-        "--prompt", "USER: <image>\nWhat is the astronaut holding? ASSISTANT:", "--raw", "--out", s(&out),
+        "logits",
+        "--model",
+        s(&fixture(MODEL)),
+        "--image",
+        s(&fixture("images/astronaut.png")),
+        "--prompt",
+        "USER: <image>\nWhat is the astronaut holding? ASSISTANT:",
+        "--raw",
+        "--out",
+        s(&out),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let got = Tensor::read_npy(&out).unwrap();
-    let want = candle_core::safetensors::load(fixture("cases/llama-gqa-astronaut.safetensors"), &Device::Cpu).unwrap();
+    let want = candle_core::safetensors::load(
+        fixture("cases/llama-gqa-astronaut.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
     let want = &want["logits"];
     assert_eq!(got.dims(), want.dims());
-    let d: f32 = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+    let d: f32 = (got - want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap();
     assert!(d < 1e-4, "max abs diff {d}");
 }
 
@@ -130,7 +181,15 @@ fn help_explains_every_command() {
 
 #[test]
 fn missing_model_dir_is_named() {
-    let o = glance(&["run", "--model", "/no/such/model", "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    let o = glance(&[
+        "run",
+        "--model",
+        "/no/such/model",
+        "--image",
+        s(&fixture("images/astronaut.png")),
+        "--prompt",
+        "x",
+    ]);
     assert_fails_with(&o, "/no/such/model");
 }
 
@@ -143,7 +202,15 @@ fn corrupt_and_truncated_images_are_rejected() {
     let bytes = std::fs::read(fixture("images/astronaut.png")).unwrap();
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
     for img in [&garbage, &truncated, &d.join("missing.png")] {
-        let o = glance(&["run", "--model", s(&fixture(MODEL)), "--image", s(img), "--prompt", "x"]);
+        let o = glance(&[
+            "run",
+            "--model",
+            s(&fixture(MODEL)),
+            "--image",
+            s(img),
+            "--prompt",
+            "x",
+        ]);
         assert_fails_with(&o, "image");
     }
 }
@@ -154,7 +221,15 @@ fn truncated_safetensors_names_the_file() {
     let f = m.join("model.safetensors");
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() / 3]).unwrap();
-    let o = glance(&["run", "--model", s(&m), "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    let o = glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--image",
+        s(&fixture("images/astronaut.png")),
+        "--prompt",
+        "x",
+    ]);
     assert_fails_with(&o, "model.safetensors");
 }
 
@@ -173,7 +248,15 @@ fn missing_tensor_is_named() {
     edit_weights(&m, |ts| {
         assert!(ts.remove(name).is_some());
     });
-    let o = glance(&["run", "--model", s(&m), "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    let o = glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--image",
+        s(&fixture("images/astronaut.png")),
+        "--prompt",
+        "x",
+    ]);
     assert_fails_with(&o, name);
 }
 
@@ -184,18 +267,40 @@ fn wrong_shape_names_tensor_and_both_shapes() {
     edit_weights(&m, |ts| {
         let t = ts.remove(name).unwrap();
         let (o, i) = t.dims2().unwrap();
-        ts.insert(name.into(), Tensor::zeros((o, i + 1), t.dtype(), &Device::Cpu).unwrap());
+        ts.insert(
+            name.into(),
+            Tensor::zeros((o, i + 1), t.dtype(), &Device::Cpu).unwrap(),
+        );
     });
-    let o = glance(&["run", "--model", s(&m), "--image", s(&fixture("images/astronaut.png")), "--prompt", "x"]);
+    let o = glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--image",
+        s(&fixture("images/astronaut.png")),
+        "--prompt",
+        "x",
+    ]);
     assert_fails_with(&o, name);
     let err = stderr(&o);
-    assert!(err.contains("[72, 49]") && err.contains("[72, 48]"), "{err}");
+    assert!(
+        err.contains("[72, 49]") && err.contains("[72, 48]"),
+        "{err}"
+    );
 }
 
 #[test]
 fn prompt_over_context_length_is_rejected() {
     let long = "word ".repeat(2000);
-    let o = glance(&["run", "--model", s(&fixture(MODEL)), "--image", s(&fixture("images/astronaut.png")), "--prompt", &long]);
+    let o = glance(&[
+        "run",
+        "--model",
+        s(&fixture(MODEL)),
+        "--image",
+        s(&fixture("images/astronaut.png")),
+        "--prompt",
+        &long,
+    ]);
     assert_fails_with(&o, "context");
 }
 
@@ -208,18 +313,46 @@ fn invalid_parameters_are_rejected() {
         ("--max-new-tokens", "0", "max-new-tokens"),
         ("--threads", "0", "threads"),
     ] {
-        let o = glance(&["run", "--model", s(&m), "--image", s(&img), "--prompt", "x", flag, value]);
+        let o = glance(&[
+            "run",
+            "--model",
+            s(&m),
+            "--image",
+            s(&img),
+            "--prompt",
+            "x",
+            flag,
+            value,
+        ]);
         assert_fails_with(&o, needle);
     }
     // A raw prompt without the image placeholder cannot take the image.
-    let o = glance(&["run", "--model", s(&m), "--image", s(&img), "--prompt", "no placeholder", "--raw"]);
+    let o = glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--image",
+        s(&img),
+        "--prompt",
+        "no placeholder",
+        "--raw",
+    ]);
     assert_fails_with(&o, "placeholder");
 }
 
 #[test]
 fn world_sample_writes_images_and_questions() {
     let d = scratch("world");
-    let o = glance(&["world", "sample", "--split", "test", "--n", "3", "--out", s(&d)]);
+    let o = glance(&[
+        "world",
+        "sample",
+        "--split",
+        "test",
+        "--n",
+        "3",
+        "--out",
+        s(&d),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     for i in 0..3 {
         assert!(d.join(format!("{i:04}.png")).is_file());
@@ -228,6 +361,15 @@ fn world_sample_writes_images_and_questions() {
     let first: serde_json::Value = serde_json::from_str(qs.lines().next().unwrap()).unwrap();
     assert_eq!(first["split"], "test");
     assert!(first["question"].as_str().is_some() && first["answer"].as_str().is_some());
-    let o = glance(&["world", "sample", "--split", "nope", "--n", "1", "--out", s(&d)]);
+    let o = glance(&[
+        "world",
+        "sample",
+        "--split",
+        "nope",
+        "--n",
+        "1",
+        "--out",
+        s(&d),
+    ]);
     assert_eq!(o.status.code(), Some(2), "clap rejects an unknown split");
 }

@@ -6,11 +6,19 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn fixture(p: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(p).to_string_lossy().into_owned()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(p)
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn glance(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glance")).args(args).env("RAYON_NUM_THREADS", "1").output().expect("binary runs")
+    Command::new(env!("CARGO_BIN_EXE_glance"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("binary runs")
 }
 
 fn stderr(o: &Output) -> String {
@@ -20,7 +28,15 @@ fn stderr(o: &Output) -> String {
 fn run_json(extra: &[&str]) -> serde_json::Value {
     let (m, img) = (fixture("models/llama-gqa"), fixture("images/astronaut.png"));
     let args = [
-        &["run", "--model", &m, "--image", &img, "--prompt", "What is the astronaut holding?"][..],
+        &[
+            "run",
+            "--model",
+            &m,
+            "--image",
+            &img,
+            "--prompt",
+            "What is the astronaut holding?",
+        ][..],
         extra,
         &["--json"],
     ]
@@ -36,18 +52,34 @@ fn run_prunes_visual_tokens_and_reports_them() {
     assert_eq!(full["pruning"]["policy"], "none");
     assert_eq!(full["pruning"]["kept_visual_tokens"], 16);
     let t = full["prompt_tokens"].as_u64().unwrap();
-    for (policy, keep, kept) in [("adaptive", "0.25", 4), ("hier", "50%", 8), ("fastv", "3", 3), ("pool", "0.125", 2)] {
+    for (policy, keep, kept) in [
+        ("adaptive", "0.25", 4),
+        ("hier", "50%", 8),
+        ("fastv", "3", 3),
+        ("pool", "0.125", 2),
+    ] {
         let v = run_json(&["--max-new-tokens", "6", "--prune", policy, "--keep", keep]);
         assert_eq!(v["pruning"]["policy"], policy);
         assert_eq!(v["pruning"]["kept_visual_tokens"], kept, "{policy}");
-        assert_eq!(v["pruning"]["prompt_rows"].as_u64().unwrap(), t - 16 + kept, "{policy}");
+        assert_eq!(
+            v["pruning"]["prompt_rows"].as_u64().unwrap(),
+            t - 16 + kept,
+            "{policy}"
+        );
         assert_eq!(v["generated_tokens"], 6, "{policy}");
         assert!(v["timings"]["prune_select_s"].as_f64().unwrap() >= 0.0);
     }
     // A bare budget means adaptive; keeping everything is exactly the unpruned answer.
     let v = run_json(&["--max-new-tokens", "6", "--prune", "0.5"]);
     assert_eq!(v["pruning"]["policy"], "adaptive");
-    let all = run_json(&["--max-new-tokens", "6", "--prune", "saliency", "--keep", "1.0"]);
+    let all = run_json(&[
+        "--max-new-tokens",
+        "6",
+        "--prune",
+        "saliency",
+        "--keep",
+        "1.0",
+    ]);
     assert_eq!(all["token_ids"], full["token_ids"]);
     assert_eq!(all["text"], full["text"]);
 }
@@ -60,15 +92,30 @@ fn bad_pruning_options_are_clean_errors() {
         (vec!["--keep", "1.5"], "--keep"),
         (vec!["--prune", "bogus"], "unknown pruning policy"),
         (vec!["--prune", "text", "--tau", "-1"], "--tau"),
-        (vec!["--prune", "adaptive", "--prune-layer", "1"], "--prune-layer"),
-        (vec!["--prune", "fastv", "--prune-layer", "2"], "FastV layer"),
+        (
+            vec!["--prune", "adaptive", "--prune-layer", "1"],
+            "--prune-layer",
+        ),
+        (
+            vec!["--prune", "fastv", "--prune-layer", "2"],
+            "FastV layer",
+        ),
         (vec!["--prune", "0.5", "--keep", "0.25"], "budget once"),
     ] {
-        let o = glance(&[&["run", "--model", &m, "--image", &img, "--prompt", "x"][..], &extra].concat());
+        let o = glance(
+            &[
+                &["run", "--model", &m, "--image", &img, "--prompt", "x"][..],
+                &extra,
+            ]
+            .concat(),
+        );
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
-        assert!(err.contains(needle), "{extra:?}: expected `{needle}` in {err}");
+        assert!(
+            err.contains(needle),
+            "{extra:?}: expected `{needle}` in {err}"
+        );
     }
 }
 
@@ -95,7 +142,8 @@ fn bench_prune_writes_ttft_accuracy_json_and_plots() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("prune.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("prune.json")).unwrap()).unwrap();
     // 100% once, then 4 policies × 2 budgets.
     assert_eq!(v["model_ttft"]["rows"].as_array().unwrap().len(), 9);
     let acc = v["accuracy"]["rows"].as_array().unwrap();
@@ -107,7 +155,16 @@ fn bench_prune_writes_ttft_accuracy_json_and_plots() {
     }
     let svg = std::fs::read_to_string(out.join("prune-accuracy.svg")).unwrap();
     assert_eq!(svg.matches("<polyline").count(), 4, "one line per policy");
-    let o = glance(&["bench", "prune", "--shape", "none", "--budgets", "0,0.5", "--out", out.to_str().unwrap()]);
+    let o = glance(&[
+        "bench",
+        "prune",
+        "--shape",
+        "none",
+        "--budgets",
+        "0,0.5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&out);
 }

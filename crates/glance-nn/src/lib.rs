@@ -15,6 +15,7 @@ pub mod fused;
 pub mod kv_cache;
 pub mod linear;
 pub mod lm;
+pub mod matvec;
 pub mod norm;
 pub mod rope;
 pub mod weights;

@@ -24,8 +24,22 @@ impl Linear {
         let in_dim = dims[dims.len() - 1];
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let out_dim = self.weight.dim(0)?;
+        let x2 = xs.reshape((rows, in_dim))?;
+        // One row of frozen f32 weights on CPU (batch-1 decode): the bandwidth-bound kernel.
+        // Anything in an autograd graph (trainable weights or inputs) takes the differentiable matmul.
+        let fast = rows == 1
+            && self.weight.device().is_cpu()
+            && self.weight.dtype() == candle_core::DType::F32
+            && xs.dtype() == candle_core::DType::F32
+            && self.weight.is_contiguous()
+            && !self.weight.track_op()
+            && !xs.track_op();
         // (rows, in) x (in, out) -> (rows, out)
-        let y = xs.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        let y = if fast {
+            crate::matvec::matvec(&self.weight, &x2)?
+        } else {
+            x2.matmul(&self.weight.t()?)?
+        };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

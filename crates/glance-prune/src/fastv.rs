@@ -37,7 +37,10 @@ pub fn prefill(
     let t = rows.dim(0)?;
     let layers = model.num_layers();
     if t == 0 || positions.len() != t {
-        return Err(Error::Input(format!("prompt has {t} rows and {} positions", positions.len())));
+        return Err(Error::Input(format!(
+            "prompt has {t} rows and {} positions",
+            positions.len()
+        )));
     }
     if layer == 0 || layer >= layers {
         return Err(Error::InvalidParam(format!(
@@ -46,7 +49,9 @@ pub fn prefill(
         )));
     }
     if visual.windows(2).any(|w| w[0] >= w[1]) || visual.last().is_some_and(|&v| v >= t) {
-        return Err(Error::Input("FastV: visual rows must be increasing indices into the prompt".into()));
+        return Err(Error::Input(
+            "FastV: visual rows must be increasing indices into the prompt".into(),
+        ));
     }
     if keep >= visual.len() {
         return glance_decode::prefill(model, rows, positions);
@@ -54,13 +59,25 @@ pub fn prefill(
     let max = model.max_positions();
     let last_pos = *positions.iter().max().expect("non-empty") as usize;
     if last_pos + 1 >= max || t >= max {
-        return Err(Error::PromptTooLong { len: (last_pos + 1).max(t), max });
+        return Err(Error::PromptTooLong {
+            len: (last_pos + 1).max(t),
+            max,
+        });
     }
     let start = Instant::now();
     let mut cache = model.new_cache();
     let mask = AttnMask::causal();
-    let (x, probs) = model.forward_layers(rows, positions, &mask, &mut cache, 0..layer, Some(layer - 1))?;
-    let probs = probs.ok_or_else(|| Error::Config("FastV: the decoder returned no attention probabilities".into()))?;
+    let (x, probs) = model.forward_layers(
+        rows,
+        positions,
+        &mask,
+        &mut cache,
+        0..layer,
+        Some(layer - 1),
+    )?;
+    let probs = probs.ok_or_else(|| {
+        Error::Config("FastV: the decoder returned no attention probabilities".into())
+    })?;
     // (heads, t) -> (t): the attention the last row pays each row, averaged over heads.
     let received: Vec<f32> = probs.mean(0)?.to_vec1()?;
     // The last row is the one the next token is predicted from: never a candidate.
@@ -78,7 +95,8 @@ pub fn prefill(
     // (t, hidden) -> (t', hidden)
     let x = x.index_select(&ids, 0)?;
     let kept_positions: Vec<u32> = kept.iter().map(|&r| positions[r]).collect();
-    let (x, _) = model.forward_layers(&x, &kept_positions, &mask, &mut cache, layer..layers, None)?;
+    let (x, _) =
+        model.forward_layers(&x, &kept_positions, &mask, &mut cache, layer..layers, None)?;
     let last = model.final_norm(&x.narrow(0, kept.len() - 1, 1)?)?;
     Ok(Prefilled {
         cache,

@@ -116,19 +116,29 @@ impl Kept {
         index.sort_unstable();
         let ids: Vec<u32> = index.iter().map(|&i| i as u32).collect();
         let ids = Tensor::from_vec(ids, index.len(), tokens.device())?;
-        Ok(Self { rows: tokens.index_select(&ids, 0)?, index })
+        Ok(Self {
+            rows: tokens.index_select(&ids, 0)?,
+            index,
+        })
     }
 
     /// Every token, untouched (the exact no-op).
     pub fn all(tokens: &Tensor) -> Result<Self> {
-        Ok(Self { rows: tokens.clone(), index: (0..tokens.dim(0)?).collect() })
+        Ok(Self {
+            rows: tokens.clone(),
+            index: (0..tokens.dim(0)?).collect(),
+        })
     }
 
     /// Checks the contract: `k` rows, indices strictly increasing and `< n`.
     pub fn validate(&self, k: usize, n: usize) -> Result<()> {
         let rows = self.rows.dim(0)?;
         let sorted = self.index.windows(2).all(|w| w[0] < w[1]);
-        if rows != k || self.index.len() != k || !sorted || self.index.last().is_some_and(|&i| i >= n) {
+        if rows != k
+            || self.index.len() != k
+            || !sorted
+            || self.index.last().is_some_and(|&i| i >= n)
+        {
             return Err(Error::InvalidParam(format!(
                 "a pruning policy returned {rows} rows and indices {:?} for a budget of {k} of {n}",
                 self.index
@@ -158,7 +168,9 @@ pub fn select(pruner: &dyn Pruner, input: &PruneInput, k: usize) -> Result<Kept>
         )));
     }
     if k == 0 {
-        return Err(Error::InvalidParam("the visual-token budget must keep at least one token".into()));
+        return Err(Error::InvalidParam(
+            "the visual-token budget must keep at least one token".into(),
+        ));
     }
     if k >= n {
         return Kept::all(&input.tokens);
@@ -179,7 +191,13 @@ pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
 /// All indices by decreasing score, ties by increasing index. NaN ranks last.
 pub fn ranking(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();
-    let key = |i: usize| if scores[i].is_nan() { f32::NEG_INFINITY } else { scores[i] };
+    let key = |i: usize| {
+        if scores[i].is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            scores[i]
+        }
+    };
     order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
     order
 }

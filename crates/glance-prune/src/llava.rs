@@ -49,7 +49,11 @@ impl std::fmt::Debug for PrunedPrefill {
 
 /// `(start, len)` of each image's token run in `ids`, in prompt order; adjacent images' runs are
 /// split every `per_image` tokens.
-pub fn image_spans(ids: &[u32], image_token_id: u32, per_image: usize) -> Result<Vec<(usize, usize)>> {
+pub fn image_spans(
+    ids: &[u32],
+    image_token_id: u32,
+    per_image: usize,
+) -> Result<Vec<(usize, usize)>> {
     let mut spans = Vec::new();
     let mut i = 0;
     while i < ids.len() {
@@ -57,7 +61,10 @@ pub fn image_spans(ids: &[u32], image_token_id: u32, per_image: usize) -> Result
             i += 1;
             continue;
         }
-        let len = ids[i..].iter().take_while(|&&x| x == image_token_id).count();
+        let len = ids[i..]
+            .iter()
+            .take_while(|&&x| x == image_token_id)
+            .count();
         if per_image == 0 || len % per_image != 0 {
             return Err(Error::Input(format!(
                 "a run of {len} image tokens is not a whole number of images of {per_image} tokens"
@@ -72,9 +79,16 @@ pub fn image_spans(ids: &[u32], image_token_id: u32, per_image: usize) -> Result
 /// The candidates of one image: `(prefix, input)`, where `prefix` leading projected tokens
 /// ([CLS] under the `full` strategy) are not candidates. `query` is the text query's pre-LLM
 /// embeddings `(q, text_hidden)`.
-pub fn llava_input(model: &Llava, enc: &ImageEncoding, query: Option<Tensor>) -> Result<(usize, PruneInput)> {
+pub fn llava_input(
+    model: &Llava,
+    enc: &ImageEncoding,
+    query: Option<Tensor>,
+) -> Result<(usize, PruneInput)> {
     let c = model.config();
-    let grid = Grid { rows: c.vision.grid(), cols: c.vision.grid() };
+    let grid = Grid {
+        rows: c.vision.grid(),
+        cols: c.vision.grid(),
+    };
     let patches = grid.len();
     let prefix = match c.feature_select {
         FeatureSelect::Default => 0,
@@ -82,7 +96,10 @@ pub fn llava_input(model: &Llava, enc: &ImageEncoding, query: Option<Tensor>) ->
     };
     let n = enc.features.dim(0)?;
     if n != patches + prefix {
-        return Err(Error::Input(format!("the image encoding has {n} tokens, expected {}", patches + prefix)));
+        return Err(Error::Input(format!(
+            "the image encoding has {n} tokens, expected {}",
+            patches + prefix
+        )));
     }
     // (1 + patches, vision_hidden), [CLS] first
     let vh = &enc.vision_hidden;
@@ -94,7 +111,11 @@ pub fn llava_input(model: &Llava, enc: &ImageEncoding, query: Option<Tensor>) ->
             vision: Some(vh.narrow(0, 1, patches)?),
             cls: Some(vh.get(0)?),
             // (heads, 1 + patches) -> (heads, patches)
-            cls_attention: enc.cls_attention.as_ref().map(|a| a.narrow(1, 1, patches)).transpose()?,
+            cls_attention: enc
+                .cls_attention
+                .as_ref()
+                .map(|a| a.narrow(1, 1, patches))
+                .transpose()?,
             query,
         },
     ))
@@ -136,7 +157,10 @@ pub fn prefill_llava(
         let rows = model.embed_prompt(ids, &features)?;
         let positions: Vec<u32> = (0..ids.len() as u32).collect();
         let state = glance_decode::prefill(text, &rows, &positions)?;
-        Ok(PrunedPrefill { state, stats: stats(visual_tokens, ids.len(), Duration::ZERO) })
+        Ok(PrunedPrefill {
+            state,
+            stats: stats(visual_tokens, ids.len(), Duration::ZERO),
+        })
     };
     if spec.is_noop() || images.is_empty() {
         return plain();
@@ -148,17 +172,22 @@ pub fn prefill_llava(
             let positions: Vec<u32> = (0..ids.len() as u32).collect();
             let visual: Vec<usize> = spans.iter().flat_map(|&(s, l)| s..s + l).collect();
             let keep: usize = spans.iter().map(|&(_, l)| spec.budget.resolve(l)).sum();
-            let layer = spec.fastv_layer.unwrap_or_else(|| fastv::default_layer(text.num_layers()));
+            let layer = spec
+                .fastv_layer
+                .unwrap_or_else(|| fastv::default_layer(text.num_layers()));
             let state = fastv::prefill(text, &rows, &positions, &visual, keep, layer)?;
             let rows_after = state.prompt_len;
             let kept = keep.min(visual_tokens);
-            Ok(PrunedPrefill { state, stats: stats(kept, rows_after, Duration::ZERO) })
+            Ok(PrunedPrefill {
+                state,
+                stats: stats(kept, rows_after, Duration::ZERO),
+            })
         }
         Stage::PreLlm => {
             let start = Instant::now();
-            let pruner = spec
-                .pruner()
-                .ok_or_else(|| Error::Config(format!("policy `{}` has no pre-LLM selector", spec.policy)))?;
+            let pruner = spec.pruner().ok_or_else(|| {
+                Error::Config(format!("policy `{}` has no pre-LLM selector", spec.policy))
+            })?;
             let query = if spec.policy.uses_query() && !query_ids.is_empty() {
                 Some(text.embed_tokens(query_ids)?)
             } else {
@@ -192,7 +221,10 @@ pub fn prefill_llava(
             let rows = Tensor::cat(&pieces, 0)?;
             let select_time = start.elapsed();
             let state = glance_decode::prefill(text, &rows, &positions)?;
-            Ok(PrunedPrefill { state, stats: stats(kept_total, positions.len(), select_time) })
+            Ok(PrunedPrefill {
+                state,
+                stats: stats(kept_total, positions.len(), select_time),
+            })
         }
     }
 }

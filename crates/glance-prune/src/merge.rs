@@ -57,7 +57,11 @@ impl Pruner for Hier {
         let rest_groups: Vec<Vec<usize>> = if pooled_budget > 0 && m < n {
             grid_windows(input.grid, pooled_budget)
                 .into_iter()
-                .map(|w| w.into_iter().filter(|&i| !is_important[i]).collect::<Vec<_>>())
+                .map(|w| {
+                    w.into_iter()
+                        .filter(|&i| !is_important[i])
+                        .collect::<Vec<_>>()
+                })
                 .filter(|g| !g.is_empty())
                 .collect()
         } else {
@@ -101,7 +105,11 @@ pub fn grid_windows(grid: Grid, k: usize) -> Vec<Vec<usize>> {
         let cells = k / bands + usize::from(b < k % bands);
         for c in 0..cells {
             let (c0, c1) = (c * cols / cells, (c + 1) * cols / cells);
-            out.push((r0..r1).flat_map(|r| (c0..c1).map(move |c| r * cols + c)).collect());
+            out.push(
+                (r0..r1)
+                    .flat_map(|r| (c0..c1).map(move |c| r * cols + c))
+                    .collect(),
+            );
         }
     }
     out
@@ -112,8 +120,10 @@ fn merge_groups(tokens: &Tensor, grid: Grid, groups: Vec<Vec<usize>>) -> Result<
     let n = tokens.dim(0)?;
     // Groups are non-empty by construction; an empty one would leave fewer than k rows, which
     // `select` reports as an error.
-    let mut anchored: Vec<(usize, Vec<usize>)> =
-        groups.into_iter().filter_map(|g| Some((anchor(grid, &g)?, g))).collect();
+    let mut anchored: Vec<(usize, Vec<usize>)> = groups
+        .into_iter()
+        .filter_map(|g| Some((anchor(grid, &g)?, g)))
+        .collect();
     anchored.sort_by_key(|(a, _)| *a);
     let k = anchored.len();
     // (k, n) averaging matrix; a singleton's row is one exact 1.0, so its mean is the token.
@@ -143,7 +153,10 @@ fn anchor(grid: Grid, group: &[usize]) -> Option<usize> {
         let (r, c) = grid.coords(i);
         (r as f64 - cr).powi(2) + (c as f64 - cc).powi(2)
     };
-    group.iter().copied().min_by(|&a, &b| dist(a).total_cmp(&dist(b)).then(a.cmp(&b)))
+    group
+        .iter()
+        .copied()
+        .min_by(|&a, &b| dist(a).total_cmp(&dist(b)).then(a.cmp(&b)))
 }
 
 /// k-means of the rows of `x` `(m, d)` into `k ≤ m` non-empty clusters, initialised at the first
@@ -159,8 +172,13 @@ fn kmeans(x: &Tensor, k: usize) -> Result<Vec<usize>> {
         // (m, d) · (d, k) -> (m, k)
         let dots = to_vec_f32(&x.matmul(&centroids.t()?)?)?;
         let dist = |p: usize, c: usize| x2[p] - 2.0 * dots[p * k + c] + c2[c];
-        let mut next: Vec<usize> =
-            (0..m).map(|p| (0..k).min_by(|&a, &b| dist(p, a).total_cmp(&dist(p, b))).unwrap_or(0)).collect();
+        let mut next: Vec<usize> = (0..m)
+            .map(|p| {
+                (0..k)
+                    .min_by(|&a, &b| dist(p, a).total_cmp(&dist(p, b)))
+                    .unwrap_or(0)
+            })
+            .collect();
         // Every cluster keeps a member: an empty one takes the worst-fitting point of a cluster
         // that has two or more.
         let mut counts = vec![0usize; k];
@@ -169,9 +187,11 @@ fn kmeans(x: &Tensor, k: usize) -> Result<Vec<usize>> {
             if counts[e] > 0 {
                 continue;
             }
-            let far = (0..m)
-                .filter(|&p| counts[next[p]] > 1)
-                .max_by(|&a, &b| dist(a, next[a]).total_cmp(&dist(b, next[b])).then(b.cmp(&a)));
+            let far = (0..m).filter(|&p| counts[next[p]] > 1).max_by(|&a, &b| {
+                dist(a, next[a])
+                    .total_cmp(&dist(b, next[b]))
+                    .then(b.cmp(&a))
+            });
             if let Some(p) = far {
                 counts[next[p]] -= 1;
                 next[p] = e;
@@ -214,7 +234,9 @@ mod tests {
         let w = grid_windows(Grid { rows: 24, cols: 24 }, 144);
         assert!(w.iter().all(|g| g.len() == 4));
         assert_eq!(w[0], vec![0, 1, 24, 25]);
-        assert!(grid_windows(Grid { rows: 24, cols: 24 }, 36).iter().all(|g| g.len() == 16));
+        assert!(grid_windows(Grid { rows: 24, cols: 24 }, 36)
+            .iter()
+            .all(|g| g.len() == 16));
     }
 
     #[test]

@@ -84,10 +84,17 @@ impl FromStr for Policy {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         let t = s.trim().to_ascii_lowercase();
-        Policy::ALL.iter().copied().find(|p| p.name() == t).ok_or_else(|| {
-            let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
-            Error::InvalidParam(format!("unknown pruning policy `{s}` (one of: {})", names.join(", ")))
-        })
+        Policy::ALL
+            .iter()
+            .copied()
+            .find(|p| p.name() == t)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+                Error::InvalidParam(format!(
+                    "unknown pruning policy `{s}` (one of: {})",
+                    names.join(", ")
+                ))
+            })
     }
 }
 
@@ -131,10 +138,17 @@ impl FromStr for Budget {
     fn from_str(s: &str) -> Result<Self> {
         let t = s.trim();
         let bad = || {
-            let msg = format!("--keep must be a ratio in (0, 1], a percentage or a count ≥ 1, got `{s}`");
+            let msg =
+                format!("--keep must be a ratio in (0, 1], a percentage or a count ≥ 1, got `{s}`");
             Error::InvalidParam(msg)
         };
-        let ratio = |r: f64| if r > 0.0 && r <= 1.0 { Ok(Budget::Ratio(r)) } else { Err(bad()) };
+        let ratio = |r: f64| {
+            if r > 0.0 && r <= 1.0 {
+                Ok(Budget::Ratio(r))
+            } else {
+                Err(bad())
+            }
+        };
         if let Some(p) = t.strip_suffix('%') {
             return ratio(p.trim().parse::<f64>().map_err(|_| bad())? / 100.0);
         }
@@ -172,7 +186,14 @@ impl Default for PruneSpec {
 
 impl PruneSpec {
     pub fn new(policy: Policy, budget: Budget) -> Self {
-        Self { policy, budget, tau: DEFAULT_TAU, seed: 0, mix_saliency_share: 0.5, fastv_layer: None }
+        Self {
+            policy,
+            budget,
+            tau: DEFAULT_TAU,
+            seed: 0,
+            mix_saliency_share: 0.5,
+            fastv_layer: None,
+        }
     }
 
     /// Checks the knobs (not the budget against an image: that happens per image).
@@ -204,7 +225,10 @@ impl PruneSpec {
             Policy::Pool => Box::new(Pool),
             Policy::Saliency => Box::new(Saliency { tau }),
             Policy::Text => Box::new(Text { tau }),
-            Policy::Mix => Box::new(Mix { tau, saliency_share: self.mix_saliency_share }),
+            Policy::Mix => Box::new(Mix {
+                tau,
+                saliency_share: self.mix_saliency_share,
+            }),
             Policy::Adaptive => Box::new(Adaptive { tau }),
             Policy::Hier => Box::new(Hier { tau }),
         })

@@ -34,7 +34,8 @@ impl Pruner for Random {
 
     fn prune(&self, input: &PruneInput, k: usize) -> Result<Kept> {
         let n = input.len()?;
-        let mut state = self.seed ^ ((n as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut state =
+            self.seed ^ ((n as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut idx: Vec<usize> = (0..n).collect();
         // Partial Fisher–Yates: the first k slots become a uniform sample.
         for i in 0..k {
@@ -176,11 +177,23 @@ pub fn adaptive_split(s: &[f32], t: &[f32], k: usize) -> SplitChoice {
     }
     let mut kept = union_refill(s, t, &rs, &rt, best_i, k);
     kept.sort_unstable();
-    SplitChoice { from_saliency: best_i, from_text: k - best_i, objective: best, kept }
+    SplitChoice {
+        from_saliency: best_i,
+        from_text: k - best_i,
+        objective: best,
+        kept,
+    }
 }
 
 /// `rs[..i] ∪ rt[..k - i]`, refilled to `k` tokens by the gain `s_x / s(U) + t_x / t(U)`.
-fn union_refill(s: &[f32], t: &[f32], rs: &[usize], rt: &[usize], i: usize, k: usize) -> Vec<usize> {
+fn union_refill(
+    s: &[f32],
+    t: &[f32],
+    rs: &[usize],
+    rt: &[usize],
+    i: usize,
+    k: usize,
+) -> Vec<usize> {
     let n = rs.len();
     let mut in_u = vec![false; n];
     let mut kept = Vec::with_capacity(k);
@@ -194,7 +207,13 @@ fn union_refill(s: &[f32], t: &[f32], rs: &[usize], rt: &[usize], i: usize, k: u
         let su = kept.iter().map(|&x| s[x] as f64).sum::<f64>().max(1e-12);
         let tu = kept.iter().map(|&x| t[x] as f64).sum::<f64>().max(1e-12);
         let gain: Vec<f32> = (0..n)
-            .map(|x| if in_u[x] { f32::NEG_INFINITY } else { (s[x] as f64 / su + t[x] as f64 / tu) as f32 })
+            .map(|x| {
+                if in_u[x] {
+                    f32::NEG_INFINITY
+                } else {
+                    (s[x] as f64 / su + t[x] as f64 / tu) as f32
+                }
+            })
             .collect();
         let missing = k - kept.len();
         kept.extend(top_k(&gain, missing));

@@ -24,7 +24,9 @@ pub fn saliency(input: &PruneInput, tau: f32) -> Result<Vec<f32>> {
     if let Some(att) = &input.cls_attention {
         let (_, cols) = att.dims2()?;
         if cols != n {
-            return Err(Error::InvalidParam(format!("[CLS] attention covers {cols} tokens, expected {n}")));
+            return Err(Error::InvalidParam(format!(
+                "[CLS] attention covers {cols} tokens, expected {n}"
+            )));
         }
         // (heads, n) -> (n)
         let mean = to_vec_f32(&att.mean(0)?)?;
@@ -46,15 +48,17 @@ pub fn saliency(input: &PruneInput, tau: f32) -> Result<Vec<f32>> {
 pub fn relevance(input: &PruneInput, tau: f32) -> Result<Vec<f32>> {
     let q = match &input.query {
         Some(q) if q.dim(0)? > 0 => q,
-        _ => {
-            return Err(Error::InvalidParam(
-                "text-relevance pruning needs a text query (the question), and this prompt has none".into(),
-            ))
-        }
+        _ => return Err(Error::InvalidParam(
+            "text-relevance pruning needs a text query (the question), and this prompt has none"
+                .into(),
+        )),
     };
     let (tokens, qd) = (&input.tokens, q.dim(1)?);
     if qd != tokens.dim(1)? {
-        return Err(Error::InvalidParam(format!("query embeddings have width {qd}, visual tokens {}", tokens.dim(1)?)));
+        return Err(Error::InvalidParam(format!(
+            "query embeddings have width {qd}, visual tokens {}",
+            tokens.dim(1)?
+        )));
     }
     // (q, d) · (d, n) -> (q, n) cosines
     let cos = unit_rows(q)?.matmul(&unit_rows(tokens)?.t()?)?;
@@ -64,7 +68,9 @@ pub fn relevance(input: &PruneInput, tau: f32) -> Result<Vec<f32>> {
 /// Checks a temperature.
 pub fn check_tau(tau: f32) -> Result<()> {
     if !(tau.is_finite() && tau > 0.0) {
-        return Err(Error::InvalidParam(format!("--tau must be a positive number, got {tau}")));
+        return Err(Error::InvalidParam(format!(
+            "--tau must be a positive number, got {tau}"
+        )));
     }
     Ok(())
 }

@@ -33,16 +33,29 @@ fn case(name: &'static str, image: &str, question: &str) -> Case {
     let prompt = processor.prepare(question, 1, PromptFormat::Chat).unwrap();
     let pixels = processor
         .image
-        .preprocess_tensor(&load_image(&fixtures().join("images").join(image)).unwrap(), &Device::Cpu)
+        .preprocess_tensor(
+            &load_image(&fixtures().join("images").join(image)).unwrap(),
+            &Device::Cpu,
+        )
         .unwrap();
     let image = model.encode_image(&pixels).unwrap();
     let query = processor.text.encode_plain(question).unwrap();
-    Case { name, model, ids: prompt.ids, query, image }
+    Case {
+        name,
+        model,
+        ids: prompt.ids,
+        query,
+        image,
+    }
 }
 
 fn cases() -> Vec<Case> {
     vec![
-        case("llama-gqa", "astronaut.png", "What is the astronaut holding?"),
+        case(
+            "llama-gqa",
+            "astronaut.png",
+            "What is the astronaut holding?",
+        ),
         case("mistral", "chelsea.jpg", "What colour is the cat?"),
         case("qwen2", "coffee_palette.png", "Describe the picture."),
     ]
@@ -54,13 +67,26 @@ fn prefill(c: &Case, spec: &PruneSpec) -> glance_prune::PrunedPrefill {
 }
 
 fn last_logits(c: &Case, s: &Prefilled) -> Vec<f32> {
-    c.model.text().logits(&s.last_hidden).unwrap().squeeze(0).unwrap().to_vec1().unwrap()
+    c.model
+        .text()
+        .logits(&s.last_hidden)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 fn greedy(c: &Case, state: Prefilled, n: usize) -> Vec<u32> {
-    let config = GenerateConfig { max_new_tokens: n, sampling: SamplingParams::greedy(), eos_token_ids: vec![] };
+    let config = GenerateConfig {
+        max_new_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos_token_ids: vec![],
+    };
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
-    decode(c.model.text(), state, sampler, &config, &mut |_| Ok(false)).unwrap().tokens
+    decode(c.model.text(), state, sampler, &config, &mut |_| Ok(false))
+        .unwrap()
+        .tokens
 }
 
 #[test]
@@ -74,8 +100,18 @@ fn keep_all_is_exactly_a_noop() {
             for budget in [Budget::Ratio(1.0), Budget::Count(n), Budget::Count(n + 50)] {
                 let got = prefill(&c, &PruneSpec::new(p, budget));
                 assert_eq!(got.stats.kept_visual_tokens, n, "{} {p}", c.name);
-                assert_eq!(last_logits(&c, &got.state), want, "{} {p} {budget}: logits differ", c.name);
-                assert_eq!(greedy(&c, got.state, 6), want_tokens, "{} {p} {budget}", c.name);
+                assert_eq!(
+                    last_logits(&c, &got.state),
+                    want,
+                    "{} {p} {budget}: logits differ",
+                    c.name
+                );
+                assert_eq!(
+                    greedy(&c, got.state, 6),
+                    want_tokens,
+                    "{} {p} {budget}",
+                    c.name
+                );
             }
         }
     }
@@ -104,8 +140,17 @@ fn pruned_generation_runs_end_to_end() {
                 } else {
                     assert_eq!(kept, want, "{} {p} {budget}", c.name);
                 }
-                assert_eq!(got.stats.prompt_rows, t - n + kept, "{} {p} {budget}", c.name);
-                assert_eq!(got.state.last_pos as usize, t - 1, "text after the image keeps its positions");
+                assert_eq!(
+                    got.stats.prompt_rows,
+                    t - n + kept,
+                    "{} {p} {budget}",
+                    c.name
+                );
+                assert_eq!(
+                    got.state.last_pos as usize,
+                    t - 1,
+                    "text after the image keeps its positions"
+                );
                 let cache = &got.state.cache;
                 if p.stage() == Stage::InLlm {
                     // FastV: layers before its layer (1 for these 2-layer models) hold every row.
@@ -113,7 +158,12 @@ fn pruned_generation_runs_end_to_end() {
                     assert_eq!(cache.layer(layers - 1).len(), t - n + kept);
                 } else {
                     for l in 0..layers {
-                        assert_eq!(cache.layer(l).len(), t - n + kept, "{} {p}: KV cache holds only kept rows", c.name);
+                        assert_eq!(
+                            cache.layer(l).len(),
+                            t - n + kept,
+                            "{} {p}: KV cache holds only kept rows",
+                            c.name
+                        );
                     }
                 }
                 let tokens = greedy(&c, got.state, 5);
@@ -170,9 +220,19 @@ fn pre_llm_pruning_is_the_unpruned_prompt_restricted_to_kept_rows() {
         let full = c.model.embed_prompt(&c.ids, &[&c.image.features]).unwrap();
         let positions: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let idx = candle_core::Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
-        let want = glance_decode::prefill(c.model.text(), &full.index_select(&idx, 0).unwrap(), &positions).unwrap();
+        let want = glance_decode::prefill(
+            c.model.text(),
+            &full.index_select(&idx, 0).unwrap(),
+            &positions,
+        )
+        .unwrap();
         let got = prefill(&c, &spec);
         assert_eq!(got.state.prompt_len, rows.len(), "{}", c.name);
-        assert_eq!(last_logits(&c, &got.state), last_logits(&c, &want), "{}", c.name);
+        assert_eq!(
+            last_logits(&c, &got.state),
+            last_logits(&c, &want),
+            "{}",
+            c.name
+        );
     }
 }

@@ -35,7 +35,10 @@ fn input(seed: u64) -> PruneInput {
 }
 
 fn pre_llm() -> Vec<Policy> {
-    Policy::ALL.into_iter().filter(|p| p.stage() == glance_prune::Stage::PreLlm).collect()
+    Policy::ALL
+        .into_iter()
+        .filter(|p| p.stage() == glance_prune::Stage::PreLlm)
+        .collect()
 }
 
 #[test]
@@ -46,14 +49,22 @@ fn every_policy_keeps_exactly_k_sorted_unique() {
         for p in pre_llm() {
             let pruner = PruneSpec::new(p, Budget::Ratio(0.5)).pruner().unwrap();
             for k in 1..=n + 3 {
-                let kept = select(pruner.as_ref(), &inp, k).unwrap_or_else(|e| panic!("{p} k={k}: {e}"));
+                let kept =
+                    select(pruner.as_ref(), &inp, k).unwrap_or_else(|e| panic!("{p} k={k}: {e}"));
                 let want = k.min(n);
                 assert_eq!(kept.rows.dims(), &[want, 16], "{p} k={k}");
                 assert_eq!(kept.index.len(), want, "{p} k={k}");
-                assert!(kept.index.windows(2).all(|w| w[0] < w[1]), "{p} k={k}: {:?}", kept.index);
+                assert!(
+                    kept.index.windows(2).all(|w| w[0] < w[1]),
+                    "{p} k={k}: {:?}",
+                    kept.index
+                );
                 assert!(kept.index.iter().all(|&i| i < n));
             }
-            assert!(select(pruner.as_ref(), &inp, 0).is_err(), "{p}: k = 0 must be refused");
+            assert!(
+                select(pruner.as_ref(), &inp, 0).is_err(),
+                "{p}: k = 0 must be refused"
+            );
         }
     }
 }
@@ -75,8 +86,22 @@ fn keep_all_returns_the_input_untouched() {
 fn subset_rows_are_the_tokens_and_merged_rows_are_means() {
     let inp = input(4);
     let tokens: Vec<Vec<f32>> = inp.tokens.to_vec2().unwrap();
-    for p in [Policy::Random, Policy::Saliency, Policy::Text, Policy::Mix, Policy::Adaptive] {
-        let kept = select(PruneSpec::new(p, Budget::Count(7)).pruner().unwrap().as_ref(), &inp, 7).unwrap();
+    for p in [
+        Policy::Random,
+        Policy::Saliency,
+        Policy::Text,
+        Policy::Mix,
+        Policy::Adaptive,
+    ] {
+        let kept = select(
+            PruneSpec::new(p, Budget::Count(7))
+                .pruner()
+                .unwrap()
+                .as_ref(),
+            &inp,
+            7,
+        )
+        .unwrap();
         let rows: Vec<Vec<f32>> = kept.rows.to_vec2().unwrap();
         for (r, &i) in rows.iter().zip(&kept.index) {
             assert_eq!(r, &tokens[i], "{p}");
@@ -84,7 +109,15 @@ fn subset_rows_are_the_tokens_and_merged_rows_are_means() {
     }
     // Pool to 15 on 6×5 (5 bands of 3 windows): every merged row is the mean of the window that
     // holds its anchor.
-    let kept = select(PruneSpec::new(Policy::Pool, Budget::Count(15)).pruner().unwrap().as_ref(), &inp, 15).unwrap();
+    let kept = select(
+        PruneSpec::new(Policy::Pool, Budget::Count(15))
+            .pruner()
+            .unwrap()
+            .as_ref(),
+        &inp,
+        15,
+    )
+    .unwrap();
     let windows = glance_prune::grid_windows(inp.grid, 15);
     let rows: Vec<Vec<f32>> = kept.rows.to_vec2().unwrap();
     for (r, &a) in rows.iter().zip(&kept.index) {
@@ -115,7 +148,18 @@ fn adaptive_reduces_to_saliency_when_the_query_is_flat() {
     inp.query = Some(Tensor::zeros((2, 16), candle_core::DType::F32, &Device::Cpu).unwrap());
     let n = inp.grid.len();
     for k in 1..n {
-        let get = |p| select(PruneSpec::new(p, Budget::Count(k)).pruner().unwrap().as_ref(), &inp, k).unwrap().index;
+        let get = |p| {
+            select(
+                PruneSpec::new(p, Budget::Count(k))
+                    .pruner()
+                    .unwrap()
+                    .as_ref(),
+                &inp,
+                k,
+            )
+            .unwrap()
+            .index
+        };
         assert_eq!(get(Policy::Adaptive), get(Policy::Saliency), "k={k}");
     }
 }
@@ -126,7 +170,18 @@ fn adaptive_reduces_to_text_when_saliency_is_flat() {
     let n = inp.grid.len();
     inp.cls_attention = Some(Tensor::ones((4, n), candle_core::DType::F32, &Device::Cpu).unwrap());
     for k in 1..n {
-        let get = |p| select(PruneSpec::new(p, Budget::Count(k)).pruner().unwrap().as_ref(), &inp, k).unwrap().index;
+        let get = |p| {
+            select(
+                PruneSpec::new(p, Budget::Count(k))
+                    .pruner()
+                    .unwrap()
+                    .as_ref(),
+                &inp,
+                k,
+            )
+            .unwrap()
+            .index
+        };
         assert_eq!(get(Policy::Adaptive), get(Policy::Text), "k={k}");
     }
 }
@@ -167,13 +222,37 @@ fn missing_signals_are_errors_not_panics() {
     let mut inp = input(8);
     inp.query = None;
     for p in [Policy::Text, Policy::Mix, Policy::Adaptive] {
-        let e = select(PruneSpec::new(p, Budget::Count(5)).pruner().unwrap().as_ref(), &inp, 5).unwrap_err();
+        let e = select(
+            PruneSpec::new(p, Budget::Count(5))
+                .pruner()
+                .unwrap()
+                .as_ref(),
+            &inp,
+            5,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("query"), "{p}: {e}");
     }
     // Without attention, saliency falls back to the [CLS] cosine; without [CLS] it is an error.
     inp.cls_attention = None;
-    assert!(select(PruneSpec::new(Policy::Saliency, Budget::Count(5)).pruner().unwrap().as_ref(), &inp, 5).is_ok());
+    assert!(select(
+        PruneSpec::new(Policy::Saliency, Budget::Count(5))
+            .pruner()
+            .unwrap()
+            .as_ref(),
+        &inp,
+        5
+    )
+    .is_ok());
     inp.cls = None;
-    let e = select(PruneSpec::new(Policy::Hier, Budget::Count(5)).pruner().unwrap().as_ref(), &inp, 5).unwrap_err();
+    let e = select(
+        PruneSpec::new(Policy::Hier, Budget::Count(5))
+            .pruner()
+            .unwrap()
+            .as_ref(),
+        &inp,
+        5,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("[CLS]"), "{e}");
 }

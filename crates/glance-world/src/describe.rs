@@ -8,11 +8,15 @@ use crate::families::with_article;
 use crate::rng::WorldRng;
 use crate::scene::{Object, Scene, Size};
 
-const NUMBER_WORDS: [&str; 10] = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"];
+const NUMBER_WORDS: [&str; 10] = [
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+];
 
 /// The number as a word (0–9) or digits.
 pub(crate) fn number_word(n: usize) -> String {
-    NUMBER_WORDS.get(n).map_or_else(|| n.to_string(), |w| w.to_string())
+    NUMBER_WORDS
+        .get(n)
+        .map_or_else(|| n.to_string(), |w| w.to_string())
 }
 
 fn capitalise(s: &str) -> String {
@@ -50,7 +54,11 @@ pub fn describe(scene: &Scene, rng: &mut WorldRng) -> String {
     let mut sentences: Vec<String> = Vec::new();
     let count_first = rng.chance(0.7);
     if count_first {
-        let num = if rng.chance(0.5) { number_word(n) } else { n.to_string() };
+        let num = if rng.chance(0.5) {
+            number_word(n)
+        } else {
+            n.to_string()
+        };
         let noun = if n == 1 { "object" } else { "objects" };
         let s = match (rng.below(3), n == 1) {
             (0, true) => format!("there is {num} {noun}"),
@@ -76,9 +84,18 @@ pub fn describe(scene: &Scene, rng: &mut WorldRng) -> String {
     }
     if n >= 2 && rng.chance(0.3) {
         // One list sentence: "the objects are: a …, a … and a …".
-        let items: Vec<String> = objs.iter().map(|o| format!("{} in the {}", with_article(&o.phrase()), o.position)).collect();
-        let head = if rng.chance(0.5) { "the objects are" } else { "it contains" };
-        let (last, rest) = items.split_last().map_or((String::new(), &[][..]), |(l, r)| (l.clone(), r));
+        let items: Vec<String> = objs
+            .iter()
+            .map(|o| format!("{} in the {}", with_article(&o.phrase()), o.position))
+            .collect();
+        let head = if rng.chance(0.5) {
+            "the objects are"
+        } else {
+            "it contains"
+        };
+        let (last, rest) = items
+            .split_last()
+            .map_or((String::new(), &[][..]), |(l, r)| (l.clone(), r));
         sentences.push(format!("{head} {} and {last}", rest.join(", ")));
     } else {
         let fixed = rng.chance(0.5).then(|| rng.below(6));
@@ -90,5 +107,9 @@ pub fn describe(scene: &Scene, rng: &mut WorldRng) -> String {
     if !sign_first {
         sentences.extend(sign_sentence);
     }
-    sentences.iter().map(|s| capitalise(s) + ".").collect::<Vec<_>>().join(" ")
+    sentences
+        .iter()
+        .map(|s| capitalise(s) + ".")
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -22,11 +22,19 @@ pub const MIN_INK: f32 = 0.04;
 pub enum PatchContent {
     Background,
     /// `index` into `Scene::objects`.
-    Object { index: usize, colour: Colour, shape: Shape, size: Size },
+    Object {
+        index: usize,
+        colour: Colour,
+        shape: Shape,
+        size: Size,
+    },
     /// Plate or border of the sign without (enough) ink.
     SignPlate,
     /// Ink of digit `place` (0 = tens, 1 = units) whose value is `digit`.
-    SignDigit { place: u8, digit: u8 },
+    SignDigit {
+        place: u8,
+        digit: u8,
+    },
 }
 
 /// Label of one patch.
@@ -73,7 +81,12 @@ impl PatchLabel {
         };
         match self.content {
             PatchContent::Background => {}
-            PatchContent::Object { colour, shape, size, .. } => {
+            PatchContent::Object {
+                colour,
+                shape,
+                size,
+                ..
+            } => {
                 ids.kind = 1;
                 ids.colour = colour.id() as u32;
                 ids.shape = shape.id() as u32;
@@ -120,13 +133,19 @@ pub fn patch_labels(scene: &Scene, patch: usize) -> Result<PatchLabels, WorldErr
 }
 
 /// Per-patch labels with an explicit coverage threshold in `[0, 1]`.
-pub fn patch_labels_with(scene: &Scene, patch: usize, min_coverage: f32) -> Result<PatchLabels, WorldError> {
+pub fn patch_labels_with(
+    scene: &Scene,
+    patch: usize,
+    min_coverage: f32,
+) -> Result<PatchLabels, WorldError> {
     let size = IMAGE_SIZE as usize;
     if patch == 0 || (size / patch) * patch != size {
         return Err(WorldError::InvalidPatchSize { patch, image: size });
     }
     if !(0.0..=1.0).contains(&min_coverage) {
-        return Err(WorldError::InvalidArgument(format!("min_coverage {min_coverage} is not in [0, 1]")));
+        return Err(WorldError::InvalidArgument(format!(
+            "min_coverage {min_coverage} is not in [0, 1]"
+        )));
     }
     let grid = size / patch;
     let cells = grid * grid;
@@ -163,12 +182,20 @@ pub fn patch_labels_with(scene: &Scene, patch: usize, min_coverage: f32) -> Resu
     }
     let mut labels = Vec::with_capacity(cells);
     for cell in 0..cells {
-        let mut best = PatchLabel { content: PatchContent::Background, coverage: 0.0 };
+        let mut best = PatchLabel {
+            content: PatchContent::Background,
+            coverage: 0.0,
+        };
         for (k, o) in scene.objects.iter().enumerate() {
             let cov = obj_cov[k][cell] as f32 / (area * SAMPLES_PER_PIXEL as f32);
             if cov > best.coverage {
                 best = PatchLabel {
-                    content: PatchContent::Object { index: k, colour: o.colour, shape: o.shape, size: o.size },
+                    content: PatchContent::Object {
+                        index: k,
+                        colour: o.colour,
+                        shape: o.shape,
+                        size: o.size,
+                    },
                     coverage: cov,
                 };
             }
@@ -179,11 +206,17 @@ pub fn patch_labels_with(scene: &Scene, patch: usize, min_coverage: f32) -> Resu
                 let [i0, i1] = ink[cell];
                 let place = if i1 > i0 { 1 } else { 0 };
                 let content = if (i0.max(i1) as f32 / area) >= MIN_INK {
-                    PatchContent::SignDigit { place, digit: s.digits()[place as usize] }
+                    PatchContent::SignDigit {
+                        place,
+                        digit: s.digits()[place as usize],
+                    }
                 } else {
                     PatchContent::SignPlate
                 };
-                best = PatchLabel { content, coverage: cov };
+                best = PatchLabel {
+                    content,
+                    coverage: cov,
+                };
             }
         }
         if best.coverage < min_coverage {
@@ -191,5 +224,9 @@ pub fn patch_labels_with(scene: &Scene, patch: usize, min_coverage: f32) -> Resu
         }
         labels.push(best);
     }
-    Ok(PatchLabels { patch, grid, labels })
+    Ok(PatchLabels {
+        patch,
+        grid,
+        labels,
+    })
 }

@@ -27,12 +27,16 @@ pub mod vocab;
 
 use std::path::PathBuf;
 
-pub use labels::{patch_labels, patch_labels_with, PatchContent, PatchIds, PatchLabel, PatchLabels};
+pub use labels::{
+    patch_labels, patch_labels_with, PatchContent, PatchIds, PatchLabel, PatchLabels,
+};
 pub use qa::{dialogue, generate, question_set, Dialogue, Family, Qa};
 pub use render::{pixel_hash, render};
 pub use rng::WorldRng;
 pub use sample::{write_sample, write_sample_range, SampleSummary};
-pub use scene::{Background, CellContent, Colour, Object, Position, Scene, Shape, Sign, Size, IMAGE_SIZE};
+pub use scene::{
+    Background, CellContent, Colour, Object, Position, Scene, Shape, Sign, Size, IMAGE_SIZE,
+};
 pub use score::{description_prf, exact_match, normalize, Prf};
 pub use split::{sample, Example, Split};
 
@@ -48,9 +52,15 @@ pub enum WorldError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("I/O error on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot encode image {path}: {source}")]
-    Image { path: PathBuf, source: image::ImageError },
+    Image {
+        path: PathBuf,
+        source: image::ImageError,
+    },
     #[error("JSON error: {0}")]
     Json(#[from] serde_json::Error),
 }

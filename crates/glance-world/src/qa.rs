@@ -36,8 +36,14 @@ pub enum Family {
 
 impl Family {
     /// All families.
-    pub const ALL: [Family; 6] =
-        [Family::Attribute, Family::Counting, Family::Spatial, Family::Existence, Family::Sign, Family::Description];
+    pub const ALL: [Family; 6] = [
+        Family::Attribute,
+        Family::Counting,
+        Family::Spatial,
+        Family::Existence,
+        Family::Sign,
+        Family::Description,
+    ];
 
     /// Lower-case name ("attribute", …).
     pub fn name(self) -> &'static str {
@@ -66,7 +72,10 @@ impl FromStr for Family {
             .iter()
             .copied()
             .find(|f| f.name() == t)
-            .ok_or_else(|| WorldError::UnknownName { what: "question family", name: s.to_string() })
+            .ok_or_else(|| WorldError::UnknownName {
+                what: "question family",
+                name: s.to_string(),
+            })
     }
 }
 
@@ -82,11 +91,29 @@ pub struct Qa {
 }
 
 impl Qa {
-    pub(crate) fn new(family: Family, question: impl Into<String>, answer: impl Into<String>) -> Qa {
-        Qa { family, question: question.into(), answer: answer.into(), follow_up: false }
+    pub(crate) fn new(
+        family: Family,
+        question: impl Into<String>,
+        answer: impl Into<String>,
+    ) -> Qa {
+        Qa {
+            family,
+            question: question.into(),
+            answer: answer.into(),
+            follow_up: false,
+        }
     }
-    pub(crate) fn follow(family: Family, question: impl Into<String>, answer: impl Into<String>) -> Qa {
-        Qa { family, question: question.into(), answer: answer.into(), follow_up: true }
+    pub(crate) fn follow(
+        family: Family,
+        question: impl Into<String>,
+        answer: impl Into<String>,
+    ) -> Qa {
+        Qa {
+            family,
+            question: question.into(),
+            answer: answer.into(),
+            follow_up: true,
+        }
     }
 }
 
@@ -124,7 +151,10 @@ pub fn generate(scene: &Scene, family: Family, rng: &mut WorldRng) -> Option<Qa>
 
 /// One independent question per applicable family, in [`Family::ALL`] order.
 pub fn question_set(scene: &Scene, rng: &mut WorldRng) -> Vec<Qa> {
-    Family::ALL.iter().filter_map(|f| generate(scene, *f, rng)).collect()
+    Family::ALL
+        .iter()
+        .filter_map(|f| generate(scene, *f, rng))
+        .collect()
 }
 
 /// A dialogue of 2–6 turns: independent questions drawn with [`DIALOGUE_MIX`] and, in about half
@@ -135,12 +165,20 @@ pub fn dialogue(scene: &Scene, rng: &mut WorldRng) -> Dialogue {
     let singles = 2 + rng.below(3);
     let weights: Vec<f64> = DIALOGUE_MIX
         .iter()
-        .map(|(f, w)| if *f == Family::Sign && scene.sign.is_none() { 0.0 } else { *w })
+        .map(|(f, w)| {
+            if *f == Family::Sign && scene.sign.is_none() {
+                0.0
+            } else {
+                *w
+            }
+        })
         .collect();
     let mut attempts = 0;
     while turns.len() < singles && attempts < 20 {
         attempts += 1;
-        let Some(i) = rng.weighted(&weights) else { break };
+        let Some(i) = rng.weighted(&weights) else {
+            break;
+        };
         if let Some(qa) = generate(scene, DIALOGUE_MIX[i].0, rng) {
             if !turns.iter().any(|t| t.question == qa.question) {
                 turns.push(qa);

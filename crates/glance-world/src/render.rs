@@ -19,7 +19,8 @@ pub const INK_RGB: [f32; 3] = [18.0, 18.0, 24.0];
 
 /// Hash of a lattice point to a value in `[-1, 1]`.
 fn lattice(seed: u64, ix: i64, iy: i64) -> f32 {
-    let h = mix64(seed ^ mix64((ix as u64).wrapping_mul(0x9E37_79B9) ^ (iy as u64).wrapping_shl(32)));
+    let h =
+        mix64(seed ^ mix64((ix as u64).wrapping_mul(0x9E37_79B9) ^ (iy as u64).wrapping_shl(32)));
     (h >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 
@@ -52,9 +53,18 @@ fn background_pixel(bg: &Background, x: u32, y: u32) -> [f32; 3] {
             let norm = (dx.unsigned_abs() + dy.unsigned_abs()).max(1) as f32;
             let t = ((dx as f32 * u + dy as f32 * v) / norm + 0.5).clamp(0.0, 1.0);
             let (f, g) = (to_f32(from), to_f32(to));
-            [f[0] + (g[0] - f[0]) * t, f[1] + (g[1] - f[1]) * t, f[2] + (g[2] - f[2]) * t]
+            [
+                f[0] + (g[0] - f[0]) * t,
+                f[1] + (g[1] - f[1]) * t,
+                f[2] + (g[2] - f[2]) * t,
+            ]
         }
-        Background::Textured { rgb, cell, amplitude, noise_seed } => {
+        Background::Textured {
+            rgb,
+            cell,
+            amplitude,
+            noise_seed,
+        } => {
             let n = value_noise(noise_seed, cell, x, y) * amplitude as f32;
             let c = to_f32(rgb);
             [c[0] + n, c[1] + n, c[2] + n]
@@ -89,8 +99,18 @@ pub fn render(scene: &Scene) -> RgbImage {
         }
     }
     if let Some(sign) = &scene.sign {
-        for y in sign.y..sign.y.saturating_add(crate::scene::sign_geometry::PLATE_H).min(s) {
-            for x in sign.x..sign.x.saturating_add(crate::scene::sign_geometry::PLATE_W).min(s) {
+        for y in sign.y
+            ..sign
+                .y
+                .saturating_add(crate::scene::sign_geometry::PLATE_H)
+                .min(s)
+        {
+            for x in sign.x
+                ..sign
+                    .x
+                    .saturating_add(crate::scene::sign_geometry::PLATE_W)
+                    .min(s)
+            {
                 let c = match sign_pixel(sign, x, y) {
                     SignPixel::Outside => continue,
                     SignPixel::Border => BORDER_RGB,

@@ -26,7 +26,9 @@ impl WorldRng {
 
     /// An independent stream for a sub-task (e.g. questions vs. the scene) of the same seed.
     pub fn derive(seed: u64, stream: u64) -> Self {
-        Self::new(mix64(seed ^ mix64(stream.wrapping_add(0x9E37_79B9_7F4A_7C15))))
+        Self::new(mix64(
+            seed ^ mix64(stream.wrapping_add(0x9E37_79B9_7F4A_7C15)),
+        ))
     }
 
     /// The next 64 random bits.

@@ -54,7 +54,10 @@ pub struct SampleSummary {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WorldError + '_ {
-    move |source| WorldError::Io { path: path.to_path_buf(), source }
+    move |source| WorldError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Write examples `0..n` of `split` into `out_dir` (created if missing).
@@ -63,13 +66,24 @@ pub fn write_sample(split: Split, n: u64, out_dir: &Path) -> Result<SampleSummar
 }
 
 /// Write examples `start..start + n` of `split` into `out_dir` (created if missing).
-pub fn write_sample_range(split: Split, start: u64, n: u64, out_dir: &Path) -> Result<SampleSummary, WorldError> {
+pub fn write_sample_range(
+    split: Split,
+    start: u64,
+    n: u64,
+    out_dir: &Path,
+) -> Result<SampleSummary, WorldError> {
     if n > MAX_SAMPLE {
-        return Err(WorldError::InvalidArgument(format!("n = {n} exceeds the maximum of {MAX_SAMPLE}")));
+        return Err(WorldError::InvalidArgument(format!(
+            "n = {n} exceeds the maximum of {MAX_SAMPLE}"
+        )));
     }
-    let end = start.checked_add(n).filter(|e| *e <= crate::split::MAX_INDEX).ok_or(
-        WorldError::IndexOutOfRange { index: start.saturating_add(n), max: crate::split::MAX_INDEX },
-    )?;
+    let end = start
+        .checked_add(n)
+        .filter(|e| *e <= crate::split::MAX_INDEX)
+        .ok_or(WorldError::IndexOutOfRange {
+            index: start.saturating_add(n),
+            max: crate::split::MAX_INDEX,
+        })?;
     std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
     let qpath = out_dir.join("questions.jsonl");
     let spath = out_dir.join("scenes.jsonl");
@@ -80,14 +94,25 @@ pub fn write_sample_range(split: Split, start: u64, n: u64, out_dir: &Path) -> R
         let ex = sample(split, index)?;
         let image = format!("{index:04}.png");
         let ipath = out_dir.join(&image);
-        ex.image.save(&ipath).map_err(|source| WorldError::Image { path: ipath.clone(), source })?;
-        let rec = SceneRecord { image: &image, split, index, seed: ex.seed, scene: &ex.scene };
+        ex.image.save(&ipath).map_err(|source| WorldError::Image {
+            path: ipath.clone(),
+            source,
+        })?;
+        let rec = SceneRecord {
+            image: &image,
+            split,
+            index,
+            seed: ex.seed,
+            scene: &ex.scene,
+        };
         writeln!(sout, "{}", serde_json::to_string(&rec)?).map_err(io_err(&spath))?;
-        let lines = ex
-            .questions
-            .iter()
-            .map(|q| (q, None, None))
-            .chain(ex.dialogue.turns.iter().enumerate().map(|(t, q)| (q, Some(index), Some(t))));
+        let lines = ex.questions.iter().map(|q| (q, None, None)).chain(
+            ex.dialogue
+                .turns
+                .iter()
+                .enumerate()
+                .map(|(t, q)| (q, Some(index), Some(t))),
+        );
         for (q, dialogue, turn) in lines {
             let q: &Qa = q;
             let rec = QuestionRecord {
@@ -108,5 +133,9 @@ pub fn write_sample_range(split: Split, start: u64, n: u64, out_dir: &Path) -> R
     }
     qout.flush().map_err(io_err(&qpath))?;
     sout.flush().map_err(io_err(&spath))?;
-    Ok(SampleSummary { dir: out_dir.to_path_buf(), images: n, questions })
+    Ok(SampleSummary {
+        dir: out_dir.to_path_buf(),
+        images: n,
+        questions,
+    })
 }

@@ -105,7 +105,10 @@ impl Shape {
 
     /// Parse a singular or plural shape noun.
     pub fn from_word(w: &str) -> Option<Shape> {
-        Shape::ALL.iter().copied().find(|s| s.name() == w || s.plural() == w)
+        Shape::ALL
+            .iter()
+            .copied()
+            .find(|s| s.name() == w || s.plural() == w)
     }
 }
 
@@ -139,7 +142,10 @@ impl Position {
     /// Centre of the cell in pixels.
     pub fn cell_center(self) -> (f32, f32) {
         let cell = IMAGE_SIZE as f32 / GRID as f32;
-        ((self.col() as f32 + 0.5) * cell, (self.row() as f32 + 0.5) * cell)
+        (
+            (self.col() as f32 + 0.5) * cell,
+            (self.row() as f32 + 0.5) * cell,
+        )
     }
 }
 
@@ -210,12 +216,24 @@ impl Sign {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Background {
-    Plain { rgb: [u8; 3] },
+    Plain {
+        rgb: [u8; 3],
+    },
     /// Linear blend from `from` to `to` along the unit direction (`dx`, `dy`) ∈ {axis, diagonal}.
-    Gradient { from: [u8; 3], to: [u8; 3], dx: i8, dy: i8 },
+    Gradient {
+        from: [u8; 3],
+        to: [u8; 3],
+        dx: i8,
+        dy: i8,
+    },
     /// `rgb` plus low-amplitude value noise (lattice of `cell` px, amplitude ±`amplitude`)
     /// keyed by `noise_seed`.
-    Textured { rgb: [u8; 3], cell: u32, amplitude: u8, noise_seed: u64 },
+    Textured {
+        rgb: [u8; 3],
+        cell: u32,
+        amplitude: u8,
+        noise_seed: u64,
+    },
 }
 
 /// Everything in one image.
@@ -262,10 +280,19 @@ impl Scene {
     pub fn generate(seed: u64) -> Scene {
         let mut rng = WorldRng::new(seed);
         let background = match rng.below(3) {
-            0 => Background::Plain { rgb: pale_colour(&mut rng) },
+            0 => Background::Plain {
+                rgb: pale_colour(&mut rng),
+            },
             1 => {
-                let (dx, dy) = *rng.choose(&[(1i8, 0i8), (0, 1), (1, 1), (1, -1), (-1, 0), (0, -1)]).unwrap_or(&(1, 0));
-                Background::Gradient { from: pale_colour(&mut rng), to: pale_colour(&mut rng), dx, dy }
+                let (dx, dy) = *rng
+                    .choose(&[(1i8, 0i8), (0, 1), (1, 1), (1, -1), (-1, 0), (0, -1)])
+                    .unwrap_or(&(1, 0));
+                Background::Gradient {
+                    from: pale_colour(&mut rng),
+                    to: pale_colour(&mut rng),
+                    dx,
+                    dy,
+                }
             }
             _ => Background::Textured {
                 rgb: pale_colour(&mut rng),
@@ -282,7 +309,11 @@ impl Scene {
         let shapes = palette_draw(&mut rng, Shape::ALL, n, 4);
         let mut objects = Vec::with_capacity(n);
         for i in 0..n {
-            let size = if rng.chance(0.5) { Size::Large } else { Size::Small };
+            let size = if rng.chance(0.5) {
+                Size::Large
+            } else {
+                Size::Small
+            };
             let position = cells[i];
             let (cx, cy) = position.cell_center();
             objects.push(Object {
@@ -299,13 +330,27 @@ impl Scene {
             let position = cells[n];
             let (cx, cy) = position.cell_center();
             let number = rng.range(10, 99) as u8;
-            let x = (jittered(&mut rng, cx) - sign_geometry::PLATE_W as f32 / 2.0).round().max(0.0) as u32;
-            let y = (jittered(&mut rng, cy) - sign_geometry::PLATE_H as f32 / 2.0).round().max(0.0) as u32;
-            Some(Sign { number, position, x, y })
+            let x = (jittered(&mut rng, cx) - sign_geometry::PLATE_W as f32 / 2.0)
+                .round()
+                .max(0.0) as u32;
+            let y = (jittered(&mut rng, cy) - sign_geometry::PLATE_H as f32 / 2.0)
+                .round()
+                .max(0.0) as u32;
+            Some(Sign {
+                number,
+                position,
+                x,
+                y,
+            })
         } else {
             None
         };
-        Scene { seed, background, objects, sign }
+        Scene {
+            seed,
+            background,
+            objects,
+            sign,
+        }
     }
 
     /// The object in cell `p`, if any.
@@ -314,7 +359,12 @@ impl Scene {
     }
 
     /// Objects matching the optional attribute filters.
-    pub fn matching(&self, colour: Option<Colour>, shape: Option<Shape>, size: Option<Size>) -> Vec<&Object> {
+    pub fn matching(
+        &self,
+        colour: Option<Colour>,
+        shape: Option<Shape>,
+        size: Option<Size>,
+    ) -> Vec<&Object> {
         self.objects
             .iter()
             .filter(|o| colour.is_none_or(|c| o.colour == c))
@@ -332,7 +382,11 @@ impl Scene {
     pub fn cells(&self) -> [CellContent; 9] {
         let mut out = [CellContent::Empty; 9];
         for o in &self.objects {
-            out[o.position.id()] = CellContent::Object { colour: o.colour, shape: o.shape, size: o.size };
+            out[o.position.id()] = CellContent::Object {
+                colour: o.colour,
+                shape: o.shape,
+                size: o.size,
+            };
         }
         if let Some(s) = &self.sign {
             out[s.position.id()] = CellContent::Sign { number: s.number };
@@ -346,8 +400,14 @@ impl Scene {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CellContent {
     Empty,
-    Object { colour: Colour, shape: Shape, size: Size },
-    Sign { number: u8 },
+    Object {
+        colour: Colour,
+        shape: Shape,
+        size: Size,
+    },
+    Sign {
+        number: u8,
+    },
 }
 
 #[cfg(test)]

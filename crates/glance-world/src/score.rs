@@ -7,15 +7,37 @@ use serde::{Deserialize, Serialize};
 use crate::scene::{Colour, Object, Position, Shape, Size};
 
 const NUMBER_WORDS: [&str; 21] = [
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
 ];
 
 /// Lower-case, punctuation to spaces, articles dropped, number words (zero–twenty) to digits,
 /// "centre"/"colour"/"grey" to one spelling, whitespace collapsed.
 pub fn normalize(answer: &str) -> String {
     let lower = answer.to_lowercase();
-    let cleaned: String = lower.chars().map(|c| if c.is_alphanumeric() { c } else { ' ' }).collect();
+    let cleaned: String = lower
+        .chars()
+        .map(|c| if c.is_alphanumeric() { c } else { ' ' })
+        .collect();
     let mut out: Vec<String> = Vec::new();
     for w in cleaned.split_whitespace() {
         if matches!(w, "a" | "an" | "the") {
@@ -108,11 +130,14 @@ fn position_in(words: &[String]) -> Option<Position> {
             return Position::at(r, col_of(next).unwrap_or(1));
         }
         if matches!(w.as_str(), "center" | "centre" | "middle") {
-            return Position::at(1, match next {
-                "left" => 0,
-                "right" => 2,
-                _ => 1,
-            });
+            return Position::at(
+                1,
+                match next {
+                    "left" => 0,
+                    "right" => 2,
+                    _ => 1,
+                },
+            );
         }
         if let Some(c) = col_of(w) {
             return Position::at(1, c);
@@ -128,13 +153,17 @@ pub fn parse_objects(text: &str) -> Vec<ParsedObject> {
     let words = words_of(text);
     let mut out = Vec::new();
     for clause in words.split(|w| is_separator(w)) {
-        let shapes: Vec<usize> = (0..clause.len()).filter(|&k| Shape::from_word(&clause[k]).is_some()).collect();
+        let shapes: Vec<usize> = (0..clause.len())
+            .filter(|&k| Shape::from_word(&clause[k]).is_some())
+            .collect();
         for (n, &k) in shapes.iter().enumerate() {
             let start = if n == 0 { 0 } else { shapes[n - 1] + 1 };
             let end = shapes.get(n + 1).copied().unwrap_or(clause.len());
             let before = &clause[start..k];
             let after = &clause[k + 1..end];
-            let Some(shape) = Shape::from_word(&clause[k]) else { continue };
+            let Some(shape) = Shape::from_word(&clause[k]) else {
+                continue;
+            };
             out.push(ParsedObject {
                 size: before.iter().rev().find_map(|w| size_word(w)),
                 colour: before.iter().rev().find_map(|w| colour_word(w)),
@@ -164,7 +193,11 @@ pub fn prf(predicted: &[ParsedObject], reference: &[(Size, Colour, Shape, Positi
     let mut tp = 0;
     for p in predicted {
         let hit = reference.iter().enumerate().position(|(k, r)| {
-            !used[k] && p.size == Some(r.0) && p.colour == Some(r.1) && p.shape == r.2 && p.position == Some(r.3)
+            !used[k]
+                && p.size == Some(r.0)
+                && p.colour == Some(r.1)
+                && p.shape == r.2
+                && p.position == Some(r.3)
         });
         if let Some(k) = hit {
             used[k] = true;
@@ -173,12 +206,30 @@ pub fn prf(predicted: &[ParsedObject], reference: &[(Size, Colour, Shape, Positi
     }
     let (np, nr) = (predicted.len(), reference.len());
     if np == 0 && nr == 0 {
-        return Prf { precision: 1.0, recall: 1.0, f1: 1.0, true_positives: 0, predicted: 0, reference: 0 };
+        return Prf {
+            precision: 1.0,
+            recall: 1.0,
+            f1: 1.0,
+            true_positives: 0,
+            predicted: 0,
+            reference: 0,
+        };
     }
     let precision = if np == 0 { 0.0 } else { tp as f64 / np as f64 };
     let recall = if nr == 0 { 0.0 } else { tp as f64 / nr as f64 };
-    let f1 = if precision + recall == 0.0 { 0.0 } else { 2.0 * precision * recall / (precision + recall) };
-    Prf { precision, recall, f1, true_positives: tp, predicted: np, reference: nr }
+    let f1 = if precision + recall == 0.0 {
+        0.0
+    } else {
+        2.0 * precision * recall / (precision + recall)
+    };
+    Prf {
+        precision,
+        recall,
+        f1,
+        true_positives: tp,
+        predicted: np,
+        reference: nr,
+    }
 }
 
 /// P/R/F1 of a free-text description against the scene's objects.

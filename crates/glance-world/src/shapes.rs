@@ -69,7 +69,12 @@ pub fn inside(shape: Shape, u: f32, v: f32) -> bool {
 pub fn object_bbox(o: &Object, size: u32) -> (u32, u32, u32, u32) {
     let h = o.size.pixels() / 2.0 + 1.0;
     let clip = |v: f32| v.floor().clamp(0.0, size as f32) as u32;
-    (clip(o.cx - h), clip(o.cy - h), clip(o.cx + h + 1.0), clip(o.cy + h + 1.0))
+    (
+        clip(o.cx - h),
+        clip(o.cy - h),
+        clip(o.cx + h + 1.0),
+        clip(o.cy + h + 1.0),
+    )
 }
 
 /// Number of the pixel (`px`, `py`)'s `SAMPLES_PER_PIXEL` sub-samples inside object `o`.
@@ -92,16 +97,36 @@ pub fn object_coverage(o: &Object, px: u32, py: u32) -> u32 {
 
 /// 5×7 bitmap font, one `u8` per row, bit 4 = leftmost column.
 const FONT: [[u8; 7]; 10] = [
-    [0b01110, 0b10001, 0b10001, 0b10001, 0b10001, 0b10001, 0b01110], // 0
-    [0b00100, 0b01100, 0b00100, 0b00100, 0b00100, 0b00100, 0b01110], // 1
-    [0b01110, 0b10001, 0b00001, 0b00010, 0b00100, 0b01000, 0b11111], // 2
-    [0b11111, 0b00010, 0b00100, 0b00010, 0b00001, 0b10001, 0b01110], // 3
-    [0b00010, 0b00110, 0b01010, 0b10010, 0b11111, 0b00010, 0b00010], // 4
-    [0b11111, 0b10000, 0b11110, 0b00001, 0b00001, 0b10001, 0b01110], // 5
-    [0b00110, 0b01000, 0b10000, 0b11110, 0b10001, 0b10001, 0b01110], // 6
-    [0b11111, 0b00001, 0b00010, 0b00100, 0b01000, 0b01000, 0b01000], // 7
-    [0b01110, 0b10001, 0b10001, 0b01110, 0b10001, 0b10001, 0b01110], // 8
-    [0b01110, 0b10001, 0b10001, 0b01111, 0b00001, 0b00010, 0b01100], // 9
+    [
+        0b01110, 0b10001, 0b10001, 0b10001, 0b10001, 0b10001, 0b01110,
+    ], // 0
+    [
+        0b00100, 0b01100, 0b00100, 0b00100, 0b00100, 0b00100, 0b01110,
+    ], // 1
+    [
+        0b01110, 0b10001, 0b00001, 0b00010, 0b00100, 0b01000, 0b11111,
+    ], // 2
+    [
+        0b11111, 0b00010, 0b00100, 0b00010, 0b00001, 0b10001, 0b01110,
+    ], // 3
+    [
+        0b00010, 0b00110, 0b01010, 0b10010, 0b11111, 0b00010, 0b00010,
+    ], // 4
+    [
+        0b11111, 0b10000, 0b11110, 0b00001, 0b00001, 0b10001, 0b01110,
+    ], // 5
+    [
+        0b00110, 0b01000, 0b10000, 0b11110, 0b10001, 0b10001, 0b01110,
+    ], // 6
+    [
+        0b11111, 0b00001, 0b00010, 0b00100, 0b01000, 0b01000, 0b01000,
+    ], // 7
+    [
+        0b01110, 0b10001, 0b10001, 0b01110, 0b10001, 0b10001, 0b01110,
+    ], // 8
+    [
+        0b01110, 0b10001, 0b10001, 0b01111, 0b00001, 0b00010, 0b01100,
+    ], // 9
 ];
 
 /// What of the sign covers pixel (`px`, `py`).
@@ -111,16 +136,26 @@ pub enum SignPixel {
     Border,
     Plate,
     /// Ink of digit `place` (0 = tens, 1 = units).
-    Ink { place: u8 },
+    Ink {
+        place: u8,
+    },
 }
 
 /// Classify a pixel against the sign plate and its glyphs.
 pub fn sign_pixel(s: &Sign, px: u32, py: u32) -> SignPixel {
-    if px < s.x || py < s.y || px >= s.x.saturating_add(g::PLATE_W) || py >= s.y.saturating_add(g::PLATE_H) {
+    if px < s.x
+        || py < s.y
+        || px >= s.x.saturating_add(g::PLATE_W)
+        || py >= s.y.saturating_add(g::PLATE_H)
+    {
         return SignPixel::Outside;
     }
     let (lx, ly) = (px - s.x, py - s.y);
-    if lx < g::BORDER || ly < g::BORDER || lx >= g::PLATE_W - g::BORDER || ly >= g::PLATE_H - g::BORDER {
+    if lx < g::BORDER
+        || ly < g::BORDER
+        || lx >= g::PLATE_W - g::BORDER
+        || ly >= g::PLATE_H - g::BORDER
+    {
         return SignPixel::Border;
     }
     if !(g::GLYPH_Y0..g::GLYPH_Y0 + g::GLYPH_H).contains(&ly) {
@@ -157,12 +192,24 @@ mod tests {
     #[test]
     fn shapes_have_distinct_masks() {
         let mask = |s: Shape| -> Vec<bool> {
-            (0..400).map(|i| inside(s, (i % 20) as f32 / 10.0 - 0.95, (i / 20) as f32 / 10.0 - 0.95)).collect()
+            (0..400)
+                .map(|i| {
+                    inside(
+                        s,
+                        (i % 20) as f32 / 10.0 - 0.95,
+                        (i / 20) as f32 / 10.0 - 0.95,
+                    )
+                })
+                .collect()
         };
         for a in Shape::ALL {
             for b in Shape::ALL {
                 if a < b {
-                    let diff = mask(*a).iter().zip(mask(*b)).filter(|(x, y)| **x != *y).count();
+                    let diff = mask(*a)
+                        .iter()
+                        .zip(mask(*b))
+                        .filter(|(x, y)| **x != *y)
+                        .count();
                     assert!(diff > 40, "{a} vs {b} differ in only {diff} of 400 points");
                 }
             }
@@ -172,7 +219,10 @@ mod tests {
     #[test]
     fn font_digits_are_distinct() {
         for (a, fa) in FONT.iter().enumerate() {
-            assert!(FONT.iter().skip(a + 1).all(|fb| fb != fa), "digit {a} duplicated");
+            assert!(
+                FONT.iter().skip(a + 1).all(|fb| fb != fa),
+                "digit {a} duplicated"
+            );
         }
     }
 }

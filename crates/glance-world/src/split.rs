@@ -54,7 +54,10 @@ impl Split {
     /// Scene seed of example `index` of this split.
     pub fn seed(self, index: u64) -> Result<u64, WorldError> {
         if index >= MAX_INDEX {
-            return Err(WorldError::IndexOutOfRange { index, max: MAX_INDEX });
+            return Err(WorldError::IndexOutOfRange {
+                index,
+                max: MAX_INDEX,
+            });
         }
         Ok(mix64((index << 2) | self.tag()))
     }
@@ -103,7 +106,10 @@ impl FromStr for Split {
             "train" | "training" => Ok(Split::Train),
             "validation" | "val" | "valid" | "dev" => Ok(Split::Validation),
             "test" => Ok(Split::Test),
-            _ => Err(WorldError::UnknownName { what: "split", name: s.to_string() }),
+            _ => Err(WorldError::UnknownName {
+                what: "split",
+                name: s.to_string(),
+            }),
         }
     }
 }
@@ -138,7 +144,15 @@ pub fn example_from_seed(split: Split, index: u64, seed: u64) -> Example {
     let image = render(&scene);
     let questions = question_set(&scene, &mut WorldRng::derive(seed, QUESTIONS_STREAM));
     let dialogue = dialogue(&scene, &mut WorldRng::derive(seed, DIALOGUE_STREAM));
-    Example { split, index, seed, scene, image, questions, dialogue }
+    Example {
+        split,
+        index,
+        seed,
+        scene,
+        image,
+        questions,
+        dialogue,
+    }
 }
 
 #[cfg(test)]

@@ -52,7 +52,11 @@ pub fn tokenizer_json() -> String {
     for (i, t) in tokens.iter().enumerate() {
         vocab_map.insert(t.clone(), json!(i));
     }
-    let added: Vec<Value> = vocab::SPECIAL.iter().enumerate().map(|(i, t)| added_token(i, t)).collect();
+    let added: Vec<Value> = vocab::SPECIAL
+        .iter()
+        .enumerate()
+        .map(|(i, t)| added_token(i, t))
+        .collect();
     let bos_id = vocab::SPECIAL.iter().position(|t| *t == BOS).unwrap_or(2);
     let doc = json!({
         "version": "1.0",
@@ -125,8 +129,14 @@ pub fn tokenizer_config_json() -> String {
 
 /// Write `tokenizer.json` and `tokenizer_config.json` into `dir` (created if missing).
 pub fn write_tokenizer_files(dir: &Path) -> Result<(), WorldError> {
-    std::fs::create_dir_all(dir).map_err(|source| WorldError::Io { path: dir.to_path_buf(), source })?;
-    for (name, text) in [("tokenizer.json", tokenizer_json()), ("tokenizer_config.json", tokenizer_config_json())] {
+    std::fs::create_dir_all(dir).map_err(|source| WorldError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for (name, text) in [
+        ("tokenizer.json", tokenizer_json()),
+        ("tokenizer_config.json", tokenizer_config_json()),
+    ] {
         let path = dir.join(name);
         std::fs::write(&path, text).map_err(|source| WorldError::Io { path, source })?;
     }

@@ -25,10 +25,17 @@ fn histogram(scenes: u64, family: Family) -> (BTreeMap<String, usize>, usize) {
 fn show(name: &str, h: &BTreeMap<String, usize>, total: usize) -> f64 {
     let mut v: Vec<_> = h.iter().collect();
     v.sort_by(|a, b| b.1.cmp(a.1));
-    let top: Vec<String> =
-        v.iter().take(10).map(|(k, n)| format!("{k}={:.1}%", 100.0 * **n as f64 / total as f64)).collect();
+    let top: Vec<String> = v
+        .iter()
+        .take(10)
+        .map(|(k, n)| format!("{k}={:.1}%", 100.0 * **n as f64 / total as f64))
+        .collect();
     let max = v.first().map_or(0.0, |(_, n)| **n as f64 / total as f64);
-    println!("{name}: {total} questions, {} distinct answers, top: {}", h.len(), top.join(" "));
+    println!(
+        "{name}: {total} questions, {} distinct answers, top: {}",
+        h.len(),
+        top.join(" ")
+    );
     max
 }
 
@@ -37,7 +44,10 @@ fn counting_is_not_dominated_by_one_answer() {
     let (h, total) = histogram(6000, Family::Counting);
     let max = show("counting", &h, total);
     assert!(max < 0.35, "most common counting answer has {max:.2}");
-    assert!(h.len() >= 6, "counting answers should range over 0..=6: {h:?}");
+    assert!(
+        h.len() >= 6,
+        "counting answers should range over 0..=6: {h:?}"
+    );
 }
 
 #[test]
@@ -51,7 +61,11 @@ fn existence_is_balanced() {
 
 #[test]
 fn other_families_are_spread() {
-    for (family, limit) in [(Family::Attribute, 0.2), (Family::Spatial, 0.35), (Family::Sign, 0.05)] {
+    for (family, limit) in [
+        (Family::Attribute, 0.2),
+        (Family::Spatial, 0.35),
+        (Family::Sign, 0.05),
+    ] {
         let (h, total) = histogram(6000, family);
         let max = show(family.name(), &h, total);
         assert!(max < limit, "{family}: most common answer {max:.2}");
@@ -75,7 +89,14 @@ fn every_family_is_produced_and_descriptions_are_exact() {
             assert!(!qa.question.is_empty() && !qa.answer.is_empty());
             if qa.family == Family::Description {
                 let prf = description_prf(&qa.answer, &ex.scene.objects);
-                assert_eq!(prf.f1, 1.0, "{}\n{:?}\n{:?}", qa.answer, parse_objects(&qa.answer), ex.scene.objects);
+                assert_eq!(
+                    prf.f1,
+                    1.0,
+                    "{}\n{:?}\n{:?}",
+                    qa.answer,
+                    parse_objects(&qa.answer),
+                    ex.scene.objects
+                );
             }
         }
         assert!(ex.questions.iter().all(|q| !q.follow_up));
@@ -85,7 +106,10 @@ fn every_family_is_produced_and_descriptions_are_exact() {
     }
     println!("family counts over 3000 examples: {seen:?}, follow-ups: {follow_ups}");
     for f in Family::ALL {
-        assert!(seen.get(&f).copied().unwrap_or(0) > 100, "{f} rarely produced: {seen:?}");
+        assert!(
+            seen.get(&f).copied().unwrap_or(0) > 100,
+            "{f} rarely produced: {seen:?}"
+        );
     }
     assert!(follow_ups > 500);
 }
@@ -99,7 +123,10 @@ fn dialogues_open_with_descriptions_sometimes() {
             d.turns[0].family == Family::Description
         })
         .count();
-    assert!(opens > 100, "only {opens} of 2000 dialogues open with a description");
+    assert!(
+        opens > 100,
+        "only {opens} of 2000 dialogues open with a description"
+    );
 }
 
 /// Cross-check answers against the scene with an independent reading of the question.
@@ -112,7 +139,9 @@ fn answers_agree_with_the_scene() {
             let q = normalize(&qa.question);
             match qa.family {
                 Family::Sign => assert_eq!(qa.answer, scene.sign.unwrap().number.to_string()),
-                Family::Counting if q.starts_with("how many objects") || q == "count objects in image" => {
+                Family::Counting
+                    if q.starts_with("how many objects") || q == "count objects in image" =>
+                {
                     assert_eq!(qa.answer, scene.objects.len().to_string())
                 }
                 Family::Existence if q.contains("sign") => {

@@ -12,7 +12,11 @@ fn rendering_is_deterministic_with_a_golden_hash() {
     assert_eq!(a, b);
     // Golden value: changes only if the scene generator or the renderer changes (which also
     // changes every dataset built from the world; update deliberately).
-    assert_eq!(pixel_hash(&a), GOLDEN_SEED_42, "pixel hash of seed 42 changed");
+    assert_eq!(
+        pixel_hash(&a),
+        GOLDEN_SEED_42,
+        "pixel hash of seed 42 changed"
+    );
     assert_ne!(pixel_hash(&render(&Scene::generate(43))), pixel_hash(&a));
 }
 
@@ -45,7 +49,10 @@ fn patch_labels_agree_with_pixels() {
                     per_object[index] += 1;
                     // A mostly covered patch has the object's colour at its centre.
                     if l.coverage > 0.9 {
-                        let px = ex.image.get_pixel(col as u32 * 14 + 7, row as u32 * 14 + 7).0;
+                        let px = ex
+                            .image
+                            .get_pixel(col as u32 * 14 + 7, row as u32 * 14 + 7)
+                            .0;
                         assert_eq!(px, colour.rgb(), "seed {} patch {row},{col}", ex.seed);
                     }
                 }
@@ -60,21 +67,44 @@ fn patch_labels_agree_with_pixels() {
         for (k, n) in per_object.iter().enumerate() {
             let o = &ex.scene.objects[k];
             // Small objects cover ≥ 2 patches, large ones ≥ 8 (at the default threshold).
-            let min = if o.size == glance_world::Size::Small { 2 } else { 8 };
-            assert!(*n >= min, "seed {} object {k} ({}) labels only {n} patches", ex.seed, o.phrase());
+            let min = if o.size == glance_world::Size::Small {
+                2
+            } else {
+                8
+            };
+            assert!(
+                *n >= min,
+                "seed {} object {k} ({}) labels only {n} patches",
+                ex.seed,
+                o.phrase()
+            );
         }
         if let Some(sign) = ex.scene.sign {
             signs += 1;
             let ids = labels.ids();
-            let digits: std::collections::BTreeSet<u32> =
-                ids.iter().filter(|i| i.kind == 3).map(|i| i.digit).collect();
+            let digits: std::collections::BTreeSet<u32> = ids
+                .iter()
+                .filter(|i| i.kind == 3)
+                .map(|i| i.digit)
+                .collect();
             for d in sign.digits() {
-                assert!(digits.contains(&(d as u32)), "seed {} digit {d} of {} unlabelled", ex.seed, sign.number);
+                assert!(
+                    digits.contains(&(d as u32)),
+                    "seed {} digit {d} of {} unlabelled",
+                    ex.seed,
+                    sign.number
+                );
             }
         }
-        assert!(labels.ids().iter().all(|i| (i.kind as usize) < PatchIds::KINDS && (i.digit as usize) < PatchIds::DIGITS));
+        assert!(labels
+            .ids()
+            .iter()
+            .all(|i| (i.kind as usize) < PatchIds::KINDS && (i.digit as usize) < PatchIds::DIGITS));
     }
-    assert!(signs > 100 && digit_patches > signs * 4, "{digit_patches} digit patches in {signs} signs");
+    assert!(
+        signs > 100 && digit_patches > signs * 4,
+        "{digit_patches} digit patches in {signs} signs"
+    );
 }
 
 #[test]
@@ -92,7 +122,12 @@ fn images_are_mostly_background() {
     let n = 500;
     for i in 0..n {
         let ex = sample(Split::Train, i).unwrap();
-        bg += patch_labels(&ex.scene, 14).unwrap().ids().iter().filter(|i| i.kind == 0).count();
+        bg += patch_labels(&ex.scene, 14)
+            .unwrap()
+            .ids()
+            .iter()
+            .filter(|i| i.kind == 0)
+            .count();
     }
     let frac = bg as f64 / (n as f64 * 256.0);
     println!("background patch fraction: {frac:.3}");
@@ -101,21 +136,55 @@ fn images_are_mostly_background() {
 
 #[test]
 fn hostile_scenes_do_not_panic() {
-    use glance_world::{dialogue, question_set, Background, Colour, Object, Position, Shape, Sign, Size, WorldRng};
-    let weird = Object { colour: Colour::Red, shape: Shape::Star, size: Size::Large, position: Position::Center, cx: f32::NAN, cy: 1e30 };
+    use glance_world::{
+        dialogue, question_set, Background, Colour, Object, Position, Shape, Sign, Size, WorldRng,
+    };
+    let weird = Object {
+        colour: Colour::Red,
+        shape: Shape::Star,
+        size: Size::Large,
+        position: Position::Center,
+        cx: f32::NAN,
+        cy: 1e30,
+    };
     let scenes = [
-        Scene { seed: 0, background: Background::Plain { rgb: [0, 0, 0] }, objects: vec![], sign: None },
+        Scene {
+            seed: 0,
+            background: Background::Plain { rgb: [0, 0, 0] },
+            objects: vec![],
+            sign: None,
+        },
         Scene {
             seed: 1,
-            background: Background::Textured { rgb: [255, 255, 255], cell: 0, amplitude: 255, noise_seed: 3 },
+            background: Background::Textured {
+                rgb: [255, 255, 255],
+                cell: 0,
+                amplitude: 255,
+                noise_seed: 3,
+            },
             objects: vec![weird, weird],
-            sign: Some(Sign { number: 255, position: Position::Center, x: u32::MAX, y: u32::MAX - 3 }),
+            sign: Some(Sign {
+                number: 255,
+                position: Position::Center,
+                x: u32::MAX,
+                y: u32::MAX - 3,
+            }),
         },
         Scene {
             seed: 2,
-            background: Background::Gradient { from: [0, 0, 0], to: [255, 255, 255], dx: 0, dy: 0 },
+            background: Background::Gradient {
+                from: [0, 0, 0],
+                to: [255, 255, 255],
+                dx: 0,
+                dy: 0,
+            },
             objects: vec![],
-            sign: Some(Sign { number: 7, position: Position::TopLeft, x: 200, y: 200 }),
+            sign: Some(Sign {
+                number: 7,
+                position: Position::TopLeft,
+                x: 200,
+                y: 200,
+            }),
         },
     ];
     for s in &scenes {

@@ -9,16 +9,36 @@ fn writes_pngs_and_jsonl() {
     let summary = write_sample(Split::Test, 16, &dir).unwrap();
     assert_eq!(summary.images, 16);
     for i in 0..16u64 {
-        let img = image::open(dir.join(format!("{i:04}.png"))).unwrap().to_rgb8();
-        assert_eq!(pixel_hash(&img), pixel_hash(&sample(Split::Test, i).unwrap().image));
+        let img = image::open(dir.join(format!("{i:04}.png")))
+            .unwrap()
+            .to_rgb8();
+        assert_eq!(
+            pixel_hash(&img),
+            pixel_hash(&sample(Split::Test, i).unwrap().image)
+        );
     }
     let text = std::fs::read_to_string(dir.join("questions.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len() as u64, summary.questions);
-    let families: std::collections::HashSet<&str> = lines.iter().map(|l| l["family"].as_str().unwrap()).collect();
+    let families: std::collections::HashSet<&str> = lines
+        .iter()
+        .map(|l| l["family"].as_str().unwrap())
+        .collect();
     assert_eq!(families.len(), 6, "{families:?}");
     for l in &lines {
-        for key in ["image", "seed", "family", "question", "answer", "dialogue", "turn", "follow_up"] {
+        for key in [
+            "image",
+            "seed",
+            "family",
+            "question",
+            "answer",
+            "dialogue",
+            "turn",
+            "follow_up",
+        ] {
             assert!(l.get(key).is_some(), "missing {key} in {l}");
         }
     }

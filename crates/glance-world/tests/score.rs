@@ -21,14 +21,26 @@ fn normalisation() {
 
 fn obj(size: Size, colour: Colour, shape: Shape, position: Position) -> Object {
     let (cx, cy) = position.cell_center();
-    Object { colour, shape, size, position, cx, cy }
+    Object {
+        colour,
+        shape,
+        size,
+        position,
+        cx,
+        cy,
+    }
 }
 
 fn reference() -> Vec<Object> {
     vec![
         obj(Size::Large, Colour::Red, Shape::Circle, Position::TopLeft),
         obj(Size::Small, Colour::Blue, Shape::Square, Position::Center),
-        obj(Size::Small, Colour::Blue, Shape::Square, Position::BottomRight),
+        obj(
+            Size::Small,
+            Colour::Blue,
+            Shape::Square,
+            Position::BottomRight,
+        ),
     ]
 }
 
@@ -38,7 +50,10 @@ fn perfect_description_in_any_order() {
     let text = "There are 3 objects. In the bottom right there is a small blue square. \
                 A small blue square is in the center. The top left has a large red circle.";
     let p = description_prf(text, &r);
-    assert_eq!((p.precision, p.recall, p.f1, p.true_positives), (1.0, 1.0, 1.0, 3));
+    assert_eq!(
+        (p.precision, p.recall, p.f1, p.true_positives),
+        (1.0, 1.0, 1.0, 3)
+    );
     let list = "The objects are a small blue square in the center, a large red circle in the top left \
                 and a small blue square in the bottom right. A sign in the top right shows the number 42.";
     assert_eq!(description_prf(list, &r).f1, 1.0);
@@ -74,12 +89,38 @@ fn duplicates_missing_and_extra_objects() {
 
 #[test]
 fn parser_handles_varied_phrasing() {
-    let o = parse_objects("At the middle right is a big orange star; a tiny purple cross sits in the upper left");
+    let o = parse_objects(
+        "At the middle right is a big orange star; a tiny purple cross sits in the upper left",
+    );
     assert_eq!(o.len(), 2);
-    assert_eq!((o[0].size, o[0].colour, o[0].shape, o[0].position), (Some(Size::Large), Some(Colour::Orange), Shape::Star, Some(Position::MiddleRight)));
-    assert_eq!((o[1].size, o[1].colour, o[1].shape, o[1].position), (Some(Size::Small), Some(Colour::Purple), Shape::Cross, Some(Position::TopLeft)));
-    let o = parse_objects("a small red triangle in the centre and a large green circle at the bottom");
+    assert_eq!(
+        (o[0].size, o[0].colour, o[0].shape, o[0].position),
+        (
+            Some(Size::Large),
+            Some(Colour::Orange),
+            Shape::Star,
+            Some(Position::MiddleRight)
+        )
+    );
+    assert_eq!(
+        (o[1].size, o[1].colour, o[1].shape, o[1].position),
+        (
+            Some(Size::Small),
+            Some(Colour::Purple),
+            Shape::Cross,
+            Some(Position::TopLeft)
+        )
+    );
+    let o =
+        parse_objects("a small red triangle in the centre and a large green circle at the bottom");
     assert_eq!(o[0].position, Some(Position::Center));
     assert_eq!(o[1].position, Some(Position::BottomCenter));
-    assert_eq!(description_prf_text("a small red triangle in the center", "A small red triangle is in the center.").f1, 1.0);
+    assert_eq!(
+        description_prf_text(
+            "a small red triangle in the center",
+            "A small red triangle is in the center."
+        )
+        .f1,
+        1.0
+    );
 }

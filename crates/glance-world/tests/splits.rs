@@ -32,7 +32,10 @@ fn split_names_parse() {
     assert_eq!("train".parse::<Split>().unwrap(), Split::Train);
     assert_eq!("Val".parse::<Split>().unwrap(), Split::Validation);
     assert_eq!(" test ".parse::<Split>().unwrap(), Split::Test);
-    assert!(matches!("tset".parse::<Split>(), Err(WorldError::UnknownName { .. })));
+    assert!(matches!(
+        "tset".parse::<Split>(),
+        Err(WorldError::UnknownName { .. })
+    ));
     assert!(Split::Test.seed(u64::MAX).is_err());
     assert!(glance_world::sample(Split::Test, u64::MAX).is_err());
 }

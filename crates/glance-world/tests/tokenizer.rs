@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 
 use glance_world::score::normalize;
-use glance_world::tokenizer::{chat_prompt, chat_text, tokenizer_config_json, tokenizer_json, CHAT_TEMPLATE};
+use glance_world::tokenizer::{
+    chat_prompt, chat_text, tokenizer_config_json, tokenizer_json, CHAT_TEMPLATE,
+};
 use glance_world::vocab;
 use glance_world::{sample, Split};
 use tokenizers::Tokenizer;
@@ -31,7 +33,11 @@ fn every_generated_text_tokenises_without_unk() {
             texts.push(chat_text(&ex.dialogue.turns));
             for t in &texts {
                 let enc = tok.encode(t.as_str(), true).unwrap();
-                assert!(!enc.get_ids().contains(&unk), "<unk> in {t:?}: {:?}", enc.get_tokens());
+                assert!(
+                    !enc.get_ids().contains(&unk),
+                    "<unk> in {t:?}: {:?}",
+                    enc.get_tokens()
+                );
                 assert_eq!(enc.get_ids()[0], tok.token_to_id(vocab::BOS).unwrap());
                 used.extend(enc.get_ids());
                 let back = tok.decode(enc.get_ids(), true).unwrap();
@@ -48,7 +54,10 @@ fn every_generated_text_tokenises_without_unk() {
         .filter(|(i, t)| !used.contains(&(*i as u32)) && !vocab::SPECIAL.contains(&t.as_str()))
         .map(|(_, t)| t)
         .collect();
-    assert!(unused.is_empty(), "vocabulary words never produced: {unused:?}");
+    assert!(
+        unused.is_empty(),
+        "vocabulary words never produced: {unused:?}"
+    );
 }
 
 #[test]
@@ -57,12 +66,30 @@ fn numbers_are_read_digit_by_digit() {
     let enc = tok.encode("42", false).unwrap();
     assert_eq!(enc.get_tokens(), &["4", "##2"]);
     assert_eq!(tok.decode(enc.get_ids(), true).unwrap(), "42");
-    let enc = tok.encode("USER: <image>\nWhat is it? ASSISTANT: red</s>", true).unwrap();
+    let enc = tok
+        .encode("USER: <image>\nWhat is it? ASSISTANT: red</s>", true)
+        .unwrap();
     assert_eq!(
         enc.get_tokens(),
-        &["<s>", "user", ":", "<image>", "what", "is", "it", "?", "assistant", ":", "red", "</s>"]
+        &[
+            "<s>",
+            "user",
+            ":",
+            "<image>",
+            "what",
+            "is",
+            "it",
+            "?",
+            "assistant",
+            ":",
+            "red",
+            "</s>"
+        ]
     );
-    assert_eq!(tok.encode("Purple Zebra", false).unwrap().get_tokens(), &["purple", "<unk>"]);
+    assert_eq!(
+        tok.encode("Purple Zebra", false).unwrap().get_tokens(),
+        &["purple", "<unk>"]
+    );
 }
 
 /// serde_json → minijinja (minijinja's `serde` feature is not enabled in this workspace).
@@ -75,7 +102,9 @@ fn to_jinja(v: &serde_json::Value) -> minijinja::Value {
         serde_json::Value::String(s) => Value::from(s.as_str()),
         serde_json::Value::Array(a) => Value::from(a.iter().map(to_jinja).collect::<Vec<_>>()),
         serde_json::Value::Object(m) => Value::from(
-            m.iter().map(|(k, v)| (k.clone(), to_jinja(v))).collect::<std::collections::BTreeMap<String, Value>>(),
+            m.iter()
+                .map(|(k, v)| (k.clone(), to_jinja(v)))
+                .collect::<std::collections::BTreeMap<String, Value>>(),
         ),
     }
 }
@@ -109,7 +138,10 @@ fn chat_template_matches_chat_text() {
         let last = turns.last().unwrap();
         messages.pop();
         let prompt = tmpl.render(minijinja::context! { messages => to_jinja(&serde_json::Value::Array(messages.clone())), add_generation_prompt => true }).unwrap();
-        assert_eq!(prompt, chat_prompt(&turns[..turns.len() - 1], &last.question));
+        assert_eq!(
+            prompt,
+            chat_prompt(&turns[..turns.len() - 1], &last.question)
+        );
         assert!(prompt.starts_with("USER: <image>\n") && prompt.ends_with(" ASSISTANT:"));
     }
 }
@@ -123,8 +155,18 @@ fn python_loads_the_tokenizer() {
     glance_world::tokenizer::write_tokenizer_files(&dir.join("tok")).unwrap();
     glance_world::write_sample(Split::Test, 64, &dir.join("sample")).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check_tokenizer.py");
-    let out = std::process::Command::new("python3").arg(script).arg(dir.join("tok")).arg(dir.join("sample")).output().unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(dir.join("tok"))
+        .arg(dir.join("sample"))
+        .output()
+        .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     println!("{}", String::from_utf8_lossy(&out.stdout));
 }

@@ -75,6 +75,44 @@ fn prefill_flops(c: &TextConfig, n: usize) -> f64 {
     (2 * n * linear + attn + 2 * c.hidden_size * c.vocab_size) as f64
 }
 
+/// Best prefill time and best mean decode-step time over `args.reps` runs, in seconds.
+fn time_model(
+    model: &TextModel,
+    ids: &[u32],
+    positions: &[u32],
+    args: &DecodeArgs,
+) -> Result<(f64, f64)> {
+    let x = model.embed_tokens(ids)?;
+    let (mut best_prefill, mut best_step) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..args.reps {
+        let mut cache = model.new_cache();
+        let start = Instant::now();
+        let h = model.forward(&x, positions, &AttnMask::causal(), &mut cache)?;
+        let _ = model.logits(&h.narrow(0, args.prompt_len - 1, 1)?)?;
+        best_prefill = best_prefill.min(start.elapsed().as_secs_f64());
+        // Decode: the first step warms up, the rest are timed.
+        let mut tok = ids[0];
+        let mut elapsed = 0.0;
+        for step in 0..args.new_tokens {
+            let start = Instant::now();
+            let e = model.embed_tokens(&[tok])?;
+            let h = model.forward(
+                &e,
+                &[(args.prompt_len + step) as u32],
+                &AttnMask::causal(),
+                &mut cache,
+            )?;
+            let logits: Vec<f32> = model.logits(&h)?.squeeze(0)?.to_vec1()?;
+            tok = glance_decode::sampler::argmax(&logits);
+            if step > 0 {
+                elapsed += start.elapsed().as_secs_f64();
+            }
+        }
+        best_step = best_step.min(elapsed / (args.new_tokens - 1) as f64);
+    }
+    Ok((best_prefill, best_step))
+}
+
 pub fn run(args: DecodeArgs) -> Result<()> {
     let dev = Device::Cpu;
     if args.prompt_len == 0 || args.new_tokens < 2 || args.reps == 0 {
@@ -82,7 +120,11 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let thread_counts = if args.threads.is_empty() {
-        if cores > 1 { vec![1, cores] } else { vec![1] }
+        if cores > 1 {
+            vec![1, cores]
+        } else {
+            vec![1]
+        }
     } else {
         args.threads.clone()
     };
@@ -92,13 +134,18 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     let (label, owned_llava, owned_text);
     let model: &TextModel = match &args.model {
         Some(dir) => {
-            owned_llava = Llava::load(dir, &dev).with_context(|| format!("loading {}", dir.display()))?;
+            owned_llava =
+                Llava::load(dir, &dev).with_context(|| format!("loading {}", dir.display()))?;
             label = dir.display().to_string();
             owned_llava.text()
         }
         None => {
             let cfg = TextConfig::from_value(&preset(&args.random)?)?;
-            eprintln!("building random-weight decoder `{}` ({:.0}M parameters)…", args.random, cfg.num_parameters() as f64 / 1e6);
+            eprintln!(
+                "building random-weight decoder `{}` ({:.0}M parameters)…",
+                args.random,
+                cfg.num_parameters() as f64 / 1e6
+            );
             let vb = random_var_builder(0, &dev);
             owned_text = TextModel::load(&vb, &vb.pp("lm_head"), &cfg, Mode::Infer)?;
             label = format!("random {}", args.random);
@@ -107,50 +154,59 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     };
     let c = model.config().clone();
     if args.prompt_len + args.new_tokens + 1 > c.max_position_embeddings {
-        bail!("prompt + new tokens exceed the model's context ({})", c.max_position_embeddings);
+        bail!(
+            "prompt + new tokens exceed the model's context ({})",
+            c.max_position_embeddings
+        );
     }
     let params = c.num_parameters();
-    let ids: Vec<u32> = (0..args.prompt_len).map(|i| ((i * 7919 + 13) % c.vocab_size) as u32).collect();
+    let ids: Vec<u32> = (0..args.prompt_len)
+        .map(|i| ((i * 7919 + 13) % c.vocab_size) as u32)
+        .collect();
     let positions: Vec<u32> = (0..args.prompt_len as u32).collect();
     let mean_kv = args.prompt_len + args.new_tokens / 2;
     let step_bytes = weight_bytes_per_token(&c) + kv_bytes(&c, mean_kv);
     let flops = prefill_flops(&c, args.prompt_len);
 
-    println!("model: {label} — {:.1}M parameters, {} layers, hidden {}, vocab {}", params as f64 / 1e6, c.num_layers, c.hidden_size, c.vocab_size);
-    println!("prompt {} tokens, decode {} tokens; {:.1} MB streamed per decode step\n", args.prompt_len, args.new_tokens, step_bytes / 1e6);
+    println!(
+        "model: {label} — {:.1}M parameters, {} layers, hidden {}, vocab {}",
+        params as f64 / 1e6,
+        c.num_layers,
+        c.hidden_size,
+        c.vocab_size
+    );
+    println!(
+        "prompt {} tokens, decode {} tokens; {:.1} MB streamed per decode step\n",
+        args.prompt_len,
+        args.new_tokens,
+        step_bytes / 1e6
+    );
     println!(
         "{:>7} | {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}",
-        "threads", "read GB/s", "copy GB/s", "GEMM GF/s", "prefill s", "GFLOP/s", "% GEMM", "ms/token", "bound ms", "% bound"
+        "threads",
+        "read GB/s",
+        "copy GB/s",
+        "GEMM GF/s",
+        "prefill s",
+        "GFLOP/s",
+        "% GEMM",
+        "ms/token",
+        "bound ms",
+        "% bound"
     );
     let mut rows = Vec::new();
     for &t in &thread_counts {
         threads::set(t);
+        // Every kernel (candle's GEMM, glance's matvec, rayon-parallel element-wise ops) runs on
+        // a pool of exactly `t` threads.
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
         let bandwidth = read_bandwidth(t, args.reps.max(3))?;
         let copy = copy_bandwidth(t, args.reps.max(3))?;
-        let gemm = gemm_rate(1024, 1024, 1024, args.reps.max(3))?;
-        let x = model.embed_tokens(&ids)?;
-        let (mut best_prefill, mut best_step) = (f64::INFINITY, f64::INFINITY);
-        for _ in 0..args.reps {
-            let mut cache = model.new_cache();
-            let start = Instant::now();
-            let h = model.forward(&x, &positions, &AttnMask::causal(), &mut cache)?;
-            let _ = model.logits(&h.narrow(0, args.prompt_len - 1, 1)?)?;
-            best_prefill = best_prefill.min(start.elapsed().as_secs_f64());
-            // Decode: first step warms up, the rest are timed.
-            let mut tok = ids[0];
-            let mut elapsed = 0.0;
-            for step in 0..args.new_tokens {
-                let start = Instant::now();
-                let e = model.embed_tokens(&[tok])?;
-                let h = model.forward(&e, &[(args.prompt_len + step) as u32], &AttnMask::causal(), &mut cache)?;
-                let logits: Vec<f32> = model.logits(&h)?.squeeze(0)?.to_vec1()?;
-                tok = glance_decode::sampler::argmax(&logits);
-                if step > 0 {
-                    elapsed += start.elapsed().as_secs_f64();
-                }
-            }
-            best_step = best_step.min(elapsed / (args.new_tokens - 1) as f64);
-        }
+        let (gemm, best_prefill, best_step) = pool.install(|| -> Result<(f64, f64, f64)> {
+            let gemm = gemm_rate(1024, 1024, 1024, args.reps.max(3))?;
+            let (prefill, step) = time_model(model, &ids, &positions, &args)?;
+            Ok((gemm, prefill, step))
+        })?;
         let prefill_rate = flops / best_prefill;
         let bound = step_bytes / bandwidth;
         println!(

@@ -14,7 +14,9 @@ pub fn copy_bandwidth(threads: usize, reps: usize) -> Result<f64> {
     let n = 128 << 20; // f32 elements = 512 MiB
     let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let mut dst = vec![0f32; n];
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let chunk = n.div_ceil(threads);
     let mut best = f64::INFINITY;
     for _ in 0..reps {
@@ -34,7 +36,9 @@ pub fn copy_bandwidth(threads: usize, reps: usize) -> Result<f64> {
 pub fn read_bandwidth(threads: usize, reps: usize) -> Result<f64> {
     let n: usize = 128 << 20;
     let src: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let chunk = n.div_ceil(threads);
     let mut best = f64::INFINITY;
     for _ in 0..reps {
@@ -46,17 +50,10 @@ pub fn read_bandwidth(threads: usize, reps: usize) -> Result<f64> {
     Ok((n * 4) as f64 / best)
 }
 
-/// Sum with 16 independent accumulators so the loop vectorises and is bound by memory, not by
-/// the latency of one add chain.
+/// Reads every value once with the decode kernel's own vector loop (AVX2 + FMA where available),
+/// so the yardstick is memory, not the arithmetic of a naive loop.
 fn sum_lanes(xs: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut chunks = xs.chunks_exact(16);
-    for c in &mut chunks {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a += x;
-        }
-    }
-    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+    glance_nn::matvec::dot(xs, xs)
 }
 
 /// f32 GEMM rate of candle's matmul on an `m×k · k×n` product, FLOP/s, best of `reps`.

@@ -32,5 +32,6 @@ pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n").with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }

@@ -20,11 +20,15 @@ pub struct Axes<'a> {
     pub log2_x: bool,
 }
 
-const PALETTE: [&str; 10] =
-    ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+const PALETTE: [&str; 10] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Renders `series` as an SVG document.
@@ -39,11 +43,18 @@ pub fn line_plot(axes: &Axes, series: &[Series]) -> String {
         .chain(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)))
         .map(fx)
         .collect();
-    let ys: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).filter(|y| y.is_finite()).collect();
+    let ys: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .filter(|y| y.is_finite())
+        .collect();
     let (x0, x1) = bounds(&xs);
     let (y0, y1) = bounds(&ys);
     let step = nice_step((y1 - y0.min(0.0)) / 5.0);
-    let (y0, y1) = ((y0.min(0.0) / step).floor() * step, (y1 / step).ceil() * step);
+    let (y0, y1) = (
+        (y0.min(0.0) / step).floor() * step,
+        (y1 / step).ceil() * step,
+    );
     let sx = |x: f64| left + (fx(x) - x0) / (x1 - x0) * (w - left - right);
     let sy = |y: f64| h - bottom - (y - y0) / (y1 - y0) * (h - top - bottom);
     let mut s = String::new();
@@ -62,17 +73,37 @@ pub fn line_plot(axes: &Axes, series: &[Series]) -> String {
     let (ax0, ax1, ay0, ay1) = (left, w - right, h - bottom, top);
     for (x, label) in axes.x_ticks {
         let px = sx(*x);
-        let _ = write!(s, r##"<line x1="{px}" y1="{ay0}" x2="{px}" y2="{ay1}" stroke="#eee"/>"##);
-        let _ = write!(s, r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#, ay0 + 18.0, esc(label));
+        let _ = write!(
+            s,
+            r##"<line x1="{px}" y1="{ay0}" x2="{px}" y2="{ay1}" stroke="#eee"/>"##
+        );
+        let _ = write!(
+            s,
+            r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
+            ay0 + 18.0,
+            esc(label)
+        );
     }
     let ticks = ((y1 - y0) / step).round() as usize;
     for i in 0..=ticks {
         let y = y0 + step * i as f64;
         let py = sy(y);
-        let _ = write!(s, r##"<line x1="{ax0}" y1="{py}" x2="{ax1}" y2="{py}" stroke="#eee"/>"##);
-        let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, ax0 - 6.0, py + 4.0, fmt_tick(y, step));
+        let _ = write!(
+            s,
+            r##"<line x1="{ax0}" y1="{py}" x2="{ax1}" y2="{py}" stroke="#eee"/>"##
+        );
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            ax0 - 6.0,
+            py + 4.0,
+            fmt_tick(y, step)
+        );
     }
-    let _ = write!(s, r#"<path d="M{ax0} {ay1} L{ax0} {ay0} L{ax1} {ay0}" stroke="black" fill="none"/>"#);
+    let _ = write!(
+        s,
+        r#"<path d="M{ax0} {ay1} L{ax0} {ay0} L{ax1} {ay0}" stroke="black" fill="none"/>"#
+    );
     let _ = write!(
         s,
         r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
@@ -90,12 +121,29 @@ pub fn line_plot(axes: &Axes, series: &[Series]) -> String {
     // Lines, markers, legend.
     for (k, ser) in series.iter().enumerate() {
         let c = PALETTE[k % PALETTE.len()];
-        let mut pts: Vec<(f64, f64)> = ser.points.iter().copied().filter(|p| p.1.is_finite()).collect();
+        let mut pts: Vec<(f64, f64)> = ser
+            .points
+            .iter()
+            .copied()
+            .filter(|p| p.1.is_finite())
+            .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let path: Vec<String> = pts.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
-        let _ = write!(s, r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#, path.join(" "));
+        let path: Vec<String> = pts
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#,
+            path.join(" ")
+        );
         for &(x, y) in &pts {
-            let _ = write!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, sx(x), sy(y));
+            let _ = write!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#,
+                sx(x),
+                sy(y)
+            );
         }
         let ly = top + 10.0 + 18.0 * k as f64;
         let _ = write!(
@@ -104,7 +152,13 @@ pub fn line_plot(axes: &Axes, series: &[Series]) -> String {
             ax1 + 15.0,
             ax1 + 35.0
         );
-        let _ = write!(s, r#"<text x="{}" y="{}">{}</text>"#, ax1 + 40.0, ly + 4.0, esc(&ser.name));
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            ax1 + 40.0,
+            ly + 4.0,
+            esc(&ser.name)
+        );
     }
     s.push_str("</svg>\n");
     s
@@ -139,7 +193,11 @@ fn nice_step(raw: f64) -> f64 {
 }
 
 fn fmt_tick(y: f64, step: f64) -> String {
-    let decimals = if step >= 1.0 { 0 } else { (-step.log10().floor()) as usize };
+    let decimals = if step >= 1.0 {
+        0
+    } else {
+        (-step.log10().floor()) as usize
+    };
     format!("{y:.decimals$}")
 }
 
@@ -150,10 +208,22 @@ mod tests {
     #[test]
     fn renders_every_series_and_tick() {
         let ticks = vec![(1.0, "100%".to_string()), (0.5, "50%".to_string())];
-        let axes = Axes { title: "t <x>", x_label: "budget", y_label: "acc", x_ticks: &ticks, log2_x: true };
+        let axes = Axes {
+            title: "t <x>",
+            x_label: "budget",
+            y_label: "acc",
+            x_ticks: &ticks,
+            log2_x: true,
+        };
         let series = vec![
-            Series { name: "a".into(), points: vec![(1.0, 0.5), (0.5, 0.4)] },
-            Series { name: "b".into(), points: vec![(1.0, 0.5), (0.5, f64::NAN)] },
+            Series {
+                name: "a".into(),
+                points: vec![(1.0, 0.5), (0.5, 0.4)],
+            },
+            Series {
+                name: "b".into(),
+                points: vec![(1.0, 0.5), (0.5, f64::NAN)],
+            },
         ];
         let svg = line_plot(&axes, &series);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));

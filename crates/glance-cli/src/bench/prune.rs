@@ -90,7 +90,11 @@ impl Cell {
 
 fn cells(args: &PruneBenchArgs) -> Result<(Vec<Policy>, Vec<f64>, Vec<Cell>)> {
     let policies: Vec<Policy> = if args.policies.is_empty() {
-        Policy::ALL.iter().copied().filter(|&p| p != Policy::None).collect()
+        Policy::ALL
+            .iter()
+            .copied()
+            .filter(|&p| p != Policy::None)
+            .collect()
     } else {
         let mut v = Vec::new();
         for p in &args.policies {
@@ -101,18 +105,29 @@ fn cells(args: &PruneBenchArgs) -> Result<(Vec<Policy>, Vec<f64>, Vec<Cell>)> {
         }
         v
     };
-    let budgets = if args.budgets.is_empty() { vec![1.0, 0.5, 0.25, 0.125, 0.0625] } else { args.budgets.clone() };
+    let budgets = if args.budgets.is_empty() {
+        vec![1.0, 0.5, 0.25, 0.125, 0.0625]
+    } else {
+        args.budgets.clone()
+    };
     if let Some(b) = budgets.iter().find(|&&b| !(b > 0.0 && b <= 1.0)) {
         bail!("budgets must be fractions in (0, 1], got {b}");
     }
     let mut cells = Vec::new();
     if budgets.contains(&1.0) {
-        cells.push(Cell { policy: Policy::None, ratio: 1.0 });
+        cells.push(Cell {
+            policy: Policy::None,
+            ratio: 1.0,
+        });
     }
     for &ratio in budgets.iter().filter(|&&b| b < 1.0) {
         cells.extend(policies.iter().map(|&policy| Cell { policy, ratio }));
     }
-    PruneSpec { tau: args.tau.unwrap_or(glance_prune::signals::DEFAULT_TAU), ..PruneSpec::default() }.validate()?;
+    PruneSpec {
+        tau: args.tau.unwrap_or(glance_prune::signals::DEFAULT_TAU),
+        ..PruneSpec::default()
+    }
+    .validate()?;
     Ok((policies, budgets, cells))
 }
 
@@ -145,13 +160,23 @@ fn measure_ttft(
     let encoding = encoding.context("at least one repetition")?;
     let mut rows: Vec<Ttft> = cells
         .iter()
-        .map(|&cell| Ttft { cell, kept: 0, rows: 0, select_s: f64::INFINITY, prefill_s: f64::INFINITY })
+        .map(|&cell| Ttft {
+            cell,
+            kept: 0,
+            rows: 0,
+            select_s: f64::INFINITY,
+            prefill_s: f64::INFINITY,
+        })
         .collect();
     for _ in 0..reps {
         for r in rows.iter_mut() {
             let start = Instant::now();
             let p = prefill_llava(model, ids, &[&encoding], query, &r.cell.spec(tau))?;
-            let logits: Vec<f32> = model.text().logits(&p.state.last_hidden)?.squeeze(0)?.to_vec1()?;
+            let logits: Vec<f32> = model
+                .text()
+                .logits(&p.state.last_hidden)?
+                .squeeze(0)?
+                .to_vec1()?;
             let _first = glance_decode::sampler::argmax(&logits);
             let total = start.elapsed().as_secs_f64();
             let select = p.stats.select_time.as_secs_f64();
@@ -166,12 +191,26 @@ fn measure_ttft(
 
 /// Prints the TTFT table and returns its JSON.
 fn report_ttft(label: &str, vision: f64, rows: &[Ttft]) -> Value {
-    let base = rows.iter().find(|r| r.cell.ratio >= 1.0).map(|r| (vision + r.select_s + r.prefill_s, r.prefill_s));
+    let base = rows
+        .iter()
+        .find(|r| r.cell.ratio >= 1.0)
+        .map(|r| (vision + r.select_s + r.prefill_s, r.prefill_s));
     println!("\ntime to first token — {label}");
-    println!("vision encode {:.2} ms (every row includes it)", vision * 1e3);
+    println!(
+        "vision encode {:.2} ms (every row includes it)",
+        vision * 1e3
+    );
     println!(
         "{:>9} {:>7} | {:>6} {:>6} | {:>9} {:>10} {:>9} | {:>8} {:>9}",
-        "policy", "budget", "kept", "rows", "select ms", "prefill ms", "TTFT ms", "TTFT ×", "prefill ×"
+        "policy",
+        "budget",
+        "kept",
+        "rows",
+        "select ms",
+        "prefill ms",
+        "TTFT ms",
+        "TTFT ×",
+        "prefill ×"
     );
     let mut out = Vec::new();
     for r in rows {
@@ -212,13 +251,17 @@ fn shape_model(preset: &str) -> Result<(LlavaConfig, Llava)> {
         "tinyllama-1.1b" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 2048,
             "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
             "num_key_value_heads": 4, "max_position_embeddings": 4096}),
-        "sheared-llama-2.7b" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 2560,
+        "sheared-llama-2.7b" => {
+            json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 2560,
             "intermediate_size": 6912, "num_hidden_layers": 32, "num_attention_heads": 20,
-            "num_key_value_heads": 20, "max_position_embeddings": 4096}),
+            "num_key_value_heads": 20, "max_position_embeddings": 4096})
+        }
         "llama-134m" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 768,
             "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
             "num_key_value_heads": 12, "max_position_embeddings": 4096}),
-        other => bail!("unknown --shape `{other}` (tinyllama-1.1b, sheared-llama-2.7b, llama-134m, none)"),
+        other => bail!(
+            "unknown --shape `{other}` (tinyllama-1.1b, sheared-llama-2.7b, llama-134m, none)"
+        ),
     };
     let config = LlavaConfig::from_value(&json!({
         "model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
@@ -235,7 +278,10 @@ fn shape_model(preset: &str) -> Result<(LlavaConfig, Llava)> {
 
 /// The real-shape TTFT: a LLaVA-1.5 style prompt around 576 image tokens.
 fn shape_ttft(args: &PruneBenchArgs, cells: &[Cell]) -> Result<Value> {
-    eprintln!("building the random-weight `{}` model at LLaVA-1.5-7B's vision shape…", args.shape);
+    eprintln!(
+        "building the random-weight `{}` model at LLaVA-1.5-7B's vision shape…",
+        args.shape
+    );
     let (config, model) = shape_model(&args.shape)?;
     let n = config.image_tokens_per_image();
     let word = |i: usize| (100 + (i * 7919) % 31_000) as u32;
@@ -247,7 +293,9 @@ fn shape_ttft(args: &PruneBenchArgs, cells: &[Cell]) -> Result<Value> {
     ids.extend(&question);
     ids.extend([319, 1799, 9047, 13566, 29901]);
     let s = config.vision.image_size;
-    let pix: Vec<f32> = (0..3 * s * s).map(|i| (((i * 37) % 255) as f32 / 127.5 - 1.0) * 1.5).collect();
+    let pix: Vec<f32> = (0..3 * s * s)
+        .map(|i| (((i * 37) % 255) as f32 / 127.5 - 1.0) * 1.5)
+        .collect();
     let pixels = Tensor::from_vec(pix, (3, s, s), &Device::Cpu)?;
     let params = config.text.num_parameters();
     let label = format!(
@@ -256,7 +304,8 @@ fn shape_ttft(args: &PruneBenchArgs, cells: &[Cell]) -> Result<Value> {
         params as f64 / 1e9,
         ids.len()
     );
-    let (vision, rows) = measure_ttft(&model, &pixels, &ids, &question, cells, args.tau, args.reps)?;
+    let (vision, rows) =
+        measure_ttft(&model, &pixels, &ids, &question, cells, args.tau, args.reps)?;
     let mut v = report_ttft(&label, vision, &rows);
     v["shape"] = json!(args.shape);
     v["text_parameters"] = json!(params);
@@ -275,7 +324,12 @@ struct Score {
 
 /// The families whose mean is the target accuracy (sign reading and descriptions are reported
 /// separately).
-const TARGET_FAMILIES: [Family; 4] = [Family::Attribute, Family::Counting, Family::Spatial, Family::Existence];
+const TARGET_FAMILIES: [Family; 4] = [
+    Family::Attribute,
+    Family::Counting,
+    Family::Spatial,
+    Family::Existence,
+];
 
 impl Score {
     fn acc(&self, f: Family) -> f64 {
@@ -307,14 +361,36 @@ fn accuracy(vlm: &Vlm, cells: &[Cell], tau: Option<f32>, examples: usize) -> Res
         for qa in &ex.questions {
             let prompt = vlm.processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
             let query = vlm.query_ids(&qa.question)?;
-            let max_new_tokens = if qa.family == Family::Description { 160 } else { 24 };
-            let config =
-                GenerateConfig { max_new_tokens, sampling: SamplingParams::greedy(), eos_token_ids: eos.clone() };
-            let f = Family::ALL.iter().position(|&x| x == qa.family).expect("a family");
+            let max_new_tokens = if qa.family == Family::Description {
+                160
+            } else {
+                24
+            };
+            let config = GenerateConfig {
+                max_new_tokens,
+                sampling: SamplingParams::greedy(),
+                eos_token_ids: eos.clone(),
+            };
+            let f = Family::ALL
+                .iter()
+                .position(|&x| x == qa.family)
+                .expect("a family");
             for (cell, score) in cells.iter().zip(scores.iter_mut()) {
-                let p = prefill_llava(&vlm.model, &prompt.ids, &[&encoding], &query, &cell.spec(tau))?;
+                let p = prefill_llava(
+                    &vlm.model,
+                    &prompt.ids,
+                    &[&encoding],
+                    &query,
+                    &cell.spec(tau),
+                )?;
                 let select = p.stats.select_time.as_secs_f64();
-                let g = decode(text, p.state, Sampler::new(SamplingParams::greedy())?, &config, &mut |_| Ok(false))?;
+                let g = decode(
+                    text,
+                    p.state,
+                    Sampler::new(SamplingParams::greedy())?,
+                    &config,
+                    &mut |_| Ok(false),
+                )?;
                 let answer = vlm.processor.text.decode(&g.tokens, true)?;
                 let s = if qa.family == Family::Description {
                     description_prf(&answer, &ex.scene.objects).f1
@@ -339,7 +415,17 @@ fn report_accuracy(cells: &[Cell], scores: &[Score]) -> (Value, Value) {
     println!("\naccuracy on the world test split (target = mean of attribute, counting, spatial, existence)");
     println!(
         "{:>9} {:>7} | {:>5} | {:>6} {:>6} {:>6} {:>6} | {:>6} | {:>6} {:>6} | {:>8}",
-        "policy", "budget", "kept", "attr", "count", "spat", "exist", "mean", "sign", "descF1", "TTFT ms"
+        "policy",
+        "budget",
+        "kept",
+        "attr",
+        "count",
+        "spat",
+        "exist",
+        "mean",
+        "sign",
+        "descF1",
+        "TTFT ms"
     );
     let mut rows = Vec::new();
     for (c, s) in cells.iter().zip(scores) {
@@ -361,33 +447,54 @@ fn report_accuracy(cells: &[Cell], scores: &[Score]) -> (Value, Value) {
         let fam: serde_json::Map<String, Value> = Family::ALL
             .iter()
             .zip(&s.family)
-            .map(|(&f, &(_, n))| (f.name().to_string(), json!({"score": s.acc(f), "questions": n})))
+            .map(|(&f, &(_, n))| {
+                (
+                    f.name().to_string(),
+                    json!({"score": s.acc(f), "questions": n}),
+                )
+            })
             .collect();
         rows.push(json!({"policy": name(*c), "budget": c.ratio, "mean_kept_visual_tokens": s.kept as f64 / runs,
             "families": fam, "mean_accuracy": s.mean(), "sign_accuracy": s.acc(Family::Sign),
             "description_f1": s.acc(Family::Description), "mean_ttft_s": s.ttft_s / runs}));
     }
     let at = |p: Policy, r: f64| {
-        cells.iter().zip(scores).find(|(c, _)| c.policy == p && c.ratio == r).map(|(_, s)| s.mean())
+        cells
+            .iter()
+            .zip(scores)
+            .find(|(c, _)| c.policy == p && c.ratio == r)
+            .map(|(_, s)| s.mean())
     };
-    let full = cells.iter().zip(scores).find(|(c, _)| c.ratio >= 1.0).map(|(_, s)| s.mean());
+    let full = cells
+        .iter()
+        .zip(scores)
+        .find(|(c, _)| c.ratio >= 1.0)
+        .map(|(_, s)| s.mean());
     let meaningful = full.is_some_and(|f| f > 0.0);
     let mut targets = Vec::new();
     for r in [0.125, 0.0625] {
-        let Some(a) = at(Policy::Adaptive, r) else { continue };
+        let Some(a) = at(Policy::Adaptive, r) else {
+            continue;
+        };
         let others: Vec<(Policy, f64)> = cells
             .iter()
             .zip(scores)
-            .filter(|(c, _)| c.ratio == r && c.policy.stage() == Stage::PreLlm && c.policy != Policy::Adaptive)
+            .filter(|(c, _)| {
+                c.ratio == r && c.policy.stage() == Stage::PreLlm && c.policy != Policy::Adaptive
+            })
             .map(|(c, s)| (c.policy, s.mean()))
             .collect();
         let best = others.iter().map(|o| o.1).fold(f64::NEG_INFINITY, f64::max);
-        targets.push(json!({"target": format!("adaptive ≥ every other pre-LLM policy at {}%", r * 100.0),
-            "adaptive": a, "best_other": best, "met": meaningful.then_some(a >= best)}));
+        targets.push(
+            json!({"target": format!("adaptive ≥ every other pre-LLM policy at {}%", r * 100.0),
+            "adaptive": a, "best_other": best, "met": meaningful.then_some(a >= best)}),
+        );
     }
     if let (Some(a), Some(f)) = (at(Policy::Adaptive, 0.125), full) {
-        targets.push(json!({"target": "adaptive at 12.5% keeps ≥ 95% of full-token accuracy",
-            "adaptive": a, "full": f, "ratio": a / f, "met": meaningful.then_some(a >= 0.95 * f)}));
+        targets.push(
+            json!({"target": "adaptive at 12.5% keeps ≥ 95% of full-token accuracy",
+            "adaptive": a, "full": f, "ratio": a / f, "met": meaningful.then_some(a >= 0.95 * f)}),
+        );
     }
     if !meaningful {
         println!("(full-token accuracy is 0: not a world-trained model, so the accuracy targets are not judged)");
@@ -404,7 +511,10 @@ fn report_accuracy(cells: &[Cell], scores: &[Score]) -> (Value, Value) {
 }
 
 fn budget_ticks(budgets: &[f64]) -> Vec<(f64, String)> {
-    budgets.iter().map(|&b| (b, format!("{}%", b * 100.0))).collect()
+    budgets
+        .iter()
+        .map(|&b| (b, format!("{}%", b * 100.0)))
+        .collect()
 }
 
 /// One line per policy through the shared 100% point: `value(cell index)`.
@@ -416,7 +526,13 @@ fn series(policies: &[Policy], cells: &[Cell], value: impl Fn(usize) -> f64) -> 
             name: p.name().to_string(),
             points: full
                 .into_iter()
-                .chain(cells.iter().enumerate().filter(|(_, c)| c.policy == p && c.ratio < 1.0).map(|(i, _)| i))
+                .chain(
+                    cells
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.policy == p && c.ratio < 1.0)
+                        .map(|(i, _)| i),
+                )
                 .map(|i| (cells[i].ratio, value(i)))
                 .collect(),
         })
@@ -440,9 +556,11 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
     let ticks = budget_ticks(&budgets);
     if args.shape != "none" {
         let v = shape_ttft(&args, &cells)?;
-        let speed: Vec<f64> = v["rows"]
-            .as_array()
-            .map_or(vec![], |r| r.iter().map(|x| x["ttft_speedup"].as_f64().unwrap_or(f64::NAN)).collect());
+        let speed: Vec<f64> = v["rows"].as_array().map_or(vec![], |r| {
+            r.iter()
+                .map(|x| x["ttft_speedup"].as_f64().unwrap_or(f64::NAN))
+                .collect()
+        });
         let axes = Axes {
             title: "Time-to-first-token speedup (576-token shape)",
             x_label: "visual tokens kept",
@@ -450,10 +568,14 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
             x_ticks: &ticks,
             log2_x: true,
         };
-        write_svg(&args.out.join("prune-ttft.svg"), &line_plot(&axes, &series(&policies, &cells, |i| speed[i])))?;
-        if let Some(row) =
-            v["rows"].as_array().and_then(|r| r.iter().find(|x| x["policy"] == "adaptive" && x["budget"] == 0.125))
-        {
+        write_svg(
+            &args.out.join("prune-ttft.svg"),
+            &line_plot(&axes, &series(&policies, &cells, |i| speed[i])),
+        )?;
+        if let Some(row) = v["rows"].as_array().and_then(|r| {
+            r.iter()
+                .find(|x| x["policy"] == "adaptive" && x["budget"] == 0.125)
+        }) {
             let s = row["ttft_speedup"].as_f64().unwrap_or(f64::NAN);
             println!(
                 "target: TTFT speedup at 12.5% ≥ 3× on the 576-token shape — {s:.2}× {}",
@@ -465,19 +587,35 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
     if let Some(dir) = &args.model {
         let vlm = Vlm::load(dir)?;
         let ex = glance_world::sample(Split::Test, 0)?;
-        let qa = ex.questions.first().context("the world example has no question")?;
+        let qa = ex
+            .questions
+            .first()
+            .context("the world example has no question")?;
         let prompt = vlm.processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
-        let pixels =
-            vlm.processor.image.preprocess_tensor(&image::DynamicImage::ImageRgb8(ex.image.clone()), &Device::Cpu)?;
+        let pixels = vlm.processor.image.preprocess_tensor(
+            &image::DynamicImage::ImageRgb8(ex.image.clone()),
+            &Device::Cpu,
+        )?;
         let query = vlm.query_ids(&qa.question)?;
-        let label = format!("{} on world test image 0, {}-row prompt", dir.display(), prompt.ids.len());
-        let (vision, rows) = measure_ttft(&vlm.model, &pixels, &prompt.ids, &query, &cells, args.tau, args.reps)?;
+        let label = format!(
+            "{} on world test image 0, {}-row prompt",
+            dir.display(),
+            prompt.ids.len()
+        );
+        let (vision, rows) = measure_ttft(
+            &vlm.model,
+            &pixels,
+            &prompt.ids,
+            &query,
+            &cells,
+            args.tau,
+            args.reps,
+        )?;
         report["model_ttft"] = report_ttft(&label, vision, &rows);
         if args.examples > 0 {
             let scores = accuracy(&vlm, &cells, args.tau, args.examples)?;
             let (rows, targets) = report_accuracy(&cells, &scores);
-            report["accuracy"] =
-                json!({"model": dir, "split": "test", "examples": args.examples, "rows": rows, "targets": targets});
+            report["accuracy"] = json!({"model": dir, "split": "test", "examples": args.examples, "rows": rows, "targets": targets});
             let axes = Axes {
                 title: "World test accuracy vs visual-token budget",
                 x_label: "visual tokens kept",
@@ -491,7 +629,9 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
             )?;
         }
     } else {
-        println!("\n(accuracy needs --model DIR of a world-trained checkpoint; only TTFT was measured)");
+        println!(
+            "\n(accuracy needs --model DIR of a world-trained checkpoint; only TTFT was measured)"
+        );
     }
     let path = args.out.join("prune.json");
     super::write_json(&path, &report)?;
