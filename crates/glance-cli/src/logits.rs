@@ -1,28 +1,16 @@
 //! `glance logits`: the f32 logits of every position of the expanded prompt, as `.npy`
 //! `(seq_len, vocab)`. External parity checks call this; its behaviour is kept stable.
 
-use crate::pipeline::{prepare, Vlm};
+use crate::pipeline::{prepare, InputArgs, Vlm};
 use anyhow::{Context, Result};
 use clap::Args;
-use glance_models::llava::PromptFormat;
 use glance_nn::{AttnMask, CausalLm};
 use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct LogitsArgs {
-    /// Model directory.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Image file.
-    #[arg(long)]
-    pub image: PathBuf,
-    /// Prompt text; with --raw it is tokenised exactly as given (its `<image>` expanded as
-    /// transformers' LlavaProcessor does), otherwise wrapped in the chat template.
-    #[arg(long)]
-    pub prompt: String,
-    /// Tokenise the prompt as given: no chat template; BOS only if the tokenizer adds it.
-    #[arg(long)]
-    pub raw: bool,
+    #[command(flatten)]
+    pub input: InputArgs,
     /// Output .npy file.
     #[arg(long)]
     pub out: PathBuf,
@@ -33,13 +21,13 @@ pub struct LogitsArgs {
 
 pub fn run(args: LogitsArgs) -> Result<()> {
     crate::threads::init(args.threads)?;
-    let vlm = Vlm::load(&args.model)?;
-    let format = if args.raw {
-        PromptFormat::Raw
-    } else {
-        PromptFormat::Chat
-    };
-    let prep = prepare(&vlm, &args.image, &args.prompt, format)?;
+    let vlm = Vlm::load(&args.input.model)?;
+    let prep = prepare(
+        &vlm,
+        &args.input.image,
+        &args.input.prompt,
+        args.input.format(),
+    )?;
     let text = vlm.model.text();
     let n = prep.prompt.ids.len();
     let positions: Vec<u32> = (0..n as u32).collect();

@@ -13,6 +13,34 @@ use glance_prune::{Budget, Policy, PruneSpec, PrunedPrefill};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// What every single-image command takes: a model, an image and a prompt.
+#[derive(clap::Args)]
+pub struct InputArgs {
+    /// Model directory (Hugging Face LLaVA layout: config.json, *.safetensors, tokenizer.json, …).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Image file (PNG or JPEG).
+    #[arg(long)]
+    pub image: PathBuf,
+    /// The question or instruction, wrapped in the model's chat template unless --raw.
+    #[arg(long)]
+    pub prompt: String,
+    /// Use the prompt exactly as given: no chat template, BOS only if the tokenizer adds it, and
+    /// an `<image>` placeholder where the image goes (expanded as transformers' LlavaProcessor does).
+    #[arg(long)]
+    pub raw: bool,
+}
+
+impl InputArgs {
+    pub fn format(&self) -> PromptFormat {
+        if self.raw {
+            PromptFormat::Raw
+        } else {
+            PromptFormat::Chat
+        }
+    }
+}
+
 /// A loaded LLaVA checkpoint with its processors.
 pub struct Vlm {
     pub dir: PathBuf,

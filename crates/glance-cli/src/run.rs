@@ -1,30 +1,18 @@
 //! `glance run`: answer a prompt about an image, streaming the answer.
 
-use crate::pipeline::{prefill, prepare, PruneArgs, Vlm};
+use crate::pipeline::{prefill, prepare, InputArgs, PruneArgs, Vlm};
 use anyhow::{bail, Result};
 use clap::Args;
 use glance_core::SamplingParams;
 use glance_decode::stop::StopStatus;
 use glance_decode::{decode, GenerateConfig, Sampler, StopStrings};
-use glance_models::llava::PromptFormat;
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Model directory (Hugging Face LLaVA layout: config.json, *.safetensors, tokenizer.json, …).
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Image file (PNG or JPEG).
-    #[arg(long)]
-    pub image: PathBuf,
-    /// The question or instruction. It is wrapped in the model's chat template unless --raw.
-    #[arg(long)]
-    pub prompt: String,
-    /// Use the prompt exactly as given (it must contain the `<image>` placeholder).
-    #[arg(long)]
-    pub raw: bool,
+    #[command(flatten)]
+    pub input: InputArgs,
     #[command(flatten)]
     pub gen: GenArgs,
     #[command(flatten)]
@@ -80,13 +68,13 @@ pub fn run(args: RunArgs) -> Result<()> {
     let sampling = args.gen.sampling()?;
     let spec = args.prune.spec()?;
     let threads = crate::threads::init(args.threads)?;
-    let vlm = Vlm::load(&args.model)?;
-    let format = if args.raw {
-        PromptFormat::Raw
-    } else {
-        PromptFormat::Chat
-    };
-    let prep = prepare(&vlm, &args.image, &args.prompt, format)?;
+    let vlm = Vlm::load(&args.input.model)?;
+    let prep = prepare(
+        &vlm,
+        &args.input.image,
+        &args.input.prompt,
+        args.input.format(),
+    )?;
     let config = GenerateConfig {
         max_new_tokens: args.gen.max_new_tokens,
         sampling,

@@ -67,14 +67,9 @@ pub struct Prefilled {
     pub elapsed: Duration,
 }
 
-/// Runs the prompt rows `(t, hidden)` at `positions` (length `t`; usually `0..t`, but pruned
-/// prompts keep their original positions) through the model under a causal mask.
-pub fn prefill<M: CausalLm + ?Sized>(
-    model: &M,
-    prompt: &Tensor,
-    positions: &[u32],
-) -> Result<Prefilled> {
-    let t = prompt.dim(0)?;
+/// Checks that `t` prompt rows at `positions` leave room for at least one new token and returns
+/// the last position. Every prefill strategy calls this first.
+pub fn check_prompt<M: CausalLm + ?Sized>(model: &M, t: usize, positions: &[u32]) -> Result<u32> {
     if t == 0 || positions.len() != t {
         return Err(Error::Input(format!(
             "prompt has {t} rows and {} positions",
@@ -89,13 +84,25 @@ pub fn prefill<M: CausalLm + ?Sized>(
             max,
         });
     }
+    Ok(last_pos as u32)
+}
+
+/// Runs the prompt rows `(t, hidden)` at `positions` (length `t`; usually `0..t`, but pruned
+/// prompts keep their original positions) through the model under a causal mask.
+pub fn prefill<M: CausalLm + ?Sized>(
+    model: &M,
+    prompt: &Tensor,
+    positions: &[u32],
+) -> Result<Prefilled> {
+    let t = prompt.dim(0)?;
+    let last_pos = check_prompt(model, t, positions)?;
     let start = Instant::now();
     let mut cache = model.new_cache();
     let hidden = model.forward(prompt, positions, &AttnMask::causal(), &mut cache)?;
     Ok(Prefilled {
         cache,
         last_hidden: hidden.narrow(0, t - 1, 1)?,
-        last_pos: last_pos as u32,
+        last_pos,
         prompt_len: t,
         elapsed: start.elapsed(),
     })

@@ -12,7 +12,7 @@ pub mod sampler;
 pub mod stop;
 
 pub use autoregressive::{
-    decode, generate, prefill, FinishReason, GenerateConfig, Generation, Prefilled,
+    check_prompt, decode, generate, prefill, FinishReason, GenerateConfig, Generation, Prefilled,
 };
 pub use sampler::Sampler;
 pub use stop::StopStrings;

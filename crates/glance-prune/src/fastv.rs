@@ -36,12 +36,7 @@ pub fn prefill(
 ) -> Result<Prefilled> {
     let t = rows.dim(0)?;
     let layers = model.num_layers();
-    if t == 0 || positions.len() != t {
-        return Err(Error::Input(format!(
-            "prompt has {t} rows and {} positions",
-            positions.len()
-        )));
-    }
+    let last_pos = glance_decode::check_prompt(model, t, positions)?;
     if layer == 0 || layer >= layers {
         return Err(Error::InvalidParam(format!(
             "the FastV layer must be between 1 and {} (the model has {layers} decoder layers), got {layer}",
@@ -55,14 +50,6 @@ pub fn prefill(
     }
     if keep >= visual.len() {
         return glance_decode::prefill(model, rows, positions);
-    }
-    let max = model.max_positions();
-    let last_pos = *positions.iter().max().expect("non-empty") as usize;
-    if last_pos + 1 >= max || t >= max {
-        return Err(Error::PromptTooLong {
-            len: (last_pos + 1).max(t),
-            max,
-        });
     }
     let start = Instant::now();
     let mut cache = model.new_cache();
@@ -101,7 +88,7 @@ pub fn prefill(
     Ok(Prefilled {
         cache,
         last_hidden: last,
-        last_pos: last_pos as u32,
+        last_pos,
         prompt_len: kept.len(),
         elapsed: start.elapsed(),
     })

@@ -124,16 +124,7 @@ impl WorldData {
     /// Up to `k` independent training turns about a scene (deterministic in `seed`).
     pub fn turns(&self, scene: &Scene, seed: u64, k: usize) -> Vec<Qa> {
         let mut rng = WorldRng::derive(seed, TURN_STREAM);
-        let weights: Vec<f64> = DIALOGUE_MIX
-            .iter()
-            .map(|(f, w)| {
-                if *f == Family::Sign && scene.sign.is_none() {
-                    0.0
-                } else {
-                    *w
-                }
-            })
-            .collect();
+        let weights = glance_world::qa::family_weights(scene);
         let mut turns: Vec<Qa> = Vec::with_capacity(k);
         let mut attempts = 0;
         while turns.len() < k && attempts < 8 * k {

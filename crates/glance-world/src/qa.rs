@@ -157,13 +157,9 @@ pub fn question_set(scene: &Scene, rng: &mut WorldRng) -> Vec<Qa> {
         .collect()
 }
 
-/// A dialogue of 2–6 turns: independent questions drawn with [`DIALOGUE_MIX`] and, in about half
-/// the dialogues, a chain of follow-ups about one object. Any family (descriptions included) can
-/// open the dialogue. Questions are not repeated within a dialogue.
-pub fn dialogue(scene: &Scene, rng: &mut WorldRng) -> Dialogue {
-    let mut turns: Vec<Qa> = Vec::new();
-    let singles = 2 + rng.below(3);
-    let weights: Vec<f64> = DIALOGUE_MIX
+/// [`DIALOGUE_MIX`]'s weights for `scene`: sign reading gets weight 0 when there is no sign.
+pub fn family_weights(scene: &Scene) -> Vec<f64> {
+    DIALOGUE_MIX
         .iter()
         .map(|(f, w)| {
             if *f == Family::Sign && scene.sign.is_none() {
@@ -172,7 +168,16 @@ pub fn dialogue(scene: &Scene, rng: &mut WorldRng) -> Dialogue {
                 *w
             }
         })
-        .collect();
+        .collect()
+}
+
+/// A dialogue of 2–6 turns: independent questions drawn with [`DIALOGUE_MIX`] and, in about half
+/// the dialogues, a chain of follow-ups about one object. Any family (descriptions included) can
+/// open the dialogue. Questions are not repeated within a dialogue.
+pub fn dialogue(scene: &Scene, rng: &mut WorldRng) -> Dialogue {
+    let mut turns: Vec<Qa> = Vec::new();
+    let singles = 2 + rng.below(3);
+    let weights = family_weights(scene);
     let mut attempts = 0;
     while turns.len() < singles && attempts < 20 {
         attempts += 1;
