@@ -21,7 +21,7 @@ pub struct LogitsArgs {
 
 pub fn run(args: LogitsArgs) -> Result<()> {
     crate::threads::init(args.threads)?;
-    let vlm = Vlm::load(&args.input.model)?;
+    let vlm = Vlm::load(&args.input.model_dir()?)?;
     let prep = prepare(
         &vlm,
         &args.input.image,

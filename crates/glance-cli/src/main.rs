@@ -4,6 +4,8 @@
 //! in the library crates.
 
 mod bench;
+mod demo;
+mod eval;
 mod logits;
 mod pipeline;
 mod run;
@@ -27,6 +29,12 @@ struct Cli {
 enum Command {
     /// Answer a prompt about an image, streaming the answer.
     Run(run::RunArgs),
+    /// Accuracy on the glance world per question family (and description precision / recall /
+    /// F1), optionally with visual-token pruning.
+    Eval(eval::EvalArgs),
+    /// Show the model at work: a world test image (saved as PNG), one question per family, the
+    /// answers beside the ground truth, with timings.
+    Demo(demo::DemoArgs),
     /// Write the logits of every prompt position to a .npy file (for parity checks).
     Logits(logits::LogitsArgs),
     /// Measure speed: prints a table and writes JSON.
@@ -44,6 +52,8 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Demo(a) => demo::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(b) => bench::run(b),
         Command::World(w) => world::run(w),

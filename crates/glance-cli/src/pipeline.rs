@@ -13,12 +13,43 @@ use glance_prune::{Budget, Policy, PruneSpec, PrunedPrefill};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The default model: glance-tiny, trained on the glance world.
+pub const DEFAULT_MODEL: &str = "models/glance-tiny";
+
+/// `--model`, or else the default model: `models/glance-tiny` under the current directory, or
+/// failing that under the source tree this binary was built from.
+pub fn model_dir(arg: Option<&Path>) -> Result<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = manifest.ancestors().nth(2).unwrap_or(manifest);
+    resolve_model(
+        arg,
+        &[PathBuf::from(DEFAULT_MODEL), repo.join(DEFAULT_MODEL)],
+    )
+}
+
+/// `arg` if given, else the first of `candidates` that is a directory.
+fn resolve_model(arg: Option<&Path>, candidates: &[PathBuf]) -> Result<PathBuf> {
+    if let Some(dir) = arg {
+        return Ok(dir.to_path_buf());
+    }
+    if let Some(dir) = candidates.iter().find(|c| c.is_dir()) {
+        return Ok(dir.clone());
+    }
+    let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+    bail!(
+        "no --model given and the default model (glance-tiny) is not installed (looked in {}); \
+         pass --model DIR with a Hugging Face LLaVA directory, e.g. --model fixtures/models/llama-gqa",
+        looked.join(" and ")
+    )
+}
+
 /// What every single-image command takes: a model, an image and a prompt.
 #[derive(clap::Args)]
 pub struct InputArgs {
     /// Model directory (Hugging Face LLaVA layout: config.json, *.safetensors, tokenizer.json, …).
+    /// Default: models/glance-tiny (in the current directory, else in the glance source tree).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Image file (PNG or JPEG).
     #[arg(long)]
     pub image: PathBuf,
@@ -32,6 +63,11 @@ pub struct InputArgs {
 }
 
 impl InputArgs {
+    /// The model directory: `--model` or the default.
+    pub fn model_dir(&self) -> Result<PathBuf> {
+        model_dir(self.model.as_deref())
+    }
+
     pub fn format(&self) -> PromptFormat {
         if self.raw {
             PromptFormat::Raw
@@ -70,8 +106,7 @@ impl Vlm {
     /// Token ids of the text query pruning policies read: `text` with any image placeholder
     /// removed, without special tokens.
     pub fn query_ids(&self, text: &str) -> Result<Vec<u32>> {
-        let text = text.replace(self.processor.image_token(), " ");
-        Ok(self.processor.text.encode_plain(&text)?)
+        Ok(self.processor.query_ids(text)?)
     }
 }
 
@@ -175,5 +210,25 @@ impl PruneArgs {
         }
         spec.validate()?;
         Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_defaults_to_the_first_existing_candidate() {
+        let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let missing = here.join("no-such-model");
+        let given = Path::new("/given/model");
+        let r = resolve_model(Some(given), std::slice::from_ref(&missing)).unwrap();
+        assert_eq!(r, given);
+        let r = resolve_model(None, &[missing.clone(), here.clone()]).unwrap();
+        assert_eq!(r, here);
+        let e = resolve_model(None, std::slice::from_ref(&missing)).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("--model DIR"), "{msg}");
+        assert!(msg.contains("no-such-model"), "{msg}");
     }
 }

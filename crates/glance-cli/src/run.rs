@@ -68,7 +68,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let sampling = args.gen.sampling()?;
     let spec = args.prune.spec()?;
     let threads = crate::threads::init(args.threads)?;
-    let vlm = Vlm::load(&args.input.model)?;
+    let vlm = Vlm::load(&args.input.model_dir()?)?;
     let prep = prepare(
         &vlm,
         &args.input.image,

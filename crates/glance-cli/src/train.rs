@@ -273,15 +273,19 @@ impl Observer for Progress {
         let fams: String = r
             .families
             .iter()
-            .map(|f| format!(" {} {:.2} (n={})", f.family, f.score, f.questions))
+            .map(|f| match f.score {
+                Some(s) => format!(" {} {s:.2} (n={})", f.family, f.questions),
+                None => format!(" {} - (n=0)", f.family),
+            })
             .collect();
         self.print(&format!(
             "[{stage} step {step}] validation: mean {:.3} |{fams} ({:.0} s)",
             r.mean, r.seconds
         ));
-        for (q, want, got) in &r.examples {
+        for e in &r.examples {
             self.print(&format!(
-                "    Q: {q}\n      want: {want}\n      got:  {got}"
+                "    Q: {}\n      want: {}\n      got:  {}",
+                e.question, e.reference, e.answer
             ));
         }
     }

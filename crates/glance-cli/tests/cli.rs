@@ -373,3 +373,39 @@ fn world_sample_writes_images_and_questions() {
     ]);
     assert_eq!(o.status.code(), Some(2), "clap rejects an unknown split");
 }
+
+#[test]
+fn bench_decode_writes_a_report() {
+    let out = scratch("bench").join("decode.json");
+    let o = glance(&[
+        "bench",
+        "decode",
+        "--model",
+        s(&fixture(MODEL)),
+        "--prompt-len",
+        "16",
+        "--new-tokens",
+        "4",
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("% bound"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let row = &v["rows"][0];
+    assert_eq!(row["threads"], 1);
+    for k in [
+        "read_bandwidth_gb_s",
+        "gemm_gflop_s",
+        "prefill_s",
+        "decode_ms_per_token",
+        "decode_bound_ms_per_token",
+    ] {
+        assert!(row[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+}

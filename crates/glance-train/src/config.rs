@@ -423,6 +423,11 @@ impl TrainConfig {
         if self.workers == 0 {
             return Err(TrainError::Config("workers must be ≥ 1".into()));
         }
+        if self.eval_per_family > 0 && self.eval_max_new_tokens == 0 {
+            return Err(TrainError::Config(
+                "eval_max_new_tokens must be ≥ 1 when validating".into(),
+            ));
+        }
         for s in &self.stages {
             if s.images_per_step == 0 {
                 return Err(TrainError::Config(format!(

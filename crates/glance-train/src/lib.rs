@@ -17,7 +17,9 @@
 //! Modules: [`config`] (sizes, presets, stages), [`params`] (init, parameter groups),
 //! [`optim`] (AdamW + warm-up/cosine + global-norm clipping), [`data`] (world stream),
 //! [`step`] (losses), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
-//! [`eval`] (validation accuracy per question family), [`runtime`] (thread and allocator settings for CPU training).
+//! [`eval`] (the one world evaluation runner: training validation, `glance eval` / `demo`, the
+//! accuracy half of `glance bench prune`), [`runtime`] (thread and allocator settings for CPU
+//! training).
 
 pub mod checkpoint;
 pub mod config;

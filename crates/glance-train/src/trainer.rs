@@ -13,13 +13,14 @@
 use crate::checkpoint::{self, TrainState};
 use crate::config::{Budget, Stage, StageSpec, TrainConfig};
 use crate::data::WorldData;
-use crate::eval::{evaluate, EvalReport};
+use crate::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
 use crate::export::{write_model_files, write_weights};
 use crate::optim::AdamW;
 use crate::params::TrainModel;
 use crate::step::{batch_grads, pack_images, Batch};
 use crate::{Result, TrainError};
 use candle_core::Device;
+use glance_world::Split;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -201,14 +202,25 @@ impl Trainer {
         Ok(dir)
     }
 
-    /// Runs validation now.
+    /// Runs validation now: up to `eval_per_family` questions of each family from the first
+    /// `4 × eval_per_family` validation images, through the shared runner ([`crate::eval`]) on
+    /// the fused-op (`Mode::Infer`) view of the weights.
     pub fn evaluate(&self) -> Result<EvalReport> {
         let c = &self.state.config;
+        let per_family = c.eval_per_family.max(1);
+        let options = EvalOptions {
+            per_family: Some(per_family),
+            max_new_tokens: c.eval_max_new_tokens,
+            short_max_new_tokens: c.eval_max_new_tokens.min(SHORT_MAX_NEW_TOKENS),
+            examples: 6,
+            ..EvalOptions::new(Split::Validation, per_family * 4)
+        };
         evaluate(
-            &self.model,
-            &self.data,
-            c.eval_per_family,
-            c.eval_max_new_tokens,
+            &self.model.infer,
+            &self.data.processor,
+            &options,
+            None,
+            &mut |_| {},
         )
     }
 

@@ -8,11 +8,11 @@
 //!   prefill + the first token's logits. Each (policy, budget) is timed `--reps` times
 //!   round-robin and the best kept; speedups are against the 100% row of the same run.
 //! * With `--model DIR`: the same TTFT table for that checkpoint (on a world test image), and, with
-//!   `--examples N > 0`, **accuracy** on the first `N` images of the world test split — one
-//!   question per family per image, the model's chat template, greedy decoding, scored by
-//!   glance-world (normalised exact match; description object-level F1). The target accuracy is
-//!   the mean over attribute / counting / spatial / existence; sign reading and description F1 are
-//!   reported separately.
+//!   `--examples N > 0`, **accuracy** on the first `N` images of the world test split through the
+//!   one evaluation runner ([`glance_train::eval`], as `glance eval`): one question per family per
+//!   image, the model's chat template, greedy decoding, scored by glance-world (normalised exact
+//!   match; description object-level F1). The target accuracy is the mean over attribute /
+//!   counting / spatial / existence; sign reading and description F1 are reported separately.
 //!
 //! At 100% every policy is the unpruned prefill (tested exactly), so that row is run once.
 //! Writes `prune.json`, `prune-ttft.svg` and (with accuracy) `prune-accuracy.svg` under `--out`.
@@ -23,13 +23,12 @@ use crate::threads;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Args;
-use glance_core::SamplingParams;
-use glance_decode::{decode, GenerateConfig, Sampler};
 use glance_models::llava::{Llava, LlavaConfig, PromptFormat, WeightLayout};
 use glance_models::random::random_var_builder;
 use glance_nn::{CausalLm, Mode};
 use glance_prune::{prefill_llava, Budget, Policy, PruneSpec, Stage};
-use glance_world::{description_prf, exact_match, Family, Split};
+use glance_train::eval::{EvalOptions, EvalReport};
+use glance_world::{Family, Split};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -312,16 +311,6 @@ fn shape_ttft(args: &PruneBenchArgs, cells: &[Cell]) -> Result<Value> {
     Ok(v)
 }
 
-/// Accuracy counters of one cell.
-#[derive(Default, Clone)]
-struct Score {
-    /// (sum of scores, questions) per family, in `Family::ALL` order.
-    family: [(f64, usize); 6],
-    ttft_s: f64,
-    kept: usize,
-    runs: usize,
-}
-
 /// The families whose mean is the target accuracy (sign reading and descriptions are reported
 /// separately).
 const TARGET_FAMILIES: [Family; 4] = [
@@ -331,87 +320,32 @@ const TARGET_FAMILIES: [Family; 4] = [
     Family::Existence,
 ];
 
-impl Score {
-    fn acc(&self, f: Family) -> f64 {
-        let (s, n) = self.family[Family::ALL.iter().position(|&x| x == f).expect("a family")];
-        if n == 0 {
-            f64::NAN
-        } else {
-            s / n as f64
-        }
+/// The target accuracy of one cell (NaN when a target family has no question).
+fn target_mean(r: &EvalReport) -> f64 {
+    if TARGET_FAMILIES.iter().any(|&f| r.score(f).is_none()) {
+        return f64::NAN;
     }
-
-    fn mean(&self) -> f64 {
-        TARGET_FAMILIES.iter().map(|&f| self.acc(f)).sum::<f64>() / TARGET_FAMILIES.len() as f64
-    }
+    r.mean_of(&TARGET_FAMILIES).unwrap_or(f64::NAN)
 }
 
-/// Scores every cell on the first `examples` images of the world test split.
-fn accuracy(vlm: &Vlm, cells: &[Cell], tau: Option<f32>, examples: usize) -> Result<Vec<Score>> {
-    let mut scores = vec![Score::default(); cells.len()];
-    let eos = vlm.processor.text.eos_token_ids().to_vec();
-    let text = vlm.model.text();
-    for i in 0..examples {
-        let ex = glance_world::sample(Split::Test, i as u64)?;
-        let img = image::DynamicImage::ImageRgb8(ex.image.clone());
-        let pixels = vlm.processor.image.preprocess_tensor(&img, &Device::Cpu)?;
-        let start = Instant::now();
-        let encoding = vlm.model.encode_image(&pixels)?;
-        let vision = start.elapsed().as_secs_f64();
-        for qa in &ex.questions {
-            let prompt = vlm.processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
-            let query = vlm.query_ids(&qa.question)?;
-            let max_new_tokens = if qa.family == Family::Description {
-                160
-            } else {
-                24
-            };
-            let config = GenerateConfig {
-                max_new_tokens,
-                sampling: SamplingParams::greedy(),
-                eos_token_ids: eos.clone(),
-            };
-            let f = Family::ALL
-                .iter()
-                .position(|&x| x == qa.family)
-                .expect("a family");
-            for (cell, score) in cells.iter().zip(scores.iter_mut()) {
-                let p = prefill_llava(
-                    &vlm.model,
-                    &prompt.ids,
-                    &[&encoding],
-                    &query,
-                    &cell.spec(tau),
-                )?;
-                let select = p.stats.select_time.as_secs_f64();
-                let g = decode(
-                    text,
-                    p.state,
-                    Sampler::new(SamplingParams::greedy())?,
-                    &config,
-                    &mut |_| Ok(false),
-                )?;
-                let answer = vlm.processor.text.decode(&g.tokens, true)?;
-                let s = if qa.family == Family::Description {
-                    description_prf(&answer, &ex.scene.objects).f1
-                } else {
-                    f64::from(u8::from(exact_match(&answer, &qa.answer)))
-                };
-                score.family[f].0 += s;
-                score.family[f].1 += 1;
-                score.ttft_s += vision + select + g.prefill.as_secs_f64();
-                score.kept += p.stats.kept_visual_tokens;
-                score.runs += 1;
-            }
-        }
-        eprint!("\raccuracy: {}/{examples} test images", i + 1);
-    }
-    eprintln!();
-    Ok(scores)
+fn acc(r: &EvalReport, f: Family) -> f64 {
+    r.score(f).unwrap_or(f64::NAN)
+}
+
+/// Scores every cell on the first `examples` images of the world test split, through the one
+/// evaluation runner (the image encoded once for every cell).
+fn accuracy(
+    vlm: &Vlm,
+    cells: &[Cell],
+    tau: Option<f32>,
+    examples: usize,
+) -> Result<Vec<EvalReport>> {
+    let specs: Vec<PruneSpec> = cells.iter().map(|c| c.spec(tau)).collect();
+    crate::eval::evaluate_with_progress(vlm, &EvalOptions::new(Split::Test, examples), &specs)
 }
 
 /// Prints the accuracy table and the targets; returns (rows JSON, targets JSON).
-fn report_accuracy(cells: &[Cell], scores: &[Score]) -> (Value, Value) {
+fn report_accuracy(cells: &[Cell], scores: &[EvalReport]) -> (Value, Value) {
     println!("\naccuracy on the world test split (target = mean of attribute, counting, spatial, existence)");
     println!(
         "{:>9} {:>7} | {:>5} | {:>6} {:>6} {:>6} {:>6} | {:>6} | {:>6} {:>6} | {:>8}",
@@ -429,47 +363,48 @@ fn report_accuracy(cells: &[Cell], scores: &[Score]) -> (Value, Value) {
     );
     let mut rows = Vec::new();
     for (c, s) in cells.iter().zip(scores) {
-        let runs = s.runs.max(1) as f64;
         println!(
             "{:>9} {:>6.2}% | {:>5.0} | {:>6.3} {:>6.3} {:>6.3} {:>6.3} | {:>6.3} | {:>6.3} {:>6.3} | {:>8.1}",
             name(*c),
             c.ratio * 100.0,
-            s.kept as f64 / runs,
-            s.acc(Family::Attribute),
-            s.acc(Family::Counting),
-            s.acc(Family::Spatial),
-            s.acc(Family::Existence),
-            s.mean(),
-            s.acc(Family::Sign),
-            s.acc(Family::Description),
-            s.ttft_s / runs * 1e3
+            s.prune.mean_kept_visual_tokens,
+            acc(s, Family::Attribute),
+            acc(s, Family::Counting),
+            acc(s, Family::Spatial),
+            acc(s, Family::Existence),
+            target_mean(s),
+            acc(s, Family::Sign),
+            acc(s, Family::Description),
+            s.timing.mean_ttft_s * 1e3
         );
-        let fam: serde_json::Map<String, Value> = Family::ALL
+        let fam: serde_json::Map<String, Value> = s
+            .families
             .iter()
-            .zip(&s.family)
-            .map(|(&f, &(_, n))| {
+            .map(|f| {
                 (
-                    f.name().to_string(),
-                    json!({"score": s.acc(f), "questions": n}),
+                    f.family.name().to_string(),
+                    json!({"score": f.score, "questions": f.questions}),
                 )
             })
             .collect();
-        rows.push(json!({"policy": name(*c), "budget": c.ratio, "mean_kept_visual_tokens": s.kept as f64 / runs,
-            "families": fam, "mean_accuracy": s.mean(), "sign_accuracy": s.acc(Family::Sign),
-            "description_f1": s.acc(Family::Description), "mean_ttft_s": s.ttft_s / runs}));
+        rows.push(json!({"policy": name(*c), "budget": c.ratio,
+            "mean_kept_visual_tokens": s.prune.mean_kept_visual_tokens,
+            "families": fam, "mean_accuracy": target_mean(s), "sign_accuracy": s.score(Family::Sign),
+            "description": s.description, "description_f1": s.score(Family::Description),
+            "mean_ttft_s": s.timing.mean_ttft_s, "decode_tokens_per_s": s.timing.decode_tokens_per_s}));
     }
     let at = |p: Policy, r: f64| {
         cells
             .iter()
             .zip(scores)
             .find(|(c, _)| c.policy == p && c.ratio == r)
-            .map(|(_, s)| s.mean())
+            .map(|(_, s)| target_mean(s))
     };
     let full = cells
         .iter()
         .zip(scores)
         .find(|(c, _)| c.ratio >= 1.0)
-        .map(|(_, s)| s.mean());
+        .map(|(_, s)| target_mean(s));
     let meaningful = full.is_some_and(|f| f > 0.0);
     let mut targets = Vec::new();
     for r in [0.125, 0.0625] {
@@ -482,7 +417,7 @@ fn report_accuracy(cells: &[Cell], scores: &[Score]) -> (Value, Value) {
             .filter(|(c, _)| {
                 c.ratio == r && c.policy.stage() == Stage::PreLlm && c.policy != Policy::Adaptive
             })
-            .map(|(c, s)| (c.policy, s.mean()))
+            .map(|(c, s)| (c.policy, target_mean(s)))
             .collect();
         let best = others.iter().map(|o| o.1).fold(f64::NEG_INFINITY, f64::max);
         targets.push(
@@ -625,7 +560,10 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
             };
             write_svg(
                 &args.out.join("prune-accuracy.svg"),
-                &line_plot(&axes, &series(&policies, &cells, |i| scores[i].mean())),
+                &line_plot(
+                    &axes,
+                    &series(&policies, &cells, |i| target_mean(&scores[i])),
+                ),
             )?;
         }
     } else {

@@ -73,6 +73,13 @@ impl LlavaProcessor {
         &self.image_token
     }
 
+    /// Token ids of the text query that pruning policies read: `text` with every image
+    /// placeholder removed, without special tokens.
+    pub fn query_ids(&self, text: &str) -> Result<Vec<u32>> {
+        self.text
+            .encode_plain(&text.replace(self.image_token.as_str(), " "))
+    }
+
     /// Renders and tokenises `prompt` for `n_images` images.
     pub fn prepare(
         &self,

@@ -1,0 +1,164 @@
+//! `glance eval`: accuracy on the glance world per question family, through the one evaluation
+//! runner ([`glance_train::eval`]): the split's images, each image's independent questions in the
+//! model's chat template, greedy decoding, glance-world's scorers. Prints a table (accuracy and
+//! question count per family, the mean over the short-answer families, description object
+//! precision / recall / F1, speed); `--json` writes the same report as JSON.
+
+use crate::pipeline::{model_dir, PruneArgs, Vlm};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use glance_prune::PruneSpec;
+use glance_train::eval::{
+    evaluate_specs, EvalOptions, EvalReport, DESCRIPTION_MAX_NEW_TOKENS, SHORT_FAMILIES,
+    SHORT_MAX_NEW_TOKENS,
+};
+use glance_world::Split;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// Model directory (default: models/glance-tiny, in the current directory or the source tree).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// World split: train, validation or test.
+    #[arg(long, default_value = "test")]
+    pub split: String,
+    /// Images to evaluate; each brings one question per family (sign reading only when the image
+    /// has a sign).
+    #[arg(long, default_value_t = 100)]
+    pub n: usize,
+    /// Index of the first image in the split.
+    #[arg(long, default_value_t = 0)]
+    pub start: u64,
+    /// Longest generated description in tokens (short answers stop after 24).
+    #[arg(long, default_value_t = DESCRIPTION_MAX_NEW_TOKENS)]
+    pub max_new_tokens: usize,
+    #[command(flatten)]
+    pub prune: PruneArgs,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Threads for the tensor kernels (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Runs the evaluation runner with a progress bar (images) on stderr.
+pub fn evaluate_with_progress(
+    vlm: &Vlm,
+    options: &EvalOptions,
+    specs: &[PruneSpec],
+) -> Result<Vec<EvalReport>> {
+    let bar = ProgressBar::new(options.images as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "eval [{elapsed_precise}] {bar:30} {pos}/{len} images, {msg} (eta {eta})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let reports = evaluate_specs(&vlm.model, &vlm.processor, options, specs, &mut |p| {
+        bar.set_position(p.images_done as u64);
+        bar.set_message(format!("{} questions", p.questions_done));
+    });
+    bar.finish_and_clear();
+    Ok(reports?)
+}
+
+pub fn run(args: EvalArgs) -> Result<()> {
+    let split: Split = args.split.parse().with_context(|| {
+        format!(
+            "--split must be train, validation or test, got `{}`",
+            args.split
+        )
+    })?;
+    if args.n == 0 {
+        bail!("--n must be at least 1 (the number of world images to evaluate)");
+    }
+    if args.max_new_tokens == 0 {
+        bail!("--max-new-tokens must be at least 1");
+    }
+    let last = args.start.checked_add(args.n as u64 - 1);
+    if last.is_none_or(|l| split.seed(l).is_err()) {
+        bail!(
+            "--start {} with --n {} runs past the end of the split",
+            args.start,
+            args.n
+        );
+    }
+    let spec = args.prune.spec()?;
+    let threads = crate::threads::init(args.threads)?;
+    let dir = model_dir(args.model.as_deref())?;
+    let vlm = Vlm::load(&dir)?;
+    let options = EvalOptions {
+        start: args.start,
+        max_new_tokens: args.max_new_tokens,
+        short_max_new_tokens: SHORT_MAX_NEW_TOKENS.min(args.max_new_tokens),
+        ..EvalOptions::new(split, args.n)
+    };
+    let report = evaluate_with_progress(&vlm, &options, std::slice::from_ref(&spec))?
+        .pop()
+        .context("the runner returned no report")?;
+    print_report(&dir, &report);
+    if let Some(path) = &args.json {
+        let mut v = serde_json::to_value(&report)?;
+        v["model"] = json!(dir);
+        v["threads"] = json!(threads);
+        v["start"] = json!(args.start);
+        crate::bench::write_json(path, &v)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("-".to_string(), |v| format!("{v:.3}"))
+}
+
+/// The table `glance eval` prints.
+fn print_report(dir: &std::path::Path, r: &EvalReport) {
+    let p = &r.prune;
+    println!(
+        "{} on the world {} split: {} images, {} questions; greedy; pruning {} ({:.1} of {} visual tokens kept)",
+        dir.display(),
+        r.split.name(),
+        r.images,
+        r.questions,
+        if p.policy == "none" {
+            "none".to_string()
+        } else {
+            format!("{} {}", p.policy, p.keep)
+        },
+        p.mean_kept_visual_tokens,
+        p.visual_tokens
+    );
+    println!("{:<22} {:>9} {:>9}", "family", "questions", "accuracy");
+    for f in r
+        .families
+        .iter()
+        .filter(|f| SHORT_FAMILIES.contains(&f.family))
+    {
+        println!(
+            "{:<22} {:>9} {:>9}",
+            f.family.name(),
+            f.questions,
+            pct(f.score)
+        );
+    }
+    println!("{:<22} {:>9} {:>9.3}", "mean (short answers)", "", r.mean);
+    match &r.description {
+        Some(d) => println!(
+            "{:<22} {:>9}  precision {:.3}  recall {:.3}  F1 {:.3}",
+            "description (objects)", d.questions, d.precision, d.recall, d.f1
+        ),
+        None => println!("{:<22} {:>9}", "description (objects)", 0),
+    }
+    println!(
+        "speed: mean time to first token {:.1} ms, decode {:.0} tokens/s, {} tokens generated, {:.1} s",
+        r.timing.mean_ttft_s * 1e3,
+        r.timing.decode_tokens_per_s,
+        r.timing.generated_tokens,
+        r.seconds
+    );
+}
