@@ -2,50 +2,12 @@
 //! a user types, and bad input that must give a clear error (exit code 1, a message naming the
 //! problem) instead of a panic.
 
+mod common;
+
 use candle_core::{Device, Tensor};
+use common::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn fixture(p: &str) -> PathBuf {
-    root().join("fixtures").join(p)
-}
-
-fn glance(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glance"))
-        .args(args)
-        .env("RAYON_NUM_THREADS", "1")
-        .output()
-        .expect("binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Asserts a clean failure: exit code 1, no panic, and `needle` in the message.
-fn assert_fails_with(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    assert!(err.contains(needle), "expected `{needle}` in: {err}");
-}
-
-/// A fresh scratch directory under the system temp dir.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("glance-cli-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Copies a fixture model into a scratch dir so a test can damage it.
 fn model_copy(name: &str) -> PathBuf {
@@ -55,10 +17,6 @@ fn model_copy(name: &str) -> PathBuf {
         std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
     }
     dst
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 const MODEL: &str = "models/llama-gqa";

@@ -2,38 +2,12 @@
 //! random-weight fixture (its accuracy is about 0: these tests check structure, not scores), and
 //! bad input as clean errors (exit code 1, a message naming the problem, no panic).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+
+use common::{fixture_str, glance, scratch, stderr, stdout};
 
 fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/models/llama-gqa")
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn glance(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glance"))
-        .args(args)
-        .env("RAYON_NUM_THREADS", "1")
-        .output()
-        .expect("binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A fresh scratch directory under the system temp dir.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("glance-eval-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    fixture_str("models/llama-gqa")
 }
 
 const FAMILIES: [&str; 6] = [

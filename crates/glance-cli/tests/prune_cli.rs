@@ -2,28 +2,9 @@
 //! fixtures: `run --prune/--keep/--tau/--prune-layer`, bad values as clean errors, and
 //! `bench prune` (TTFT and the accuracy loop on a fixture model, JSON and SVG plots).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn fixture(p: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(p)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn glance(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glance"))
-        .args(args)
-        .env("RAYON_NUM_THREADS", "1")
-        .output()
-        .expect("binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{fixture_str as fixture, glance, stderr};
 
 fn run_json(extra: &[&str]) -> serde_json::Value {
     let (m, img) = (fixture("models/llama-gqa"), fixture("images/astronaut.png"));
