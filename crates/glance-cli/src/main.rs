@@ -50,6 +50,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    glance_nn::runtime::tune_allocator();
     let result: Result<()> = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Eval(a) => eval::run(a),

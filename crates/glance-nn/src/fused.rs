@@ -71,3 +71,135 @@ mod tests {
         Ok(())
     }
 }
+
+/// Softmax over the last dimension with a vectorised `exp` (Cephes' `expf` polynomial, relative
+/// error ~1e-7; the library `expf` is called once per element and does not vectorise). Rows are
+/// spread over the current rayon pool. Inference only: it has no backward pass, so
+/// [`crate::softmax_last_dim`] uses it in `Mode::Infer` alone.
+struct FastSoftmax;
+
+impl CustomOp1 for FastSoftmax {
+    fn name(&self) -> &'static str {
+        "fast-softmax-last-dim"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(src) = storage else {
+            candle_core::bail!("fast softmax: only f32")
+        };
+        let Some((a, b)) = layout.contiguous_offsets() else {
+            candle_core::bail!("fast softmax: input must be contiguous")
+        };
+        let src = &src[a..b];
+        let dim = layout.shape().dims().last().copied().unwrap_or(1).max(1);
+        let mut dst = vec![0f32; src.len()];
+        let rows_per_task = (CHUNK / dim).max(1);
+        dst.par_chunks_mut(rows_per_task * dim)
+            .zip(src.par_chunks(rows_per_task * dim))
+            .for_each(|(d, s)| {
+                for (d, s) in d.chunks_mut(dim).zip(s.chunks(dim)) {
+                    softmax_row(s, d);
+                }
+            });
+        Ok((CpuStorage::F32(dst), layout.shape().clone()))
+    }
+}
+
+fn softmax_row(src: &[f32], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { softmax_row_avx2(src, dst) };
+        }
+    }
+    softmax_row_portable(src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_row_avx2(src: &[f32], dst: &mut [f32]) {
+    softmax_row_portable(src, dst)
+}
+
+/// Written so the loops vectorise (no branches in the element loop).
+#[inline(always)]
+fn softmax_row_portable(src: &[f32], dst: &mut [f32]) {
+    let max = src.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        // Every key hidden: undefined, NaN as candle's kernel gives.
+        dst.iter_mut().for_each(|d| *d = f32::NAN);
+        return;
+    }
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = exp_approx(s - max);
+    }
+    let sum: f32 = dst.iter().sum();
+    let inv = 1.0 / sum;
+    dst.iter_mut().for_each(|d| *d *= inv);
+}
+
+/// `e^x` for `x ≤ 0` ranges and beyond: Cephes `expf` (range reduction by ln 2, degree-5
+/// polynomial), inputs clamped to the finite f32 range; `-inf` gives ~1e-38.
+#[inline(always)]
+fn exp_approx(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const C1: f32 = 0.693_359_4;
+    const C2: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.3, 88.7);
+    let n = (x * LOG2E + 0.5).floor();
+    let r = x - n * C1 - n * C2;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let y = p * r * r + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// Softmax over the last dimension: the vectorised kernel for contiguous f32 on CPU, candle's
+/// otherwise.
+pub fn softmax_last_dim_fast(xs: &Tensor) -> Result<Tensor> {
+    if xs.dtype() == candle_core::DType::F32 && xs.is_contiguous() && xs.device().is_cpu() {
+        xs.apply_op1_no_bwd(&FastSoftmax)
+    } else {
+        candle_nn::ops::softmax_last_dim(xs)
+    }
+}
+
+#[cfg(test)]
+mod softmax_tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn exp_is_accurate() {
+        for i in -8700..=8800 {
+            let x = i as f32 * 0.01;
+            let (got, want) = (exp_approx(x), (x as f64).exp());
+            assert!(
+                ((got as f64 - want) / want).abs() < 3e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+        }
+        assert!(exp_approx(f32::NEG_INFINITY) < 1e-37);
+    }
+
+    #[test]
+    fn softmax_matches_candle_with_masks() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 3.0, (4, 7, 577), &dev)?;
+        // Hide a band of keys, as causal / window masks do.
+        let mask: Vec<f32> = (0..577)
+            .map(|j| if j % 5 == 0 { f32::NEG_INFINITY } else { 0.0 })
+            .collect();
+        let x = x.broadcast_add(&Tensor::from_vec(mask, 577, &dev)?)?;
+        let d: f32 = (softmax_last_dim_fast(&x)? - candle_nn::ops::softmax_last_dim(&x)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar()?;
+        assert!(d < 1e-6, "{d}");
+        Ok(())
+    }
+}

@@ -18,6 +18,7 @@ pub mod lm;
 pub mod matvec;
 pub mod norm;
 pub mod rope;
+pub mod runtime;
 pub mod weights;
 
 pub use activation::Activation;
@@ -42,7 +43,7 @@ pub fn softmax_last_dim(
     mode: Mode,
 ) -> candle_core::Result<candle_core::Tensor> {
     match mode {
-        Mode::Infer => candle_nn::ops::softmax_last_dim(xs),
+        Mode::Infer => fused::softmax_last_dim_fast(xs),
         Mode::Train => candle_nn::ops::softmax(xs, candle_core::D::Minus1),
     }
 }

@@ -6,10 +6,8 @@
 //!   anything else is running the spinning thread starves the working one (measured: 4–7× slower
 //!   steps on the 2-core build machine under load). `CANDLE_NUM_THREADS=1` keeps the pool empty
 //!   while GEMMs still use `RAYON_NUM_THREADS` threads.
-//! * **Keep freed buffers in the heap.** candle allocates a fresh buffer for every op result;
-//!   glibc serves blocks above its mmap threshold with `mmap` / `munmap`, i.e. system calls and
-//!   page faults per op (ENGINEERING §1: "much system time → allocation"). Raising the mmap and
-//!   trim thresholds lets the heap reuse them.
+//! * **Keep freed buffers in the heap** ([`glance_nn::runtime::tune_allocator`], which every
+//!   glance command applies).
 //!
 //! Both must happen before the first candle CPU op (the pool is created on first use).
 
@@ -35,35 +33,7 @@ pub fn prepare_cpu_for_training() -> CpuSetup {
     }
 }
 
-/// Keeps large freed blocks in the process heap (glibc only; a no-op elsewhere). Returns whether
-/// the settings were applied.
+/// Keeps large freed blocks in the process heap (see [`glance_nn::runtime`]).
 pub fn tune_allocator() -> bool {
-    imp::tune()
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-mod imp {
-    use std::os::raw::c_int;
-
-    extern "C" {
-        fn mallopt(param: c_int, value: c_int) -> c_int;
-    }
-
-    /// glibc `malloc.h`.
-    const M_TRIM_THRESHOLD: c_int = -1;
-    const M_MMAP_THRESHOLD: c_int = -3;
-
-    pub fn tune() -> bool {
-        // 512 MiB: effectively "never mmap / never trim" for training-sized buffers.
-        const LIMIT: c_int = 1 << 29;
-        // SAFETY: mallopt only changes allocator parameters; it is safe to call at any time.
-        unsafe { mallopt(M_MMAP_THRESHOLD, LIMIT) == 1 && mallopt(M_TRIM_THRESHOLD, LIMIT) == 1 }
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-mod imp {
-    pub fn tune() -> bool {
-        false
-    }
+    glance_nn::runtime::tune_allocator()
 }
