@@ -37,7 +37,10 @@ impl LayerCache {
             self.k = Some(grow(self.k.as_ref(), k, self.len, new_cap)?);
             self.v = Some(grow(self.v.as_ref(), v, self.len, new_cap)?);
         }
-        let (kb, vb) = (self.k.as_ref().unwrap(), self.v.as_ref().unwrap());
+        let (kb, vb) = (
+            self.k.as_ref().expect("buffers allocated above"),
+            self.v.as_ref().expect("buffers allocated above"),
+        );
         kb.slice_set(&k.contiguous()?, 2, self.len)?;
         vb.slice_set(&v.contiguous()?, 2, self.len)?;
         self.len = needed;
