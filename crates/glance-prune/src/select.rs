@@ -34,26 +34,19 @@ impl Pruner for Random {
 
     fn prune(&self, input: &PruneInput, k: usize) -> Result<Kept> {
         let n = input.len()?;
-        let mut state =
-            self.seed ^ ((n as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut rng = glance_decode::rng::Rng::new(
+            self.seed ^ ((n as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
         let mut idx: Vec<usize> = (0..n).collect();
         // Partial Fisher–Yates: the first k slots become a uniform sample.
         for i in 0..k {
-            let r = splitmix64(&mut state);
+            let r = rng.next_u64();
             let j = i + (r % (n - i) as u64) as usize;
             idx.swap(i, j);
         }
         idx.truncate(k);
         Kept::subset(&input.tokens, idx)
     }
-}
-
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Top-`k` by visual saliency ([CLS] attention, or [CLS] cosine): FasterVLM / VisionZip's
