@@ -4,9 +4,11 @@
 //! of glance.
 
 mod error;
+pub mod rng;
 mod sampling;
 
 pub use error::{Error, Result};
+pub use rng::Rng;
 pub use sampling::SamplingParams;
 
 /// A token id in a model's vocabulary.

@@ -7,7 +7,6 @@
 //! * [`stop`]: stop-string matching over streamed text.
 
 pub mod autoregressive;
-pub mod rng;
 pub mod sampler;
 pub mod stop;
 

@@ -1,8 +1,7 @@
 //! Next-token selection from a logit row: greedy argmax, or temperature → top-k → top-p → draw,
 //! in the order Hugging Face's `generate` applies its warpers.
 
-use crate::rng::Rng;
-use glance_core::{Result, SamplingParams, TokenId};
+use glance_core::{Result, Rng, SamplingParams, TokenId};
 
 /// Picks tokens from logits; owns the random stream so a seed fixes the whole generation.
 #[derive(Debug, Clone)]

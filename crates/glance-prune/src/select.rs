@@ -34,7 +34,7 @@ impl Pruner for Random {
 
     fn prune(&self, input: &PruneInput, k: usize) -> Result<Kept> {
         let n = input.len()?;
-        let mut rng = glance_decode::rng::Rng::new(
+        let mut rng = glance_core::Rng::new(
             self.seed ^ ((n as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         );
         let mut idx: Vec<usize> = (0..n).collect();

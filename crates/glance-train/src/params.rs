@@ -135,32 +135,6 @@ fn decays(name: &str, t: &Tensor) -> bool {
         && !is_norm(name)
 }
 
-/// SplitMix64: a tiny seeded generator for initial weights.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.unit(), self.unit());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
-}
-
-fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
-    })
-}
-
 /// HF-style initialisation, deterministic per (seed, name): norm weights 1, biases 0, [CLS]
 /// embedding N(0, d^-½), everything else N(0, 0.02).
 pub fn init_params(varmap: &VarMap, seed: u64) -> Result<()> {
@@ -178,8 +152,8 @@ pub fn init_params(varmap: &VarMap, seed: u64) -> Result<()> {
             } else {
                 0.02
             };
-            let mut rng = SplitMix(seed ^ name_hash(name));
-            (0..n).map(|_| (rng.normal() * std) as f32).collect()
+            let mut rng = glance_core::Rng::for_name(seed, name);
+            (0..n).map(|_| (rng.next_normal() * std) as f32).collect()
         };
         var.set(&Tensor::from_vec(values, t.shape(), t.device())?)?;
     }
