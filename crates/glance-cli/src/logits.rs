@@ -1,7 +1,7 @@
 //! `glance logits`: the f32 logits of every position of the expanded prompt, as `.npy`
 //! `(seq_len, vocab)`. External parity checks call this; its behaviour is kept stable.
 
-use crate::pipeline::{prepare, InputArgs, Vlm};
+use crate::pipeline::InputArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use glance_nn::{AttnMask, CausalLm};
@@ -21,13 +21,7 @@ pub struct LogitsArgs {
 
 pub fn run(args: LogitsArgs) -> Result<()> {
     crate::threads::init(args.threads)?;
-    let vlm = Vlm::load(&args.input.model_dir()?)?;
-    let prep = prepare(
-        &vlm,
-        &args.input.image,
-        &args.input.prompt,
-        args.input.format(),
-    )?;
+    let (vlm, prep) = args.input.load_and_prepare()?;
     let text = vlm.model.text();
     let n = prep.prompt.ids.len();
     let positions: Vec<u32> = (0..n as u32).collect();

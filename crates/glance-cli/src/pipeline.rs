@@ -63,6 +63,13 @@ pub struct InputArgs {
 }
 
 impl InputArgs {
+    /// Loads the model and prepares this prompt and image for it.
+    pub fn load_and_prepare(&self) -> Result<(Vlm, Prepared)> {
+        let vlm = Vlm::load(&self.model_dir()?)?;
+        let prepared = prepare(&vlm, &self.image, &self.prompt, self.format())?;
+        Ok((vlm, prepared))
+    }
+
     /// The model directory: `--model` or the default.
     pub fn model_dir(&self) -> Result<PathBuf> {
         model_dir(self.model.as_deref())

@@ -1,6 +1,6 @@
 //! `glance run`: answer a prompt about an image, streaming the answer.
 
-use crate::pipeline::{prefill, prepare, InputArgs, PruneArgs, Vlm};
+use crate::pipeline::{prefill, InputArgs, PruneArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use glance_core::SamplingParams;
@@ -68,13 +68,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let sampling = args.gen.sampling()?;
     let spec = args.prune.spec()?;
     let threads = crate::threads::init(args.threads)?;
-    let vlm = Vlm::load(&args.input.model_dir()?)?;
-    let prep = prepare(
-        &vlm,
-        &args.input.image,
-        &args.input.prompt,
-        args.input.format(),
-    )?;
+    let (vlm, prep) = args.input.load_and_prepare()?;
     let config = GenerateConfig {
         max_new_tokens: args.gen.max_new_tokens,
         sampling,

@@ -109,10 +109,8 @@ impl Qa {
         answer: impl Into<String>,
     ) -> Qa {
         Qa {
-            family,
-            question: question.into(),
-            answer: answer.into(),
             follow_up: true,
+            ..Qa::new(family, question, answer)
         }
     }
 }
