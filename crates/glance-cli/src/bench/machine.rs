@@ -8,46 +8,46 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use std::time::Instant;
 
-/// Copy bandwidth in bytes/s with `threads` threads, best of `reps` copies of a 512 MiB buffer
-/// (far beyond any cache).
-pub fn copy_bandwidth(threads: usize, reps: usize) -> Result<f64> {
-    let n = 128 << 20; // f32 elements = 512 MiB
-    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut dst = vec![0f32; n];
+/// f32 elements of each probe buffer: 512 MiB, far beyond any cache.
+const N: usize = 128 << 20;
+
+/// Best wall time of `reps` runs of `work`, each run on a pool of `threads` threads.
+fn best_seconds(threads: usize, reps: usize, mut work: impl FnMut() + Send) -> Result<f64> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;
-    let chunk = n.div_ceil(threads);
     let mut best = f64::INFINITY;
     for _ in 0..reps {
         let start = Instant::now();
-        pool.install(|| {
-            dst.par_chunks_mut(chunk)
-                .zip(src.par_chunks(chunk))
-                .for_each(|(d, s)| d.copy_from_slice(s));
-        });
+        pool.install(&mut work);
         best = best.min(start.elapsed().as_secs_f64());
-        std::hint::black_box(&dst);
     }
-    Ok(2.0 * (n * 4) as f64 / best)
+    Ok(best)
+}
+
+/// Copy bandwidth in bytes/s with `threads` threads, best of `reps` copies of a 512 MiB buffer.
+pub fn copy_bandwidth(threads: usize, reps: usize) -> Result<f64> {
+    let src: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; N];
+    let chunk = N.div_ceil(threads);
+    let best = best_seconds(threads, reps, || {
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        std::hint::black_box(&dst);
+    })?;
+    Ok(2.0 * (N * 4) as f64 / best)
 }
 
 /// Read-only bandwidth in bytes/s: sums a 512 MiB buffer with `threads` threads, best of `reps`.
 pub fn read_bandwidth(threads: usize, reps: usize) -> Result<f64> {
-    let n: usize = 128 << 20;
-    let src: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?;
-    let chunk = n.div_ceil(threads);
-    let mut best = f64::INFINITY;
-    for _ in 0..reps {
-        let start = Instant::now();
-        let total: f32 = pool.install(|| src.par_chunks(chunk).map(sum_lanes).sum());
-        best = best.min(start.elapsed().as_secs_f64());
+    let src: Vec<f32> = (0..N).map(|i| (i % 7) as f32).collect();
+    let chunk = N.div_ceil(threads);
+    let best = best_seconds(threads, reps, || {
+        let total: f32 = src.par_chunks(chunk).map(sum_lanes).sum();
         std::hint::black_box(total);
-    }
-    Ok((n * 4) as f64 / best)
+    })?;
+    Ok((N * 4) as f64 / best)
 }
 
 /// Reads every value once with the decode kernel's own vector loop (AVX2 + FMA where available),
