@@ -1,15 +1,14 @@
 //! Checkpoint formats: sharded safetensors with an index, and f16 / bf16 weights on disk (computed
 //! in f32). Each variant is written from a fixture checkpoint and must reproduce its logits.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
+use common::{fixtures, max_abs};
 use glance_models::llava::Llava;
 use glance_nn::AttnMask;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
-}
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("glance-ckpt-test-{}-{name}", std::process::id()));
@@ -58,17 +57,6 @@ fn logits(dir: &Path) -> Tensor {
         .forward_uncached(&emb, &pos, &AttnMask::causal())
         .unwrap();
     glance_nn::CausalLm::logits(text, &h).unwrap()
-}
-
-fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 #[test]

@@ -5,7 +5,10 @@
 //! The model is fed the fixture's own pixel values so this test isolates the model from image
 //! pre-processing (checked in `image_parity.rs`).
 
+mod common;
+
 use candle_core::{Device, Tensor};
+use common::{fixtures, max_abs};
 use glance_core::SamplingParams;
 use glance_decode::{generate, GenerateConfig};
 use glance_models::llava::Llava;
@@ -16,24 +19,8 @@ use std::path::PathBuf;
 
 const TOL: f32 = 1e-4;
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
-}
-
 fn manifest() -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join("manifest.json")).unwrap())
-        .unwrap()
-}
-
-fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims(), "shape");
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
         .unwrap()
 }
 
