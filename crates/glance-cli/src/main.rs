@@ -4,10 +4,12 @@
 //! in the library crates.
 
 mod bench;
+mod curve;
 mod demo;
 mod eval;
 mod logits;
 mod pipeline;
+mod plot;
 mod run;
 mod threads;
 mod train;

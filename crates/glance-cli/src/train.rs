@@ -14,6 +14,9 @@ use std::time::Instant;
 pub enum TrainCommand {
     /// Train a LLaVA checkpoint on the synthetic world (writes OUT/model, an HF LLaVA directory).
     World(WorldArgs),
+    /// Validation accuracy against training time from training runs' metrics.jsonl: a table,
+    /// an SVG plot and JSON.
+    Curve(crate::curve::CurveArgs),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -78,6 +81,7 @@ pub struct WorldArgs {
 pub fn run(cmd: TrainCommand) -> Result<()> {
     match cmd {
         TrainCommand::World(a) => world(a),
+        TrainCommand::Curve(a) => crate::curve::run(a),
     }
 }
 

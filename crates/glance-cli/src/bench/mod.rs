@@ -3,7 +3,7 @@
 
 mod decode;
 mod machine;
-mod plot;
+
 mod prune;
 
 use anyhow::Result;

@@ -17,8 +17,8 @@
 //! At 100% every policy is the unpruned prefill (tested exactly), so that row is run once.
 //! Writes `prune.json`, `prune-ttft.svg` and (with accuracy) `prune-accuracy.svg` under `--out`.
 
-use super::plot::{line_plot, Axes, Series};
 use crate::pipeline::Vlm;
+use crate::plot::{line_plot, write_svg, Axes, Series};
 use crate::threads;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
@@ -472,11 +472,6 @@ fn series(policies: &[Policy], cells: &[Cell], value: impl Fn(usize) -> f64) -> 
                 .collect(),
         })
         .collect()
-}
-
-fn write_svg(path: &std::path::Path, svg: &str) -> Result<()> {
-    std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))?;
-    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
 }
 
 pub fn run(args: PruneBenchArgs) -> Result<()> {

@@ -1,7 +1,9 @@
 //! A small self-contained SVG line plot (a line and markers per series, axes, ticks, legend) for
 //! benchmark reports, instead of a plotting crate.
 
+use anyhow::{Context, Result};
 use std::fmt::Write;
+use std::path::Path;
 
 /// One line of a plot.
 pub struct Series {
@@ -162,6 +164,26 @@ pub fn line_plot(axes: &Axes, series: &[Series]) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// Writes an SVG document to `path`, creating parent directories.
+pub fn write_svg(path: &Path, svg: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
+}
+
+/// About `n` evenly spaced ticks at round values covering `0..=max`.
+pub fn linear_ticks(max: f64, n: usize) -> Vec<(f64, String)> {
+    let step = nice_step(max / n.max(1) as f64);
+    let count = (max / step).ceil().max(1.0) as usize;
+    (0..=count)
+        .map(|i| {
+            let x = step * i as f64;
+            (x, fmt_tick(x, step))
+        })
+        .collect()
 }
 
 fn bounds(v: &[f64]) -> (f64, f64) {
