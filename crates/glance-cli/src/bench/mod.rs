@@ -3,7 +3,6 @@
 
 mod decode;
 mod machine;
-
 mod prune;
 
 use anyhow::Result;
