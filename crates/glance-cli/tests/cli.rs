@@ -137,17 +137,23 @@ fn help_explains_every_command() {
     assert!(stdout(&o).contains("--max-new-tokens"));
 }
 
-#[test]
-fn missing_model_dir_is_named() {
-    let o = glance(&[
+/// `glance run` on `model` with the astronaut image and a one-word prompt: the probe of the
+/// bad-model tests, which must fail before answering.
+fn run_on(model: &str) -> std::process::Output {
+    glance(&[
         "run",
         "--model",
-        "/no/such/model",
+        model,
         "--image",
         s(&fixture("images/astronaut.png")),
         "--prompt",
         "x",
-    ]);
+    ])
+}
+
+#[test]
+fn missing_model_dir_is_named() {
+    let o = run_on("/no/such/model");
     assert_fails_with(&o, "/no/such/model");
 }
 
@@ -179,15 +185,7 @@ fn truncated_safetensors_names_the_file() {
     let f = m.join("model.safetensors");
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() / 3]).unwrap();
-    let o = glance(&[
-        "run",
-        "--model",
-        s(&m),
-        "--image",
-        s(&fixture("images/astronaut.png")),
-        "--prompt",
-        "x",
-    ]);
+    let o = run_on(s(&m));
     assert_fails_with(&o, "model.safetensors");
 }
 
@@ -206,15 +204,7 @@ fn missing_tensor_is_named() {
     edit_weights(&m, |ts| {
         assert!(ts.remove(name).is_some());
     });
-    let o = glance(&[
-        "run",
-        "--model",
-        s(&m),
-        "--image",
-        s(&fixture("images/astronaut.png")),
-        "--prompt",
-        "x",
-    ]);
+    let o = run_on(s(&m));
     assert_fails_with(&o, name);
 }
 
@@ -230,15 +220,7 @@ fn wrong_shape_names_tensor_and_both_shapes() {
             Tensor::zeros((o, i + 1), t.dtype(), &Device::Cpu).unwrap(),
         );
     });
-    let o = glance(&[
-        "run",
-        "--model",
-        s(&m),
-        "--image",
-        s(&fixture("images/astronaut.png")),
-        "--prompt",
-        "x",
-    ]);
+    let o = run_on(s(&m));
     assert_fails_with(&o, name);
     let err = stderr(&o);
     assert!(
