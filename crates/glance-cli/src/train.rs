@@ -67,6 +67,24 @@ pub struct WorldArgs {
     /// Stop (with a checkpoint) after this many steps of this invocation; continue with --resume.
     #[arg(long)]
     pub stop_after: Option<u64>,
+    /// Show this share of the QA stages' images to the decoder through a pre-LLM pruning policy
+    /// (every policy alike, at 50 / 25 / 12.5 / 6.25% of the visual tokens), so the model answers
+    /// from pruned token sets too. 0: off.
+    #[arg(long)]
+    pub token_drop: Option<f64>,
+    /// Weight of the word–patch alignment term in the QA stages: projected visual tokens are
+    /// pulled towards the input embeddings of the words that describe them (colour, shape, size,
+    /// grid cell, sign), the rest of the vocabulary towards orthogonal, so that text-relevance
+    /// pruning can find what a question names. 0: off.
+    #[arg(long)]
+    pub align: Option<f64>,
+    /// Peak learning rate of the selected stages (default: the preset's).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Draw scenes with any number of objects from the first step (for a fine-tune of a trained
+    /// model; the preset ramps the object count up over the first half of a stage).
+    #[arg(long)]
+    pub no_curriculum: bool,
     /// Threads in all (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -162,7 +180,15 @@ fn describe_stage(s: &glance_train::StageSpec) -> String {
         Budget::Steps(n) => format!("{n} steps"),
         Budget::Seconds(x) => format!("{:.1} min", x / 60.0),
     };
-    format!("{} {b} × {} img", s.stage, s.images_per_step)
+    let drop = match &s.token_drop {
+        Some(d) => format!(", {:.0}% token-dropped", d.fraction * 100.0),
+        None => String::new(),
+    };
+    let align = match s.align {
+        Some(w) => format!(", alignment weight {w}"),
+        None => String::new(),
+    };
+    format!("{} {b} × {} img{drop}{align}", s.stage, s.images_per_step)
 }
 
 fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConfig> {
@@ -177,6 +203,21 @@ fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConf
     c.stages.retain(|s| s.budget != Budget::Steps(0));
     if let Some(m) = a.minutes {
         c = c.with_minutes(m)?;
+    }
+    for s in &mut c.stages {
+        if let Some(lr) = a.lr {
+            s.optim.lr = lr;
+        }
+        if a.no_curriculum {
+            s.curriculum_start = None;
+        }
+        if s.stage != Stage::Vision {
+            s.align = a.align.filter(|&w| w > 0.0);
+            s.token_drop = a
+                .token_drop
+                .filter(|&f| f > 0.0)
+                .map(glance_train::TokenDrop::every_policy);
+        }
     }
     c.seed = a.seed;
     c.workers = a.workers.unwrap_or(threads);

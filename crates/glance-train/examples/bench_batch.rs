@@ -178,6 +178,8 @@ fn main() -> glance_train::Result<()> {
             },
             _ => Batch::Qa {
                 items: pixels.into_iter().zip(&packed).collect(),
+                drops: &[],
+                align: None,
             },
         };
         let b = batch_grads(&model, stage, &input, workers)?;

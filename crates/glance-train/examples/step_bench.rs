@@ -68,6 +68,8 @@ fn main() -> glance_train::Result<()> {
                 packed = pack_images(&data, &ims, turns)?;
                 Batch::Qa {
                     items: pixels.into_iter().zip(&packed).collect(),
+                    drops: &[],
+                    align: None,
                 }
             }
         };

@@ -9,6 +9,7 @@
 //! pretraining heads supervise is the layer LLaVA reads (no trained layer is thrown away), and
 //! strategy `default` (patch tokens only, 256 at patch 14).
 
+use crate::token_drop::TokenDrop;
 use crate::{Result, TrainError};
 use glance_models::llava::LlavaConfig;
 use glance_world::vocab;
@@ -275,6 +276,12 @@ pub struct StageSpec {
     /// the world's maximum (6) at `curriculum_until` × the stage's steps. `None`: no curriculum.
     pub curriculum_start: Option<usize>,
     pub curriculum_until: f64,
+    /// Visual-token drop augmentation (QA stages; `None`: every image keeps all its tokens).
+    #[serde(default)]
+    pub token_drop: Option<TokenDrop>,
+    /// Weight of the word–patch alignment term (QA stages; [`crate::align`]); `None`: off.
+    #[serde(default)]
+    pub align: Option<f64>,
 }
 
 /// Everything a training run needs besides the output directory.
@@ -441,6 +448,22 @@ impl TrainConfig {
                     s.stage
                 )));
             }
+            if let Some(d) = &s.token_drop {
+                if s.stage == Stage::Vision {
+                    return Err(TrainError::Config(
+                        "token drop applies to the QA stages only".into(),
+                    ));
+                }
+                d.validate()?;
+            }
+            if let Some(w) = s.align {
+                if s.stage == Stage::Vision || !(w >= 0.0 && w.is_finite()) {
+                    return Err(TrainError::Config(format!(
+                        "stage {}: the alignment weight must be ≥ 0 and applies to the QA stages, got {w}",
+                        s.stage
+                    )));
+                }
+            }
             let o = &s.optim;
             let ok = o.lr > 0.0
                 && o.lr.is_finite()
@@ -473,6 +496,8 @@ impl StageSpec {
             optim,
             curriculum_start: None,
             curriculum_until: 0.5,
+            token_drop: None,
+            align: None,
         }
     }
 

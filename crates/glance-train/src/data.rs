@@ -13,6 +13,7 @@
 //!
 //! The stream is a pure function of a cursor into the train split (saved in checkpoints).
 
+use crate::align::{self, AlignVocab};
 use crate::heads::{vision_targets, VisionTargets};
 use crate::packing::{pack, Packed, Segment};
 use crate::{Result, TrainError};
@@ -35,6 +36,7 @@ pub struct WorldData {
     eos: u32,
     max_rows: usize,
     device: Device,
+    align: AlignVocab,
 }
 
 /// One image with what every stage needs.
@@ -63,7 +65,9 @@ impl WorldData {
             .eos_token_ids()
             .first()
             .ok_or_else(|| TrainError::Config("the tokenizer has no EOS token".into()))?;
+        let align = AlignVocab::new(&processor)?;
         Ok(Self {
+            align,
             processor,
             patch: config.vision.patch_size,
             prefix,
@@ -119,6 +123,17 @@ impl WorldData {
     /// Per-patch and [CLS] targets of a scene.
     pub fn vision_targets(&self, scene: &Scene) -> Result<VisionTargets> {
         vision_targets(scene, self.patch)
+    }
+
+    /// Token ids of the words the alignment term ranges over ([`crate::align`]).
+    pub fn align_words(&self) -> &[u32] {
+        &self.align.ids
+    }
+
+    /// Word–patch alignment targets of a scene, `(patches, words)`.
+    pub fn align_targets(&self, scene: &Scene) -> Result<Tensor> {
+        let y = self.align.targets(scene, self.patch)?;
+        align::targets_tensor(y, self.align.ids.len(), &self.device)
     }
 
     /// Up to `k` independent training turns about a scene (deterministic in `seed`).

@@ -16,11 +16,12 @@
 //!
 //! Modules: [`config`] (sizes, presets, stages), [`params`] (init, parameter groups),
 //! [`optim`] (AdamW + warm-up/cosine + global-norm clipping), [`data`] (world stream),
-//! [`step`] (losses), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
+//! [`step`] (losses), [`token_drop`] (training on pruned visual tokens), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
 //! [`eval`] (the one world evaluation runner: training validation, `glance eval` / `demo`, the
 //! accuracy half of `glance bench prune`), [`runtime`] (thread and allocator settings for CPU
 //! training).
 
+pub mod align;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
@@ -33,9 +34,11 @@ pub mod packing;
 pub mod params;
 pub mod runtime;
 pub mod step;
+pub mod token_drop;
 pub mod trainer;
 
 pub use config::{Budget, ModelSpec, OptimSpec, Stage, StageSpec, TrainConfig};
 pub use error::{Result, TrainError};
 pub use params::TrainModel;
+pub use token_drop::TokenDrop;
 pub use trainer::{Observer, StepReport, Trainer};

@@ -8,7 +8,7 @@
 //! if the turn were asked cold (ENGINEERING §6: plain causal multi-turn packing taught the model
 //! that a description only follows other turns).
 
-use crate::Result;
+use crate::{Result, TrainError};
 use candle_core::{Device, Tensor};
 
 /// One segment: the question tokens up to and including `ASSISTANT :`, then the answer tokens
@@ -40,6 +40,42 @@ impl Packed {
 
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+
+    /// The sequence restricted to `rows` (strictly increasing): ids, positions and the mask's rows
+    /// and columns are kept as they are, so a kept row sees exactly the kept rows it saw before
+    /// and keeps its position id. Every target row must be kept.
+    pub fn keep_rows(&self, rows: &[usize]) -> Result<Packed> {
+        let t = self.len();
+        if !rows.windows(2).all(|w| w[0] < w[1]) || rows.last().is_some_and(|&r| r >= t) {
+            return Err(TrainError::Config(format!(
+                "rows to keep must be increasing and below {t}"
+            )));
+        }
+        // new index of each old row
+        let mut new = vec![u32::MAX; t];
+        for (j, &r) in rows.iter().enumerate() {
+            new[r] = j as u32;
+        }
+        let target_rows = self
+            .target_rows
+            .iter()
+            .map(|&r| match new[r as usize] {
+                u32::MAX => Err(TrainError::Config(format!("target row {r} was dropped"))),
+                j => Ok(j),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut mask = Vec::with_capacity(rows.len() * rows.len());
+        for &r in rows {
+            mask.extend(rows.iter().map(|&c| self.mask[r * t + c]));
+        }
+        Ok(Packed {
+            ids: rows.iter().map(|&r| self.ids[r]).collect(),
+            positions: rows.iter().map(|&r| self.positions[r]).collect(),
+            mask,
+            target_rows,
+            targets: self.targets.clone(),
+        })
     }
 
     /// The mask as a `(t, t)` tensor.
@@ -129,6 +165,38 @@ mod tests {
         assert_eq!(vis(5), row("11111100000"));
         assert_eq!(vis(7), row("11100001000"));
         assert_eq!(vis(10), row("11100001111"));
+    }
+
+    #[test]
+    fn keeping_rows_keeps_positions_visibility_and_targets() {
+        let prefix = [1u32, 9, 9, 9];
+        let segs = [
+            Segment {
+                prompt: vec![10],
+                answer: vec![20, 3],
+            },
+            Segment {
+                prompt: vec![12],
+                answer: vec![3],
+            },
+        ];
+        let p = pack(&prefix, &segs, 100);
+        // drop the image rows 1 and 3
+        let q = p.keep_rows(&[0, 2, 4, 5, 6, 7, 8]).unwrap();
+        assert_eq!(q.ids, vec![1, 9, 10, 20, 3, 12, 3]);
+        assert_eq!(q.positions, vec![0, 2, 4, 5, 6, 4, 5]);
+        assert_eq!(q.targets, p.targets);
+        assert_eq!(q.target_rows, vec![2, 3, 5]);
+        let t = q.len();
+        let vis = |r: usize| -> Vec<bool> { (0..t).map(|c| q.mask[r * t + c] == 0.0).collect() };
+        assert_eq!(vis(1), [true, true, false, false, false, false, false]);
+        assert_eq!(vis(6), [true, true, false, false, false, true, true]);
+        assert!(
+            p.keep_rows(&[0, 1, 2, 3, 5, 6, 7, 8]).is_err(),
+            "target row 4 dropped"
+        );
+        assert!(p.keep_rows(&[2, 1]).is_err());
+        assert!(p.keep_rows(&[0, 99]).is_err());
     }
 
     #[test]

@@ -8,15 +8,17 @@
 //! is a function of the batch size and `workers` only, so runs are deterministic for a given
 //! worker count.
 
+use crate::align;
 use crate::config::Stage;
 use crate::data::{ImageSample, WorldData};
 use crate::heads::{argmax_hits, HeadCounts, Metric, VisionTargets};
 use crate::packing::Packed;
 use crate::params::TrainModel;
+use crate::token_drop::{self, DropPlan, TokenDrop};
 use crate::{Result, TrainError};
 use candle_core::backprop::GradStore;
 use candle_core::Tensor;
-use glance_models::llava::{FeatureSelect, Llava};
+use glance_models::llava::ImageEncoding;
 use glance_nn::{AttnMask, CausalLm};
 
 /// The scalar loss of a batch (or part) and what to report about it.
@@ -35,9 +37,12 @@ pub enum Batch<'a> {
         pixels: Vec<&'a Tensor>,
         targets: &'a [VisionTargets],
     },
-    /// Pixels and packed sequence per image.
+    /// Pixels and packed sequence per image; each image's visual-token drop (empty: none) and
+    /// the word–patch alignment term ([`crate::align`]).
     Qa {
         items: Vec<(&'a Tensor, &'a Packed)>,
+        drops: &'a [Option<DropPlan>],
+        align: Option<AlignBatch<'a>>,
     },
 }
 
@@ -46,9 +51,28 @@ impl Batch<'_> {
     fn costs(&self) -> Vec<usize> {
         match self {
             Batch::Vision { pixels, .. } => vec![1; pixels.len()],
-            Batch::Qa { items } => items.iter().map(|(_, p)| p.len()).collect(),
+            Batch::Qa { items, drops, .. } => items
+                .iter()
+                .enumerate()
+                .map(|(i, (_, p))| match drops.get(i) {
+                    // the kept share of the rows, roughly (most rows are image rows)
+                    Some(Some(d)) => (p.len() as f64 * d.keep_ratio()).ceil() as usize,
+                    _ => p.len(),
+                })
+                .collect(),
         }
     }
+}
+
+/// The alignment term of a QA batch.
+#[derive(Clone, Copy)]
+pub struct AlignBatch<'a> {
+    /// Token ids of the vocabulary words, `v`.
+    pub words: &'a [u32],
+    /// Per image, 0/1 targets `(patches, v)`.
+    pub targets: &'a [Tensor],
+    /// Weight of the term (the batch mean over images).
+    pub weight: f64,
 }
 
 /// Splits items with `costs` into at most `parts` contiguous, non-empty ranges of about equal
@@ -131,9 +155,22 @@ fn part_loss(
             &targets[range],
             &HeadCounts::of(targets),
         ),
-        Batch::Qa { items } => {
+        Batch::Qa {
+            items,
+            drops,
+            align,
+        } => {
             let whole: usize = items.iter().map(|(_, p)| p.targets.len()).sum();
-            qa_part(model, stage, &items[range], whole)
+            let extras = QaExtras {
+                drops: drops.get(range.clone()).unwrap_or(&[]),
+                align: align.map(|a| AlignBatch {
+                    words: a.words,
+                    targets: a.targets.get(range.clone()).unwrap_or(&[]),
+                    // per image, so that the parts sum to the batch mean
+                    weight: a.weight / items.len() as f64,
+                }),
+            };
+            qa_part(model, stage, &items[range], &extras, whole)
         }
     }
 }
@@ -225,26 +262,19 @@ fn vision_part(
     })
 }
 
-/// Vision features before the projector, `(image_tokens, vision_hidden · n_layers)`, exactly as
-/// `Llava::encode_image` selects them.
-pub fn vision_features(llava: &Llava, pixels: &Tensor) -> Result<Tensor> {
-    let cfg = llava.config();
-    let out = llava.vision().forward(pixels, &cfg.feature_layers)?;
-    let feats = Tensor::cat(&out.hidden_states, 1)?;
-    Ok(match cfg.feature_select {
-        FeatureSelect::Default => feats.narrow(0, 1, feats.dim(0)? - 1)?,
-        FeatureSelect::Full => feats,
-    })
-}
-
-/// Projected image tokens `(image_tokens, text_hidden)` for a QA stage: through the frozen tower
-/// (fused ops, detached) for [`Stage::Llava`], through the trainable one for [`Stage::EndToEnd`].
-pub fn image_tokens(model: &TrainModel, stage: Stage, pixels: &Tensor) -> Result<Tensor> {
+/// One image for a QA stage: projected tokens `(image_tokens, text_hidden)` through the frozen
+/// tower (fused ops, detached) for [`Stage::Llava`], through the trainable one for
+/// [`Stage::EndToEnd`]; the tower's features and [CLS] attention come along for pruning.
+pub fn image_encoding(model: &TrainModel, stage: Stage, pixels: &Tensor) -> Result<ImageEncoding> {
     match stage {
-        Stage::EndToEnd => Ok(model.train.encode_image(pixels)?.features),
+        Stage::EndToEnd => Ok(model.train.encode_image(pixels)?),
         _ => {
-            let feats = vision_features(&model.infer, pixels)?.detach();
-            Ok(model.train.projector().forward(&feats)?)
+            let tower = model.infer.encode_tower(pixels)?;
+            Ok(ImageEncoding {
+                features: model.train.projector().forward(&tower.features.detach())?,
+                vision_hidden: tower.vision_hidden.detach(),
+                cls_attention: tower.cls_attention.map(|a| a.detach()),
+            })
         }
     }
 }
@@ -261,7 +291,7 @@ pub fn qa_loss(
     let packed = pack_images(data, images, turns)?;
     let items: Vec<(&Tensor, &Packed)> = images.iter().map(|im| &im.pixels).zip(&packed).collect();
     let whole = packed.iter().map(|p| p.targets.len()).sum();
-    qa_part(model, stage, &items, whole)
+    qa_part(model, stage, &items, &QaExtras::default(), whole)
 }
 
 /// The packed training sequence of each image.
@@ -272,18 +302,71 @@ pub fn pack_images(data: &WorldData, images: &[ImageSample], turns: usize) -> Re
         .collect()
 }
 
-/// Mean answer-token cross-entropy of `items`, scaled to a batch of `whole` answer tokens.
+/// The drop plan of each image, drawn from `drop` (see [`crate::token_drop`]); the query is the
+/// first packed question, as `glance run` would pass it.
+pub fn drop_plans(
+    data: &WorldData,
+    images: &[ImageSample],
+    turns: usize,
+    drop: &TokenDrop,
+) -> Result<Vec<Option<DropPlan>>> {
+    images
+        .iter()
+        .map(|im| {
+            let qs = data.turns(&im.scene, im.seed, turns);
+            let query = match qs.first() {
+                Some(q) => data.processor.query_ids(&q.question)?,
+                None => Vec::new(),
+            };
+            drop.plan(im.seed, query)
+        })
+        .collect()
+}
+
+/// What a part of a QA batch adds to the answer loss, per image (missing entries: nothing).
+#[derive(Default)]
+struct QaExtras<'a> {
+    drops: &'a [Option<DropPlan>],
+    /// With the weight of each image's term.
+    align: Option<AlignBatch<'a>>,
+}
+
+/// Mean answer-token cross-entropy of `items`, scaled to a batch of `whole` answer tokens, plus
+/// the weighted alignment loss of the images that have targets; image `i` is pruned as
+/// `extras.drops[i]` says.
 fn qa_part(
     model: &TrainModel,
     stage: Stage,
     items: &[(&Tensor, &Packed)],
+    extras: &QaExtras,
     whole: usize,
 ) -> Result<BatchLoss> {
     let dev = model.train.text().device().clone();
     let mut logits = Vec::with_capacity(items.len());
     let mut targets: Vec<u32> = Vec::new();
-    for (pixels, packed) in items {
-        let feats = image_tokens(model, stage, pixels)?;
+    let image_id = model.config.image_token_id;
+    let mut align_losses = Vec::new();
+    // (v, text_hidden)
+    let words = match &extras.align {
+        Some(a) => Some(model.train.text().embed_tokens(a.words)?),
+        None => None,
+    };
+    for (i, (pixels, packed)) in items.iter().enumerate() {
+        let enc = image_encoding(model, stage, pixels)?;
+        if let (Some(words), Some(a)) = (&words, &extras.align) {
+            if let Some(y) = a.targets.get(i) {
+                align_losses.push((align::loss(&enc.features, words, y)? * a.weight)?);
+            }
+        }
+        let pruned;
+        let (feats, packed) = match extras.drops.get(i) {
+            Some(Some(plan)) => {
+                let (f, p) = token_drop::apply(&model.train, &enc, packed, image_id, plan)?;
+                pruned = p;
+                (f, &pruned)
+            }
+            _ => (enc.features, *packed),
+        };
         // (t, hidden)
         let xs = model.train.embed_prompt(&packed.ids, &[&feats])?;
         let mask = AttnMask::Custom(packed.mask_tensor(&dev)?);
@@ -299,7 +382,10 @@ fn qa_part(
     let logits = Tensor::cat(&logits, 0)?;
     let y = Tensor::new(targets.as_slice(), &dev)?;
     let scale = targets.len() as f64 / whole.max(1) as f64;
-    let loss = (candle_nn::loss::cross_entropy(&logits, &y)? * scale)?;
+    let mut loss = (candle_nn::loss::cross_entropy(&logits, &y)? * scale)?;
+    for a in align_losses {
+        loss = (loss + a)?;
+    }
     let hits = argmax_hits(&logits, &targets)?;
     Ok(BatchLoss {
         loss,

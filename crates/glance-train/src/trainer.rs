@@ -17,7 +17,7 @@ use crate::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
 use crate::export::{write_model_files, write_weights};
 use crate::optim::AdamW;
 use crate::params::TrainModel;
-use crate::step::{batch_grads, pack_images, Batch};
+use crate::step::{batch_grads, drop_plans, pack_images, AlignBatch, Batch};
 use crate::{Result, TrainError};
 use candle_core::Device;
 use glance_world::Split;
@@ -315,7 +315,7 @@ impl Trainer {
             self.data
                 .next_images(&mut self.state.cursor, spec.images_per_step, max_objects)?;
         let pixels: Vec<&candle_core::Tensor> = images.iter().map(|im| &im.pixels).collect();
-        let (targets, packed);
+        let (targets, packed, drops, align);
         let input = match spec.stage {
             Stage::Vision => {
                 targets = images
@@ -329,8 +329,25 @@ impl Trainer {
             }
             _ => {
                 packed = pack_images(&self.data, &images, spec.turns_per_image)?;
+                drops = match &spec.token_drop {
+                    Some(d) => drop_plans(&self.data, &images, spec.turns_per_image, d)?,
+                    None => Vec::new(),
+                };
+                align = match spec.align {
+                    Some(_) => images
+                        .iter()
+                        .map(|im| self.data.align_targets(&im.scene))
+                        .collect::<Result<Vec<_>>>()?,
+                    None => Vec::new(),
+                };
                 Batch::Qa {
                     items: pixels.into_iter().zip(&packed).collect(),
+                    drops: &drops,
+                    align: spec.align.map(|weight| AlignBatch {
+                        words: self.data.align_words(),
+                        targets: &align,
+                        weight,
+                    }),
                 }
             }
         };

@@ -77,6 +77,8 @@ fn worker_split_sums_to_the_whole_batch_gradient() {
             },
             _ => Batch::Qa {
                 items: pixels.iter().copied().zip(&packed).collect(),
+                drops: &[],
+                align: None,
             },
         };
         let one = batch_grads(&model, stage, &input, 1).unwrap();

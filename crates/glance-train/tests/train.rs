@@ -30,11 +30,16 @@ fn losses(dir: &std::path::Path, stage: &str) -> Vec<f64> {
 }
 
 /// Stopping after k steps and resuming from the checkpoint reproduces the uninterrupted run
-/// bit for bit: weights, optimiser moments, data cursor, curriculum, schedule.
+/// bit for bit: weights, optimiser moments, data cursor, curriculum, schedule, token drops and the
+/// alignment term (both on in the QA stages here).
 #[test]
 fn resume_reproduces_the_uninterrupted_run() {
     common::setup();
-    let config = common::tiny_config([5, 5, 3]);
+    let mut config = common::tiny_config([5, 5, 3]);
+    for s in &mut config.stages[1..] {
+        s.token_drop = Some(glance_train::TokenDrop::every_policy(0.5));
+        s.align = Some(1.0);
+    }
     let a = common::scratch("resume-a");
     let mut full = Trainer::new(config.clone(), &a).unwrap();
     assert_eq!(full.run(&mut Silent, None).unwrap(), RunEnd::Finished);

@@ -148,6 +148,18 @@ impl Llava {
 
     /// Vision tower + feature selection + projector for one image, `pixels` `(3, H, W)`.
     pub fn encode_image(&self, pixels: &Tensor) -> Result<ImageEncoding> {
+        let tower = self.encode_tower(pixels)?;
+        Ok(ImageEncoding {
+            features: self.projector.forward(&tower.features)?,
+            vision_hidden: tower.vision_hidden,
+            cls_attention: tower.cls_attention,
+        })
+    }
+
+    /// Vision tower + feature selection for one image: an [`ImageEncoding`] whose `features` are
+    /// the selected tower features `(n_image_tokens, vision_hidden · n_feature_layers)`, before
+    /// the projector.
+    pub fn encode_tower(&self, pixels: &Tensor) -> Result<ImageEncoding> {
         let out = self.vision.forward(pixels, &self.config.feature_layers)?;
         // (1 + patches, vision_hidden · n_layers)
         let feats = Tensor::cat(&out.hidden_states, 1)?;
@@ -164,7 +176,7 @@ impl Llava {
             .map(|(i, _)| i)
             .unwrap_or(0);
         Ok(ImageEncoding {
-            features: self.projector.forward(&feats)?,
+            features: feats,
             vision_hidden: out.hidden_states[deepest_pos].clone(),
             cls_attention: out.cls_attention,
         })
