@@ -27,13 +27,14 @@ pub const MATCHED_COS: f64 = 0.3;
 /// The vocabulary the alignment ranges over and the ids of the describing words.
 #[derive(Debug, Clone)]
 pub struct AlignVocab {
-    /// Every plain word of the tokenizer (special tokens left out), `(v,)` ids.
+    /// Every token of the tokenizer but the special ones (punctuation and digits included: they
+    /// appear in questions too and must spread their relevance evenly), `(v,)` ids.
     pub ids: Vec<u32>,
     index: std::collections::HashMap<String, usize>,
 }
 
 impl AlignVocab {
-    /// The words of `processor`'s vocabulary that encode to one plain token.
+    /// The non-special tokens of `processor`'s vocabulary.
     pub fn new(processor: &LlavaProcessor) -> Result<Self> {
         let tok = &processor.text;
         let mut ids = Vec::new();
@@ -42,7 +43,7 @@ impl AlignVocab {
             let Some(word) = tok.id_to_token(id) else {
                 continue;
             };
-            if tok.is_special(id) || !word.chars().all(|c| c.is_ascii_alphabetic()) {
+            if tok.is_special(id) {
                 continue;
             }
             index.insert(word, ids.len());
@@ -50,7 +51,7 @@ impl AlignVocab {
         }
         if ids.is_empty() {
             return Err(TrainError::Config(
-                "the tokenizer has no plain words to align visual tokens with".into(),
+                "the tokenizer has no plain tokens to align visual tokens with".into(),
             ));
         }
         Ok(Self { ids, index })
