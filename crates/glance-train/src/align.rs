@@ -19,12 +19,12 @@
 use crate::{Result, TrainError};
 use candle_core::{Device, Tensor, D};
 use glance_models::llava::LlavaProcessor;
-use glance_world::{patch_labels, Colour, PatchContent, Position, Scene, Shape, Size};
+use glance_world::{patch_labels, PatchContent, Position, Scene};
 
 /// Target cosine between a patch and each word that describes it.
 pub const MATCHED_COS: f64 = 0.3;
 
-/// The vocabulary the alignment ranges over and the ids of the describing words.
+/// The vocabulary the alignment ranges over, with each token's column in the targets.
 #[derive(Debug, Clone)]
 pub struct AlignVocab {
     /// Every token of the tokenizer but the special ones (punctuation and digits included: they
@@ -70,10 +70,10 @@ impl AlignVocab {
         let labels = patch_labels(scene, patch)?;
         let (grid, v) = (labels.grid, self.ids.len());
         let mut y = vec![0f32; grid * grid * v];
+        // The 3×3 grid cell row (or column) of the centre of patch row (or column) `i`.
+        let cell = |i: usize| ((2 * i + 1) * 3 / (2 * grid)).min(2);
         for (p, label) in labels.labels.iter().enumerate() {
             let row = &mut y[p * v..(p + 1) * v];
-            // The grid cell of the patch centre.
-            let cell = |i: usize| ((2 * i + 1) * 3 / (2 * grid)).min(2);
             if let Some(pos) = Position::at(cell(p / grid), cell(p % grid)) {
                 self.mark(row, pos.name());
             }
@@ -84,8 +84,8 @@ impl AlignVocab {
                     size,
                     ..
                 } => {
-                    let (c, s, z): (Colour, Shape, Size) = (colour, shape, size);
-                    for w in [c.name(), s.name(), s.plural(), z.name(), "object objects"] {
+                    let words = [colour.name(), shape.name(), shape.plural(), size.name()];
+                    for w in words.into_iter().chain(["object objects"]) {
                         self.mark(row, w);
                     }
                 }

@@ -16,7 +16,8 @@
 //!
 //! Modules: [`config`] (sizes, presets, stages), [`params`] (init, parameter groups),
 //! [`optim`] (AdamW + warm-up/cosine + global-norm clipping), [`data`] (world stream),
-//! [`step`] (losses), [`token_drop`] (training on pruned visual tokens), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
+//! [`step`] (losses), [`token_drop`] (training on pruned visual tokens), [`align`] (word–patch
+//! alignment of the projected tokens), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
 //! [`eval`] (the one world evaluation runner: training validation, `glance eval` / `demo`, the
 //! accuracy half of `glance bench prune`), [`runtime`] (thread and allocator settings for CPU
 //! training).

@@ -20,6 +20,7 @@ use candle_core::backprop::GradStore;
 use candle_core::Tensor;
 use glance_models::llava::ImageEncoding;
 use glance_nn::{AttnMask, CausalLm};
+use glance_world::Qa;
 
 /// The scalar loss of a batch (or part) and what to report about it.
 pub struct BatchLoss {
@@ -296,24 +297,32 @@ pub fn qa_loss(
 
 /// The packed training sequence of each image.
 pub fn pack_images(data: &WorldData, images: &[ImageSample], turns: usize) -> Result<Vec<Packed>> {
-    images
+    image_turns(data, images, turns)
         .iter()
-        .map(|im| data.pack_turns(&data.turns(&im.scene, im.seed, turns)))
+        .map(|t| data.pack_turns(t))
         .collect()
 }
 
-/// The drop plan of each image, drawn from `drop` (see [`crate::token_drop`]); the query is the
-/// first packed question, as `glance run` would pass it.
+/// Up to `turns` independent training turns about each image.
+pub fn image_turns(data: &WorldData, images: &[ImageSample], turns: usize) -> Vec<Vec<Qa>> {
+    images
+        .iter()
+        .map(|im| data.turns(&im.scene, im.seed, turns))
+        .collect()
+}
+
+/// The drop plan of each image (with its `turns`), drawn from `drop` (see
+/// [`crate::token_drop`]); the query is the first packed question, as `glance run` would pass it.
 pub fn drop_plans(
     data: &WorldData,
     images: &[ImageSample],
-    turns: usize,
+    turns: &[Vec<Qa>],
     drop: &TokenDrop,
 ) -> Result<Vec<Option<DropPlan>>> {
     images
         .iter()
-        .map(|im| {
-            let qs = data.turns(&im.scene, im.seed, turns);
+        .zip(turns)
+        .map(|(im, qs)| {
             let query = match qs.first() {
                 Some(q) => data.processor.query_ids(&q.question)?,
                 None => Vec::new(),

@@ -17,7 +17,7 @@ use crate::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
 use crate::export::{write_model_files, write_weights};
 use crate::optim::AdamW;
 use crate::params::TrainModel;
-use crate::step::{batch_grads, drop_plans, pack_images, AlignBatch, Batch};
+use crate::step::{batch_grads, drop_plans, image_turns, AlignBatch, Batch};
 use crate::{Result, TrainError};
 use candle_core::Device;
 use glance_world::Split;
@@ -328,9 +328,13 @@ impl Trainer {
                 }
             }
             _ => {
-                packed = pack_images(&self.data, &images, spec.turns_per_image)?;
+                let turns = image_turns(&self.data, &images, spec.turns_per_image);
+                packed = turns
+                    .iter()
+                    .map(|t| self.data.pack_turns(t))
+                    .collect::<Result<Vec<_>>>()?;
                 drops = match &spec.token_drop {
-                    Some(d) => drop_plans(&self.data, &images, spec.turns_per_image, d)?,
+                    Some(d) => drop_plans(&self.data, &images, &turns, d)?,
                     None => Vec::new(),
                 };
                 align = match spec.align {
