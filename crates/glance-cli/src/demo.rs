@@ -1,20 +1,20 @@
 //! `glance demo`: one glance-world test image, saved as PNG, and the model's answers to one
 //! question of each family about it (a description included), beside the ground truth, with time
 //! to first token and decode speed. The questions go through the evaluation runner
-//! ([`glance_train::eval`]), so the demo answers exactly as `glance eval` scores.
+//! ([`glance_engine::eval`]), so the demo answers exactly as `glance eval` scores.
 
-use crate::pipeline::{model_dir, PruneArgs, Vlm};
+use crate::args::{DecodeArgs, ModelArgs, PruneArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use glance_train::eval::{evaluate, EvalOptions};
+use glance_engine::eval::{evaluate, EvalOptions};
+use glance_engine::EngineOptions;
 use glance_world::{Family, Split};
 use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Model directory (default: models/glance-tiny, in the current directory or the source tree).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Which world test image: its index in the test split.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -23,18 +23,16 @@ pub struct DemoArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub prune: PruneArgs,
-    /// Threads for the tensor kernels (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
     let spec = args.prune.spec()?;
+    let decode = args.decode.spec()?;
     let ex = glance_world::sample(Split::Test, args.seed)
         .with_context(|| format!("--seed {} is not a test-split image", args.seed))?;
-    crate::threads::init(args.threads)?;
-    let dir = model_dir(args.model.as_deref())?;
-    let vlm = Vlm::load(&dir)?;
+    let (dir, engine) = args.model.engine(EngineOptions::default())?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let png = args.out.join(format!("world-test-{}.png", args.seed));
@@ -53,9 +51,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
         png.display()
     );
     println!(
-        "model {} (loaded in {:.0} ms); greedy; pruning {}",
+        "model {} (loaded in {:.0} ms); greedy, {} decoding; pruning {}",
         dir.display(),
-        vlm.load_time.as_secs_f64() * 1e3,
+        engine.load_time().as_secs_f64() * 1e3,
+        decode,
         if spec.is_noop() {
             "none".to_string()
         } else {
@@ -65,15 +64,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let options = EvalOptions {
         start: args.seed,
         record_answers: true,
+        decode,
         ..EvalOptions::new(Split::Test, 1)
     };
-    let report = evaluate(
-        &vlm.model,
-        &vlm.processor,
-        &options,
-        Some(&spec),
-        &mut |_| {},
-    )?;
+    let report = evaluate(&engine, &options, Some(&spec), &mut |_| {})?;
     for a in &report.answers {
         println!("\n[{}] {}", a.family, a.question);
         println!("  model: {}", a.answer.trim());

@@ -1,27 +1,29 @@
 //! `glance eval`: accuracy on the glance world per question family, through the one evaluation
-//! runner ([`glance_train::eval`]): the split's images, each image's independent questions in the
+//! runner ([`glance_engine::eval`]): the split's images, each image's independent questions in the
 //! model's chat template, greedy decoding, glance-world's scorers. Prints a table (accuracy and
 //! question count per family, the mean over the short-answer families, description object
 //! precision / recall / F1, speed); `--json` writes the same report as JSON.
 
-use crate::pipeline::{model_dir, PruneArgs, Vlm};
+use crate::args::{check_writable, DecodeArgs, ModelArgs, PruneArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use glance_prune::PruneSpec;
-use glance_train::eval::{
+use glance_engine::eval::{
     evaluate_specs, EvalOptions, EvalReport, DESCRIPTION_MAX_NEW_TOKENS, SHORT_FAMILIES,
     SHORT_MAX_NEW_TOKENS,
 };
+use glance_engine::{Engine, EngineOptions, PruneSpec};
 use glance_world::Split;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::path::PathBuf;
 
+/// The most images one evaluation takes (the test split has far more; this bounds a typo).
+pub const MAX_EVAL_IMAGES: usize = 100_000;
+
 #[derive(Args)]
 pub struct EvalArgs {
-    /// Model directory (default: models/glance-tiny, in the current directory or the source tree).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// World split: train, validation or test.
     #[arg(long, default_value = "test")]
     pub split: String,
@@ -37,17 +39,16 @@ pub struct EvalArgs {
     pub max_new_tokens: usize,
     #[command(flatten)]
     pub prune: PruneArgs,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Threads for the tensor kernels (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
 }
 
 /// Runs the evaluation runner with a progress bar (images) on stderr.
 pub fn evaluate_with_progress(
-    vlm: &Vlm,
+    engine: &Engine,
     options: &EvalOptions,
     specs: &[PruneSpec],
 ) -> Result<Vec<EvalReport>> {
@@ -58,7 +59,7 @@ pub fn evaluate_with_progress(
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let reports = evaluate_specs(&vlm.model, &vlm.processor, options, specs, &mut |p| {
+    let reports = evaluate_specs(engine, options, specs, &mut |p| {
         bar.set_position(p.images_done as u64);
         bar.set_message(format!("{} questions", p.questions_done));
     });
@@ -73,8 +74,8 @@ pub fn run(args: EvalArgs) -> Result<()> {
             args.split
         )
     })?;
-    if args.n == 0 {
-        bail!("--n must be at least 1 (the number of world images to evaluate)");
+    if args.n == 0 || args.n > MAX_EVAL_IMAGES {
+        bail!("--n must be between 1 and {MAX_EVAL_IMAGES} (the number of world images to evaluate)");
     }
     if args.max_new_tokens == 0 {
         bail!("--max-new-tokens must be at least 1");
@@ -88,23 +89,27 @@ pub fn run(args: EvalArgs) -> Result<()> {
         );
     }
     let spec = args.prune.spec()?;
-    let threads = crate::threads::init(args.threads)?;
-    let dir = model_dir(args.model.as_deref())?;
-    let vlm = Vlm::load(&dir)?;
+    let decode = args.decode.spec()?;
+    if let Some(path) = &args.json {
+        check_writable(path)?;
+    }
+    let (dir, engine) = args.model.engine(EngineOptions::default())?;
     let options = EvalOptions {
         start: args.start,
         max_new_tokens: args.max_new_tokens,
         short_max_new_tokens: SHORT_MAX_NEW_TOKENS.min(args.max_new_tokens),
+        decode,
         ..EvalOptions::new(split, args.n)
     };
-    let report = evaluate_with_progress(&vlm, &options, std::slice::from_ref(&spec))?
+    let report = evaluate_with_progress(&engine, &options, std::slice::from_ref(&spec))?
         .pop()
         .context("the runner returned no report")?;
     print_report(&dir, &report);
     if let Some(path) = &args.json {
         let mut v = serde_json::to_value(&report)?;
         v["model"] = json!(dir);
-        v["threads"] = json!(threads);
+        v["threads"] = json!(engine.threads());
+        v["decode"] = json!(decode.name());
         v["start"] = json!(args.start);
         crate::bench::write_json(path, &v)?;
         println!("wrote {}", path.display());

@@ -3,12 +3,12 @@
 //! One binary, one subcommand per job. Argument parsing and validation live here; the work lives
 //! in the library crates.
 
+mod args;
 mod bench;
 mod curve;
 mod demo;
 mod eval;
 mod logits;
-mod pipeline;
 mod plot;
 mod run;
 mod threads;

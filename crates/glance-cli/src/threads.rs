@@ -1,19 +1,12 @@
-//! Thread-count control. candle sizes its GEMM parallelism from `RAYON_NUM_THREADS` at every
-//! matmul; glance sets it once at start-up from `--threads`.
-//!
-//! Default: measured on the 2-vCPU build machine with `glance bench decode` — see the README's
-//! performance section. Batch-1 decode of small models is fastest on one thread (rayon's
-//! fork/join costs more than it saves on a matrix-vector product), prefill on all cores.
+//! Thread count of training. Training splits each batch over worker threads and runs candle's
+//! GEMMs on `RAYON_NUM_THREADS` threads each, so it sets that variable once at start-up, from the
+//! main thread, before any tensor work. (Inference does not: every request runs on its engine's
+//! own thread pool.)
 
-/// Applies `--threads` (or the default) and returns the count in effect.
+/// Validates `--threads` (1 … 4 per core; default one per core) and returns the count.
 pub fn init(requested: Option<usize>) -> anyhow::Result<usize> {
-    let n = match requested {
-        Some(0) => anyhow::bail!("--threads must be at least 1"),
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    set(n);
-    Ok(n)
+    use anyhow::Context;
+    glance_engine::resolve_threads(requested).context("--threads")
 }
 
 /// Sets the thread count candle's matmuls use from now on. Called only from the main thread while

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use glance_train::eval::EvalReport;
+use glance_engine::eval::EvalReport;
 use glance_train::trainer::{RunEnd, StepReport};
 use glance_train::{Budget, Observer, Stage, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};

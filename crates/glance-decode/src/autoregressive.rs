@@ -1,17 +1,17 @@
 //! Plain autoregressive decoding: one prefill pass over the prompt rows, then one forward pass per
-//! new token. The reference for every lossless accelerator.
+//! new token. The reference every lossless accelerator must reproduce token for token.
 
 use crate::sampler::Sampler;
+use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
 use candle_core::Tensor;
-use glance_core::{Error, Result, SamplingParams, TokenId};
+use glance_core::{Error, Result, TokenId};
 use glance_nn::{AttnMask, CausalLm, KvCache};
 use std::time::{Duration, Instant};
 
-/// When to stop and how to pick tokens.
+/// When to stop. How tokens are picked is the [`Sampler`]'s alone.
 #[derive(Debug, Clone)]
 pub struct GenerateConfig {
     pub max_new_tokens: usize,
-    pub sampling: SamplingParams,
     /// Tokens that end generation (emitted, then stop).
     pub eos_token_ids: Vec<TokenId>,
 }
@@ -24,7 +24,7 @@ pub enum FinishReason {
     Eos,
     /// `max_new_tokens` reached, or the model's context is full.
     Length,
-    /// The caller asked to stop (e.g. a stop string matched).
+    /// The caller asked to stop (a stop string matched, or the request was cancelled).
     Stop,
 }
 
@@ -40,6 +40,8 @@ pub struct Generation {
     pub prefill: Duration,
     /// Time of all later passes.
     pub decode: Duration,
+    /// What the strategy did.
+    pub stats: DecodeStats,
 }
 
 impl Generation {
@@ -53,18 +55,50 @@ impl Generation {
     }
 }
 
-/// The state after a prefill: what [`decode`] continues from. Strategies that prefill
-/// differently (e.g. FastV, which drops visual rows inside the decoder) build it themselves.
+/// One image of a prefilled prompt, as a draft or diffusion decoder may need it.
+#[derive(Debug, Clone)]
+pub struct PrefilledImage {
+    /// Every projected visual token of the image `(n, hidden)`, before any pruning.
+    pub features: Tensor,
+    /// Indices (into the prefilled rows) of the image's rows the decoder ran, in prompt order.
+    pub rows: Vec<usize>,
+}
+
+/// The state after a prefill: what every [`DecodeStrategy`] continues from.
+///
+/// Strategies that prefill differently (e.g. FastV, which drops visual rows inside the decoder)
+/// build it themselves; then deeper layers of `cache` hold fewer rows than the first.
 pub struct Prefilled {
     pub cache: KvCache,
-    /// Final hidden state of the last prompt row, `(1, hidden)`.
-    pub last_hidden: Tensor,
-    /// Position of the last prompt row; new tokens continue from here.
-    pub last_pos: u32,
-    /// Rows in the prompt.
-    pub prompt_len: usize,
+    /// Final (normed) hidden state of every prompt row the last decoder layer ran, `(t, hidden)`.
+    pub hidden: Tensor,
+    /// Position id of each of those rows (pruned prompts keep their original positions).
+    pub positions: Vec<u32>,
+    /// The prompt's images, in prompt order (empty for text-only prompts).
+    pub images: Vec<PrefilledImage>,
     /// Time the prefill took.
     pub elapsed: Duration,
+}
+
+impl Prefilled {
+    /// Rows in the prompt (after pruning).
+    pub fn prompt_len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Position of the last prompt row; new tokens continue from here.
+    pub fn last_pos(&self) -> u32 {
+        self.positions.last().copied().unwrap_or(0)
+    }
+
+    /// Hidden state of the last prompt row `(1, hidden)`: the next token is predicted from it.
+    pub fn last_hidden(&self) -> Result<Tensor> {
+        let t = self.hidden.dim(0)?;
+        if t == 0 {
+            return Err(Error::Input("the prefill holds no rows".into()));
+        }
+        Ok(self.hidden.narrow(0, t - 1, 1)?)
+    }
 }
 
 /// Checks that `t` prompt rows at `positions` leave room for at least one new token and returns
@@ -84,7 +118,7 @@ pub fn check_prompt<M: CausalLm + ?Sized>(model: &M, t: usize, positions: &[u32]
             max,
         });
     }
-    Ok(last_pos as u32)
+    Ok(*positions.last().expect("non-empty"))
 }
 
 /// Runs the prompt rows `(t, hidden)` at `positions` (length `t`; usually `0..t`, but pruned
@@ -95,83 +129,90 @@ pub fn prefill<M: CausalLm + ?Sized>(
     positions: &[u32],
 ) -> Result<Prefilled> {
     let t = prompt.dim(0)?;
-    let last_pos = check_prompt(model, t, positions)?;
+    check_prompt(model, t, positions)?;
     let start = Instant::now();
     let mut cache = model.new_cache();
     let hidden = model.forward(prompt, positions, &AttnMask::causal(), &mut cache)?;
     Ok(Prefilled {
         cache,
-        last_hidden: hidden.narrow(0, t - 1, 1)?,
-        last_pos,
-        prompt_len: t,
+        hidden,
+        positions: positions.to_vec(),
+        images: Vec::new(),
         elapsed: start.elapsed(),
     })
 }
 
-/// Generates after `prompt` rows placed at `positions`: [`prefill`] then [`decode`].
-/// `on_token` sees each token as it is produced and returns `true` to stop.
-pub fn generate<M: CausalLm + ?Sized>(
+/// Generates after `prompt` rows placed at `positions`: [`prefill`], then [`Autoregressive`].
+pub fn generate<M: CausalLm>(
     model: &M,
     prompt: &Tensor,
     positions: &[u32],
+    sampler: Sampler,
     config: &GenerateConfig,
-    on_token: &mut dyn FnMut(TokenId) -> Result<bool>,
+    on_token: TokenSink<'_>,
 ) -> Result<Generation> {
-    let sampler = Sampler::new(config.sampling.clone())?;
     let state = prefill(model, prompt, positions)?;
-    decode(model, state, sampler, config, on_token)
+    Autoregressive.decode(model, state, sampler, config, on_token)
 }
 
-/// One forward pass per new token after a prefill. The first token comes from the prefill's last
-/// hidden state (its pick is counted in the prefill time, as time to first token).
-pub fn decode<M: CausalLm + ?Sized>(
-    model: &M,
-    state: Prefilled,
-    mut sampler: Sampler,
-    config: &GenerateConfig,
-    on_token: &mut dyn FnMut(TokenId) -> Result<bool>,
-) -> Result<Generation> {
-    let Prefilled {
-        mut cache,
-        last_hidden,
-        last_pos,
-        prompt_len,
-        elapsed,
-    } = state;
-    let max = model.max_positions();
-    let start = Instant::now();
-    let mut next = pick(model, &last_hidden, &mut sampler)?;
-    let prefill = elapsed + start.elapsed();
-    let start = Instant::now();
-    let mut tokens = Vec::new();
-    let mut pos = last_pos;
-    let finish = loop {
-        if config.max_new_tokens == 0 {
-            break FinishReason::Length;
-        }
-        tokens.push(next);
-        let stop = on_token(next)?;
-        if config.eos_token_ids.contains(&next) {
-            break FinishReason::Eos;
-        }
-        if stop {
-            break FinishReason::Stop;
-        }
-        if tokens.len() >= config.max_new_tokens || pos as usize + 2 >= max {
-            break FinishReason::Length;
-        }
-        pos += 1;
-        let x = model.embed_tokens(&[next])?;
-        let hidden = model.forward(&x, &[pos], &AttnMask::causal(), &mut cache)?;
-        next = pick(model, &hidden, &mut sampler)?;
-    };
-    Ok(Generation {
-        tokens,
-        finish,
-        prompt_len,
-        prefill,
-        decode: start.elapsed(),
-    })
+/// One forward pass per new token.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Autoregressive;
+
+impl DecodeStrategy for Autoregressive {
+    fn name(&self) -> &'static str {
+        "ar"
+    }
+
+    /// The first token comes from the prefill's last hidden state (its pick is counted in the
+    /// prefill time, as time to first token); then one forward pass per token.
+    fn decode(
+        &self,
+        model: &dyn CausalLm,
+        state: Prefilled,
+        mut sampler: Sampler,
+        config: &GenerateConfig,
+        on_token: TokenSink<'_>,
+    ) -> Result<Generation> {
+        let max = model.max_positions();
+        let start = Instant::now();
+        let mut next = pick(model, &state.last_hidden()?, &mut sampler)?;
+        let prefill = state.elapsed + start.elapsed();
+        let (prompt_len, mut pos) = (state.prompt_len(), state.last_pos());
+        let mut cache = state.cache;
+        let start = Instant::now();
+        let mut tokens = Vec::new();
+        let mut forwards = 0u64;
+        let finish = loop {
+            if config.max_new_tokens == 0 {
+                break FinishReason::Length;
+            }
+            tokens.push(next);
+            let stop = on_token(next)?;
+            if config.eos_token_ids.contains(&next) {
+                break FinishReason::Eos;
+            }
+            if stop {
+                break FinishReason::Stop;
+            }
+            if tokens.len() >= config.max_new_tokens || pos as usize + 2 >= max {
+                break FinishReason::Length;
+            }
+            pos += 1;
+            let x = model.embed_tokens(&[next])?;
+            let hidden = model.forward(&x, &[pos], &AttnMask::causal(), &mut cache)?;
+            forwards += 1;
+            next = pick(model, &hidden, &mut sampler)?;
+        };
+        Ok(Generation {
+            tokens,
+            finish,
+            prompt_len,
+            prefill,
+            decode: start.elapsed(),
+            stats: DecodeStats::new(self.name(), forwards),
+        })
+    }
 }
 
 /// Logits of one hidden row `(1, hidden)` → the sampled token.

@@ -1,7 +1,10 @@
 //! Decoding strategies. A strategy drives a [`glance_nn::CausalLm`] (rows, positions, mask, cache)
 //! and owns sampling; it never sees images, tokenizers or requests.
 //!
-//! * [`sampler`]: greedy and seeded temperature / top-k / top-p sampling;
+//! * [`strategy`]: the [`DecodeStrategy`] seam every strategy implements, the [`DecodeSpec`] a
+//!   request names, and the [`DecodeStats`] a strategy reports;
+//! * [`sampler`]: greedy and seeded temperature / top-k / top-p sampling — the one place sampling
+//!   settings live;
 //! * [`autoregressive`]: one token per forward pass, the reference every faster strategy must
 //!   reproduce token for token under greedy decoding;
 //! * [`stop`]: stop-string matching over streamed text.
@@ -9,9 +12,12 @@
 pub mod autoregressive;
 pub mod sampler;
 pub mod stop;
+pub mod strategy;
 
 pub use autoregressive::{
-    check_prompt, decode, generate, prefill, FinishReason, GenerateConfig, Generation, Prefilled,
+    check_prompt, generate, prefill, Autoregressive, FinishReason, GenerateConfig, Generation,
+    Prefilled, PrefilledImage,
 };
 pub use sampler::Sampler;
 pub use stop::StopStrings;
+pub use strategy::{DecodeSpec, DecodeStats, DecodeStrategy, TokenSink};

@@ -3,12 +3,14 @@
 //! * [`checkpoint`]: a model directory (config, single or sharded safetensors) → a `VarBuilder`;
 //! * [`text`]: the Llama-family decoders (Llama, Mistral, Qwen2) behind [`glance_nn::CausalLm`];
 //! * [`llava`]: `LlavaForConditionalGeneration` — CLIP vision tower, projector, text decoder;
-//! * [`processing`]: image pre-processing, tokenizer, chat template.
+//! * [`processing`]: image pre-processing, tokenizer, chat template;
+//! * [`presets`]: the model shapes benchmarks build with random weights.
 //!
 //! Models return hidden states and logits; they never sample and never know about requests.
 
 pub mod checkpoint;
 pub mod llava;
+pub mod presets;
 pub mod processing;
 pub mod random;
 pub mod text;

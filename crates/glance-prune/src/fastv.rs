@@ -5,7 +5,7 @@
 //! layers `l..L`.
 //!
 //! The KV cache of layers `0..l` holds every prompt row (those layers saw them all); layers `l..L`
-//! hold only the kept rows. Decoding continues with [`glance_decode::decode`]: each layer's mask
+//! hold only the kept rows. Decoding continues with any [`glance_decode::DecodeStrategy`]: each layer's mask
 //! is sized to its own cache. With a sliding window (Mistral) the window counts cache rows, so in
 //! the pruned layers it reaches further back in positions.
 
@@ -36,7 +36,7 @@ pub fn prefill(
 ) -> Result<Prefilled> {
     let t = rows.dim(0)?;
     let layers = model.num_layers();
-    let last_pos = glance_decode::check_prompt(model, t, positions)?;
+    glance_decode::check_prompt(model, t, positions)?;
     if layer == 0 || layer >= layers {
         return Err(Error::InvalidParam(format!(
             "the FastV layer must be between 1 and {} (the model has {layers} decoder layers), got {layer}",
@@ -84,12 +84,13 @@ pub fn prefill(
     let kept_positions: Vec<u32> = kept.iter().map(|&r| positions[r]).collect();
     let (x, _) =
         model.forward_layers(&x, &kept_positions, &mask, &mut cache, layer..layers, None)?;
-    let last = model.final_norm(&x.narrow(0, kept.len() - 1, 1)?)?;
+    // (t', hidden): the final hidden state of every row the last layer ran.
+    let hidden = model.final_norm(&x)?;
     Ok(Prefilled {
         cache,
-        last_hidden: last,
-        last_pos,
-        prompt_len: kept.len(),
+        hidden,
+        positions: kept_positions,
+        images: Vec::new(),
         elapsed: start.elapsed(),
     })
 }

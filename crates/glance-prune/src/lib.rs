@@ -33,7 +33,9 @@ mod policy;
 mod select;
 pub mod signals;
 
-pub use llava::{image_spans, llava_input, prefill_llava, PruneStats, PrunedPrefill};
+pub use llava::{
+    llava_input, prefill, prefill_llava, transform, FastvCut, PruneStats, Pruned, PrunedPrefill,
+};
 pub use merge::{grid_windows, Hier, Pool};
 pub use policy::{Budget, Policy, PruneSpec, Stage};
 pub use select::{adaptive_split, Adaptive, Mix, Random, Saliency, SplitChoice, Text};

@@ -1,6 +1,8 @@
 //! Pruning a LLaVA prompt: [`llava_input`] turns an [`ImageEncoding`] into a [`PruneInput`];
-//! [`prefill_llava`] selects, splices the kept rows into the prompt at their original position ids,
-//! and prefills (or runs FastV), returning the state [`glance_decode::decode`] continues from.
+//! [`transform`] is the pruning step of the request path — it takes the [`PromptPlan`] built from
+//! the prompt and returns the plan the decoder will run (each image segment replaced by its kept
+//! rows at their original position ids) or, for FastV, the in-decoder cut to make; [`prefill`]
+//! runs a pruned plan. [`prefill_llava`] composes plan → transform → prefill in one call.
 //!
 //! Under the `full` feature strategy the projected tokens start with [CLS]: that prefix is always
 //! kept, counts toward the budget, and is not a candidate (at least one patch is kept besides it).
@@ -13,11 +15,11 @@ use crate::{select, Grid, PruneInput};
 use candle_core::Tensor;
 use glance_core::{Error, Result};
 use glance_decode::Prefilled;
-use glance_models::llava::{FeatureSelect, ImageEncoding, Llava};
+use glance_models::llava::{FeatureSelect, ImageEncoding, Llava, PromptPlan, SegmentKind};
 use glance_nn::CausalLm;
 use std::time::{Duration, Instant};
 
-/// What a pruned prefill did.
+/// What pruning did to a prompt.
 #[derive(Debug, Clone)]
 pub struct PruneStats {
     pub policy: Policy,
@@ -25,10 +27,29 @@ pub struct PruneStats {
     pub visual_tokens: usize,
     /// Visual tokens kept (for FastV: in the layers after its pruning layer).
     pub kept_visual_tokens: usize,
-    /// Prompt rows the LLM ran (for FastV: in the layers after its pruning layer).
+    /// Prompt rows the LLM runs (for FastV: in the layers after its pruning layer).
     pub prompt_rows: usize,
     /// Time to score, select and splice (pre-LLM policies; FastV selects inside the prefill).
     pub select_time: Duration,
+}
+
+/// FastV's cut, made inside the prefill: keep `keep` of the `visual` rows after layer `layer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FastvCut {
+    /// Row indices (into the plan's rows) of every visual row, increasing.
+    pub visual: Vec<usize>,
+    pub keep: usize,
+    pub layer: usize,
+}
+
+/// A plan after the pruning step.
+#[derive(Debug, Clone)]
+pub struct Pruned {
+    /// The rows the decoder runs (pre-LLM policies already removed the dropped ones).
+    pub plan: PromptPlan,
+    /// For FastV: the cut the prefill makes.
+    pub fastv: Option<FastvCut>,
+    pub stats: PruneStats,
 }
 
 /// A prefill state plus what pruning did.
@@ -40,40 +61,11 @@ pub struct PrunedPrefill {
 impl std::fmt::Debug for PrunedPrefill {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PrunedPrefill")
-            .field("prompt_len", &self.state.prompt_len)
-            .field("last_pos", &self.state.last_pos)
+            .field("prompt_len", &self.state.prompt_len())
+            .field("last_pos", &self.state.last_pos())
             .field("stats", &self.stats)
             .finish()
     }
-}
-
-/// `(start, len)` of each image's token run in `ids`, in prompt order; adjacent images' runs are
-/// split every `per_image` tokens.
-pub fn image_spans(
-    ids: &[u32],
-    image_token_id: u32,
-    per_image: usize,
-) -> Result<Vec<(usize, usize)>> {
-    let mut spans = Vec::new();
-    let mut i = 0;
-    while i < ids.len() {
-        if ids[i] != image_token_id {
-            i += 1;
-            continue;
-        }
-        let len = ids[i..]
-            .iter()
-            .take_while(|&&x| x == image_token_id)
-            .count();
-        if per_image == 0 || len % per_image != 0 {
-            return Err(Error::Input(format!(
-                "a run of {len} image tokens is not a whole number of images of {per_image} tokens"
-            )));
-        }
-        spans.extend((0..len / per_image).map(|j| (i + j * per_image, per_image)));
-        i += len;
-    }
-    Ok(spans)
 }
 
 /// The candidates of one image: `(prefix, input)`, where `prefix` leading projected tokens
@@ -121,31 +113,28 @@ pub fn llava_input(
     ))
 }
 
-/// Prefills `ids` (image placeholders expanded; one run per image) with `images` pruned as `spec`
-/// says. `query_ids` are the text query's token ids — the question, or the whole dialogue in
-/// multi-turn use — embedded with the LLM's input embeddings (only read by `text`, `mix`,
-/// `adaptive`). The budget applies to each image (a count is per image). A no-op request is
-/// exactly the unpruned prefill.
-pub fn prefill_llava(
+/// The pruning step: `plan` (built from the prompt by [`Llava::plan`]) with its images pruned as
+/// `spec` says. `images` are the plan's images in prompt order; `query_ids` the text query's
+/// token ids — the question, or the whole dialogue in multi-turn use — embedded with the LLM's
+/// input embeddings (only read by `text`, `mix`, `adaptive`). The budget applies to each image (a
+/// count is per image). A no-op request returns the plan unchanged.
+pub fn transform(
     model: &Llava,
-    ids: &[u32],
+    mut plan: PromptPlan,
     images: &[&ImageEncoding],
     query_ids: &[u32],
     spec: &PruneSpec,
-) -> Result<PrunedPrefill> {
+) -> Result<Pruned> {
     spec.validate()?;
-    let text = model.text();
-    let c = model.config();
-    let spans = image_spans(ids, c.image_token_id, c.image_tokens_per_image())?;
-    if spans.len() != images.len() {
+    let visual_tokens = plan.visual_tokens();
+    let image_rows = plan.image_rows();
+    if image_rows.len() != images.len() {
         return Err(Error::Input(format!(
-            "the prompt has {} image(s) worth of image tokens but {} image(s) were given",
-            spans.len(),
+            "the prompt plan has {} image(s) but {} image encoding(s) were given",
+            image_rows.len(),
             images.len()
         )));
     }
-    let visual_tokens: usize = spans.iter().map(|s| s.1).sum();
-    let features: Vec<&Tensor> = images.iter().map(|e| &e.features).collect();
     let stats = |kept: usize, rows: usize, select_time| PruneStats {
         policy: spec.policy,
         visual_tokens,
@@ -153,34 +142,36 @@ pub fn prefill_llava(
         prompt_rows: rows,
         select_time,
     };
-    let plain = || -> Result<PrunedPrefill> {
-        let rows = model.embed_prompt(ids, &features)?;
-        let positions: Vec<u32> = (0..ids.len() as u32).collect();
-        let state = glance_decode::prefill(text, &rows, &positions)?;
-        Ok(PrunedPrefill {
-            state,
-            stats: stats(visual_tokens, ids.len(), Duration::ZERO),
-        })
+    let stage = if spec.is_noop() || images.is_empty() {
+        Stage::Off
+    } else {
+        spec.policy.stage()
     };
-    if spec.is_noop() || images.is_empty() {
-        return plain();
-    }
-    match spec.policy.stage() {
-        Stage::Off => plain(),
+    match stage {
+        Stage::Off => {
+            let rows = plan.len();
+            Ok(Pruned {
+                plan,
+                fastv: None,
+                stats: stats(visual_tokens, rows, Duration::ZERO),
+            })
+        }
         Stage::InLlm => {
-            let rows = model.embed_prompt(ids, &features)?;
-            let positions: Vec<u32> = (0..ids.len() as u32).collect();
-            let visual: Vec<usize> = spans.iter().flat_map(|&(s, l)| s..s + l).collect();
-            let keep: usize = spans.iter().map(|&(_, l)| spec.budget.resolve(l)).sum();
+            let text = model.text();
+            let keep: usize = image_rows.iter().map(|r| spec.budget.resolve(r.len())).sum();
             let layer = spec
                 .fastv_layer
                 .unwrap_or_else(|| fastv::default_layer(text.num_layers()));
-            let state = fastv::prefill(text, &rows, &positions, &visual, keep, layer)?;
-            let rows_after = state.prompt_len;
-            let kept = keep.min(visual_tokens);
-            Ok(PrunedPrefill {
-                state,
-                stats: stats(kept, rows_after, Duration::ZERO),
+            let cut = FastvCut {
+                visual: image_rows.into_iter().flatten().collect(),
+                keep,
+                layer,
+            };
+            let rows = plan.len() - cut.visual.len() + keep.min(cut.visual.len());
+            Ok(Pruned {
+                plan,
+                fastv: Some(cut),
+                stats: stats(keep.min(visual_tokens), rows, Duration::ZERO),
             })
         }
         Stage::PreLlm => {
@@ -189,42 +180,73 @@ pub fn prefill_llava(
                 Error::Config(format!("policy `{}` has no pre-LLM selector", spec.policy))
             })?;
             let query = if spec.policy.uses_query() && !query_ids.is_empty() {
-                Some(text.embed_tokens(query_ids)?)
+                Some(model.text().embed_tokens(query_ids)?)
             } else {
                 None
             };
-            let (mut pieces, mut positions) = (Vec::new(), Vec::new());
-            let mut cursor = 0;
             let mut kept_total = 0;
-            for (&(s, len), enc) in spans.iter().zip(images) {
-                if cursor < s {
-                    pieces.push(text.embed_tokens(&ids[cursor..s])?);
-                    positions.extend(cursor as u32..s as u32);
-                }
+            for seg in plan.segments.iter_mut() {
+                let SegmentKind::Image { index } = seg.kind else {
+                    continue;
+                };
+                let enc = images[index];
+                let (s, len) = (seg.source.start, seg.source.len());
                 let (prefix, input) = llava_input(model, enc, query.clone())?;
                 let k = spec.budget.resolve(len).saturating_sub(prefix).max(1);
                 let kept = select(pruner.as_ref(), &input, k)?;
-                if prefix > 0 {
-                    pieces.push(enc.features.narrow(0, 0, prefix)?);
-                    positions.extend((s..s + prefix).map(|p| p as u32));
-                }
-                pieces.push(kept.rows);
+                let mut positions: Vec<u32> = (s..s + prefix).map(|p| p as u32).collect();
                 positions.extend(kept.index.iter().map(|&i| (s + prefix + i) as u32));
-                kept_total += prefix + kept.index.len();
-                cursor = s + len;
+                // (prefix + k, text_hidden): [CLS] (under `full`) then the kept tokens.
+                seg.rows = if prefix > 0 {
+                    Tensor::cat(&[&enc.features.narrow(0, 0, prefix)?, &kept.rows], 0)?
+                } else {
+                    kept.rows
+                };
+                kept_total += positions.len();
+                seg.positions = positions;
             }
-            if cursor < ids.len() {
-                pieces.push(text.embed_tokens(&ids[cursor..])?);
-                positions.extend(cursor as u32..ids.len() as u32);
-            }
-            // (t', text_hidden): text rows and kept visual rows in prompt order.
-            let rows = Tensor::cat(&pieces, 0)?;
-            let select_time = start.elapsed();
-            let state = glance_decode::prefill(text, &rows, &positions)?;
-            Ok(PrunedPrefill {
-                state,
-                stats: stats(kept_total, positions.len(), select_time),
+            let rows = plan.len();
+            Ok(Pruned {
+                plan,
+                fastv: None,
+                stats: stats(kept_total, rows, start.elapsed()),
             })
         }
     }
+}
+
+/// Runs a pruned plan: a causal prefill of its rows, or FastV's two-part prefill.
+pub fn prefill(model: &Llava, pruned: &Pruned) -> Result<Prefilled> {
+    let rows = pruned.plan.rows()?;
+    let positions = pruned.plan.positions();
+    match &pruned.fastv {
+        None => glance_decode::prefill(model.text(), &rows, &positions),
+        Some(cut) => fastv::prefill(
+            model.text(),
+            &rows,
+            &positions,
+            &cut.visual,
+            cut.keep,
+            cut.layer,
+        ),
+    }
+}
+
+/// Plan → [`transform`] → [`prefill`] in one call: prefills `ids` (image placeholders expanded;
+/// one run per image) with `images` pruned as `spec` says. A no-op request is exactly the unpruned
+/// prefill.
+pub fn prefill_llava(
+    model: &Llava,
+    ids: &[u32],
+    images: &[&ImageEncoding],
+    query_ids: &[u32],
+    spec: &PruneSpec,
+) -> Result<PrunedPrefill> {
+    let features: Vec<&Tensor> = images.iter().map(|e| &e.features).collect();
+    let plan = model.plan(ids, &features)?;
+    let pruned = transform(model, plan, images, query_ids, spec)?;
+    let state = prefill(model, &pruned)?;
+    let mut stats = pruned.stats;
+    stats.prompt_rows = state.prompt_len();
+    Ok(PrunedPrefill { state, stats })
 }

@@ -29,7 +29,7 @@ const TURN_STREAM: u64 = 0x7472_6169_6e00;
 
 /// Tokenizer, image processor and the shared prompt prefix of a model directory.
 pub struct WorldData {
-    pub processor: LlavaProcessor,
+    pub processor: std::sync::Arc<LlavaProcessor>,
     patch: usize,
     /// `<s> USER : <image>×N`.
     prefix: Vec<u32>,
@@ -68,7 +68,7 @@ impl WorldData {
         let align = AlignVocab::new(&processor)?;
         Ok(Self {
             align,
-            processor,
+            processor: std::sync::Arc::new(processor),
             patch: config.vision.patch_size,
             prefix,
             eos,

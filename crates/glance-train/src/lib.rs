@@ -17,17 +17,15 @@
 //! Modules: [`config`] (sizes, presets, stages), [`params`] (init, parameter groups),
 //! [`optim`] (AdamW + warm-up/cosine + global-norm clipping), [`data`] (world stream),
 //! [`step`] (losses), [`token_drop`] (training on pruned visual tokens), [`align`] (word–patch
-//! alignment of the projected tokens), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
-//! [`eval`] (the one world evaluation runner: training validation, `glance eval` / `demo`, the
-//! accuracy half of `glance bench prune`), [`runtime`] (thread and allocator settings for CPU
-//! training).
+//! alignment of the projected tokens), [`trainer`] (the loop, checkpoints, resume; validation
+//! through `glance_engine::eval`, the runner `glance eval` uses), [`checkpoint`], [`runtime`]
+//! (thread and allocator settings for CPU training).
 
 pub mod align;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
 mod error;
-pub mod eval;
 pub mod export;
 pub mod heads;
 pub mod optim;

@@ -22,7 +22,7 @@ pub struct TrainModel {
     /// Composed (differentiable) ops.
     pub train: Llava,
     /// Fused ops on the same weights: frozen features and validation.
-    pub infer: Llava,
+    pub infer: std::sync::Arc<Llava>,
     pub heads: VisionHeads,
 }
 
@@ -45,7 +45,12 @@ impl TrainModel {
         let train = Llava::from_var_builder(&vb, config.clone(), &layout, Mode::Train)?;
         let heads = VisionHeads::new(&vb, &layout, &config, Mode::Train)?;
         // Built after every variable exists: only reads them.
-        let infer = Llava::from_var_builder(&vb, config.clone(), &layout, Mode::Infer)?;
+        let infer = std::sync::Arc::new(Llava::from_var_builder(
+            &vb,
+            config.clone(),
+            &layout,
+            Mode::Infer,
+        )?);
         init_params(&varmap, seed)?;
         Ok(Self {
             spec: spec.clone(),

@@ -13,7 +13,8 @@
 use crate::checkpoint::{self, TrainState};
 use crate::config::{Budget, Stage, StageSpec, TrainConfig};
 use crate::data::WorldData;
-use crate::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
+use glance_engine::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
+use glance_engine::{Engine, EngineOptions};
 use crate::export::{write_model_files, write_weights};
 use crate::optim::AdamW;
 use crate::params::TrainModel;
@@ -203,7 +204,7 @@ impl Trainer {
     }
 
     /// Runs validation now: up to `eval_per_family` questions of each family from the first
-    /// `4 × eval_per_family` validation images, through the shared runner ([`crate::eval`]) on
+    /// `4 × eval_per_family` validation images, through the shared runner ([`glance_engine::eval`]) on
     /// the fused-op (`Mode::Infer`) view of the weights.
     pub fn evaluate(&self) -> Result<EvalReport> {
         let c = &self.state.config;
@@ -215,13 +216,12 @@ impl Trainer {
             examples: 6,
             ..EvalOptions::new(Split::Validation, per_family * 4)
         };
-        evaluate(
-            &self.model.infer,
-            &self.data.processor,
-            &options,
-            None,
-            &mut |_| {},
-        )
+        let engine = Engine::from_parts(
+            self.model.infer.clone(),
+            self.data.processor.clone(),
+            EngineOptions::default(),
+        )?;
+        Ok(evaluate(&engine, &options, None, &mut |_| {})?)
     }
 
     fn run_eval(&mut self, obs: &mut dyn Observer, stage: Stage, step: u64) -> Result<()> {

@@ -1,26 +1,30 @@
 //! `glance bench decode`: prefill and decode throughput of a text decoder, per thread count, beside
 //! the memory-bandwidth bound (decode) and the GEMM rate (prefill) measured in the same run.
+//!
+//! The timed path is the engine's own: [`glance_decode::prefill`] and the autoregressive
+//! [`DecodeStrategy`], each thread count on its own pool (`glance_engine::thread_pool`).
 
 use super::machine::{copy_bandwidth, gemm_rate, read_bandwidth};
-use crate::threads;
 use anyhow::{bail, Context, Result};
-use candle_core::Device;
 use clap::Args;
-use glance_models::llava::Llava;
+use glance_core::SamplingParams;
+use glance_decode::{Autoregressive, DecodeStrategy, GenerateConfig, Sampler};
+use glance_engine::{Engine, EngineOptions};
+use glance_models::presets;
 use glance_models::random::random_var_builder;
 use glance_models::text::{TextConfig, TextModel};
-use glance_nn::{AttnMask, CausalLm, Mode};
+use glance_nn::{CausalLm, Mode};
 use serde_json::json;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(Args)]
 pub struct DecodeArgs {
     /// A LLaVA model directory whose text decoder is measured.
     #[arg(long, conflicts_with = "random")]
     pub model: Option<PathBuf>,
-    /// Instead of a checkpoint, a random-weight decoder of a preset shape:
-    /// llama-134m (12 layers, d768) or llama-1b (22 layers, d2048, GQA 32/4).
+    /// Instead of a checkpoint, a random-weight decoder of a preset shape: llama-134m (12 layers,
+    /// d768), tinyllama-1.1b (22 layers, d2048, GQA 32/4) or sheared-llama-2.7b (32 layers,
+    /// d2560).
     #[arg(long, default_value = "llama-134m")]
     pub random: String,
     /// Prompt tokens for the prefill.
@@ -38,18 +42,6 @@ pub struct DecodeArgs {
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/decode.json")]
     pub json: PathBuf,
-}
-
-fn preset(name: &str) -> Result<serde_json::Value> {
-    Ok(match name {
-        "llama-134m" => json!({"model_type": "llama", "vocab_size": 32000, "hidden_size": 768,
-            "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
-            "num_key_value_heads": 12, "max_position_embeddings": 4096}),
-        "llama-1b" => json!({"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
-            "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-            "num_key_value_heads": 4, "max_position_embeddings": 4096}),
-        other => bail!("unknown preset `{other}` (llama-134m, llama-1b)"),
-    })
 }
 
 /// Weight bytes a decode step streams (every matrix once; one embedding row), f32.
@@ -75,7 +67,11 @@ fn prefill_flops(c: &TextConfig, n: usize) -> f64 {
     (2 * n * linear + attn + 2 * c.hidden_size * c.vocab_size) as f64
 }
 
-/// Best prefill time and best mean decode-step time over `args.reps` runs, in seconds.
+/// The most repetitions per measurement.
+const MAX_REPS: usize = 100;
+
+/// Best prefill time (with the first token's pick) and best mean decode-step time over
+/// `args.reps` runs, in seconds.
 fn time_model(
     model: &TextModel,
     ids: &[u32],
@@ -83,42 +79,30 @@ fn time_model(
     args: &DecodeArgs,
 ) -> Result<(f64, f64)> {
     let x = model.embed_tokens(ids)?;
+    let config = GenerateConfig {
+        max_new_tokens: args.new_tokens,
+        eos_token_ids: Vec::new(),
+    };
     let (mut best_prefill, mut best_step) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..args.reps {
-        let mut cache = model.new_cache();
-        let start = Instant::now();
-        let h = model.forward(&x, positions, &AttnMask::causal(), &mut cache)?;
-        let _ = model.logits(&h.narrow(0, args.prompt_len - 1, 1)?)?;
-        best_prefill = best_prefill.min(start.elapsed().as_secs_f64());
-        // Decode: the first step warms up, the rest are timed.
-        let mut tok = ids[0];
-        let mut elapsed = 0.0;
-        for step in 0..args.new_tokens {
-            let start = Instant::now();
-            let e = model.embed_tokens(&[tok])?;
-            let h = model.forward(
-                &e,
-                &[(args.prompt_len + step) as u32],
-                &AttnMask::causal(),
-                &mut cache,
-            )?;
-            let logits: Vec<f32> = model.logits(&h)?.squeeze(0)?.to_vec1()?;
-            tok = glance_decode::sampler::argmax(&logits);
-            if step > 0 {
-                elapsed += start.elapsed().as_secs_f64();
-            }
+        let state = glance_decode::prefill(model, &x, positions)?;
+        let sampler = Sampler::new(SamplingParams::greedy())?;
+        let g = Autoregressive.decode(model, state, sampler, &config, &mut |_| Ok(false))?;
+        if g.tokens.len() != args.new_tokens {
+            bail!("decoding stopped after {} of {} tokens", g.tokens.len(), args.new_tokens);
         }
-        best_step = best_step.min(elapsed / (args.new_tokens - 1) as f64);
+        best_prefill = best_prefill.min(g.prefill.as_secs_f64());
+        // `decode` covers the passes after the first token.
+        best_step = best_step.min(g.decode.as_secs_f64() / (args.new_tokens - 1) as f64);
     }
     Ok((best_prefill, best_step))
 }
 
 pub fn run(args: DecodeArgs) -> Result<()> {
-    let dev = Device::Cpu;
-    if args.prompt_len == 0 || args.new_tokens < 2 || args.reps == 0 {
-        bail!("--prompt-len ≥ 1, --new-tokens ≥ 2 and --reps ≥ 1 are required");
+    if args.prompt_len == 0 || args.new_tokens < 2 || args.reps == 0 || args.reps > MAX_REPS {
+        bail!("--prompt-len ≥ 1, --new-tokens ≥ 2 and --reps in 1..={MAX_REPS} are required");
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = glance_engine::cores();
     let thread_counts = if args.threads.is_empty() {
         if cores > 1 {
             vec![1, cores]
@@ -128,37 +112,48 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     } else {
         args.threads.clone()
     };
-    if thread_counts.contains(&0) {
-        bail!("thread counts must be ≥ 1");
+    for &t in &thread_counts {
+        glance_engine::resolve_threads(Some(t)).context("--threads")?;
     }
-    let (label, owned_llava, owned_text);
+    let config = match &args.model {
+        Some(dir) => glance_models::llava::LlavaConfig::from_dir(dir)
+            .with_context(|| format!("loading {}", dir.display()))?
+            .text,
+        None => presets::text_config(&args.random)?,
+    };
+    let context = config.max_position_embeddings;
+    if args
+        .prompt_len
+        .checked_add(args.new_tokens)
+        .is_none_or(|n| n >= context)
+    {
+        bail!(
+            "--prompt-len {} + --new-tokens {} must stay below the model's context ({context})",
+            args.prompt_len,
+            args.new_tokens
+        );
+    }
+    let (label, owned_engine, owned_text);
     let model: &TextModel = match &args.model {
         Some(dir) => {
-            owned_llava =
-                Llava::load(dir, &dev).with_context(|| format!("loading {}", dir.display()))?;
+            owned_engine = Engine::load(dir, EngineOptions::single_request())
+                .with_context(|| format!("loading {}", dir.display()))?;
             label = dir.display().to_string();
-            owned_llava.text()
+            owned_engine.model().text()
         }
         None => {
-            let cfg = TextConfig::from_value(&preset(&args.random)?)?;
             eprintln!(
                 "building random-weight decoder `{}` ({:.0}M parameters)…",
                 args.random,
-                cfg.num_parameters() as f64 / 1e6
+                config.num_parameters() as f64 / 1e6
             );
-            let vb = random_var_builder(0, &dev);
-            owned_text = TextModel::load(&vb, &vb.pp("lm_head"), &cfg, Mode::Infer)?;
+            let vb = random_var_builder(0, &candle_core::Device::Cpu);
+            owned_text = TextModel::load(&vb, &vb.pp("lm_head"), &config, Mode::Infer)?;
             label = format!("random {}", args.random);
             &owned_text
         }
     };
     let c = model.config().clone();
-    if args.prompt_len + args.new_tokens + 1 > c.max_position_embeddings {
-        bail!(
-            "prompt + new tokens exceed the model's context ({})",
-            c.max_position_embeddings
-        );
-    }
     let params = c.num_parameters();
     let ids: Vec<u32> = (0..args.prompt_len)
         .map(|i| ((i * 7919 + 13) % c.vocab_size) as u32)
@@ -196,10 +191,9 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     );
     let mut rows = Vec::new();
     for &t in &thread_counts {
-        threads::set(t);
         // Every kernel (candle's GEMM, glance's matvec, rayon-parallel element-wise ops) runs on
         // a pool of exactly `t` threads.
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
+        let pool = glance_engine::thread_pool(t)?;
         let bandwidth = read_bandwidth(t, args.reps.max(3))?;
         let copy = copy_bandwidth(t, args.reps.max(3))?;
         let (gemm, best_prefill, best_step) = pool.install(|| -> Result<(f64, f64, f64)> {

@@ -9,25 +9,29 @@
 //!   round-robin and the best kept; speedups are against the 100% row of the same run.
 //! * With `--model DIR`: the same TTFT table for that checkpoint (on a world test image), and, with
 //!   `--examples N > 0`, **accuracy** on the first `N` images of the world test split through the
-//!   one evaluation runner ([`glance_train::eval`], as `glance eval`): one question per family per
+//!   one evaluation runner ([`glance_engine::eval`], as `glance eval`): one question per family per
 //!   image, the model's chat template, greedy decoding, scored by glance-world (normalised exact
-//!   match; description object-level F1). The target accuracy is the mean over attribute /
+//!   match; description object-level F1). The accuracy column is the mean over attribute /
 //!   counting / spatial / existence; sign reading and description F1 are reported separately.
+//!
+//! TTFT is timed on the engine's prefill path itself: [`glance_prune::prefill_llava`] is the plan →
+//! pruning transform → prefill composition the engine runs for a pruned request (and, at 100%, the
+//! plain prefill).
 //!
 //! At 100% every policy is the unpruned prefill (tested exactly), so that row is run once.
 //! Writes `prune.json`, `prune-ttft.svg` and (with accuracy) `prune-accuracy.svg` under `--out`.
 
-use crate::pipeline::Vlm;
 use crate::plot::{line_plot, write_svg, Axes, Series};
-use crate::threads;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Args;
+use glance_engine::eval::{EvalOptions, EvalReport};
+use glance_engine::{Engine, EngineOptions};
 use glance_models::llava::{Llava, LlavaConfig, PromptFormat, WeightLayout};
+use glance_models::presets;
 use glance_models::random::random_var_builder;
 use glance_nn::{CausalLm, Mode};
-use glance_prune::{prefill_llava, Budget, Policy, PruneSpec, Stage};
-use glance_train::eval::{EvalOptions, EvalReport};
+use glance_prune::{prefill_llava, Budget, Policy, PruneSpec};
 use glance_world::{Family, Split};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -69,6 +73,12 @@ pub struct PruneBenchArgs {
     #[arg(long, default_value = "bench-results/prune")]
     pub out: PathBuf,
 }
+
+/// The most timed repetitions per measurement.
+const MAX_REPS: usize = 100;
+/// The longest question of the real-shape prompt (it must fit the 4096-token context with the
+/// 576 visual tokens).
+const MAX_QUESTION_TOKENS: usize = 2048;
 
 /// One (policy, budget) cell. At 100% the policy is `none` (every policy equals it).
 #[derive(Clone, Copy)]
@@ -173,7 +183,7 @@ fn measure_ttft(
             let p = prefill_llava(model, ids, &[&encoding], query, &r.cell.spec(tau))?;
             let logits: Vec<f32> = model
                 .text()
-                .logits(&p.state.last_hidden)?
+                .logits(&p.state.last_hidden()?)?
                 .squeeze(0)?
                 .to_vec1()?;
             let _first = glance_decode::sampler::argmax(&logits);
@@ -246,30 +256,7 @@ fn name(c: Cell) -> &'static str {
 
 /// LLaVA-1.5-7B's vision shape with a text backbone preset, random weights.
 fn shape_model(preset: &str) -> Result<(LlavaConfig, Llava)> {
-    let text = match preset {
-        "tinyllama-1.1b" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 2048,
-            "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-            "num_key_value_heads": 4, "max_position_embeddings": 4096}),
-        "sheared-llama-2.7b" => {
-            json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 2560,
-            "intermediate_size": 6912, "num_hidden_layers": 32, "num_attention_heads": 20,
-            "num_key_value_heads": 20, "max_position_embeddings": 4096})
-        }
-        "llama-134m" => json!({"model_type": "llama", "vocab_size": 32064, "hidden_size": 768,
-            "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
-            "num_key_value_heads": 12, "max_position_embeddings": 4096}),
-        other => bail!(
-            "unknown --shape `{other}` (tinyllama-1.1b, sheared-llama-2.7b, llama-134m, none)"
-        ),
-    };
-    let config = LlavaConfig::from_value(&json!({
-        "model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
-        "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
-        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
-            "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
-            "hidden_act": "quick_gelu"},
-        "text_config": text,
-    }))?;
+    let config = presets::llava_config(preset)?;
     let vb = random_var_builder(0, &Device::Cpu);
     let model = Llava::from_var_builder(&vb, config.clone(), &WeightLayout::hub(), Mode::Infer)?;
     Ok((config, model))
@@ -311,21 +298,21 @@ fn shape_ttft(args: &PruneBenchArgs, cells: &[Cell]) -> Result<Value> {
     Ok(v)
 }
 
-/// The families whose mean is the target accuracy (sign reading and descriptions are reported
+/// The families whose mean is the accuracy column (sign reading and descriptions are reported
 /// separately).
-const TARGET_FAMILIES: [Family; 4] = [
+const MEAN_FAMILIES: [Family; 4] = [
     Family::Attribute,
     Family::Counting,
     Family::Spatial,
     Family::Existence,
 ];
 
-/// The target accuracy of one cell (NaN when a target family has no question).
-fn target_mean(r: &EvalReport) -> f64 {
-    if TARGET_FAMILIES.iter().any(|&f| r.score(f).is_none()) {
+/// The accuracy of one cell (NaN when one of [`MEAN_FAMILIES`] has no question).
+fn mean_accuracy(r: &EvalReport) -> f64 {
+    if MEAN_FAMILIES.iter().any(|&f| r.score(f).is_none()) {
         return f64::NAN;
     }
-    r.mean_of(&TARGET_FAMILIES).unwrap_or(f64::NAN)
+    r.mean_of(&MEAN_FAMILIES).unwrap_or(f64::NAN)
 }
 
 fn acc(r: &EvalReport, f: Family) -> f64 {
@@ -335,18 +322,18 @@ fn acc(r: &EvalReport, f: Family) -> f64 {
 /// Scores every cell on the first `examples` images of the world test split, through the one
 /// evaluation runner (the image encoded once for every cell).
 fn accuracy(
-    vlm: &Vlm,
+    engine: &Engine,
     cells: &[Cell],
     tau: Option<f32>,
     examples: usize,
 ) -> Result<Vec<EvalReport>> {
     let specs: Vec<PruneSpec> = cells.iter().map(|c| c.spec(tau)).collect();
-    crate::eval::evaluate_with_progress(vlm, &EvalOptions::new(Split::Test, examples), &specs)
+    crate::eval::evaluate_with_progress(engine, &EvalOptions::new(Split::Test, examples), &specs)
 }
 
-/// Prints the accuracy table and the targets; returns (rows JSON, targets JSON).
-fn report_accuracy(cells: &[Cell], scores: &[EvalReport]) -> (Value, Value) {
-    println!("\naccuracy on the world test split (target = mean of attribute, counting, spatial, existence)");
+/// Prints the accuracy table; returns its rows as JSON.
+fn report_accuracy(cells: &[Cell], scores: &[EvalReport]) -> Value {
+    println!("\naccuracy on the world test split (mean = attribute, counting, spatial, existence)");
     println!(
         "{:>9} {:>7} | {:>5} | {:>6} {:>6} {:>6} {:>6} | {:>6} | {:>6} {:>6} | {:>8}",
         "policy",
@@ -372,7 +359,7 @@ fn report_accuracy(cells: &[Cell], scores: &[EvalReport]) -> (Value, Value) {
             acc(s, Family::Counting),
             acc(s, Family::Spatial),
             acc(s, Family::Existence),
-            target_mean(s),
+            mean_accuracy(s),
             acc(s, Family::Sign),
             acc(s, Family::Description),
             s.timing.mean_ttft_s * 1e3
@@ -389,60 +376,11 @@ fn report_accuracy(cells: &[Cell], scores: &[EvalReport]) -> (Value, Value) {
             .collect();
         rows.push(json!({"policy": name(*c), "budget": c.ratio,
             "mean_kept_visual_tokens": s.prune.mean_kept_visual_tokens,
-            "families": fam, "mean_accuracy": target_mean(s), "sign_accuracy": s.score(Family::Sign),
+            "families": fam, "mean_accuracy": mean_accuracy(s), "sign_accuracy": s.score(Family::Sign),
             "description": s.description, "description_f1": s.score(Family::Description),
             "mean_ttft_s": s.timing.mean_ttft_s, "decode_tokens_per_s": s.timing.decode_tokens_per_s}));
     }
-    let at = |p: Policy, r: f64| {
-        cells
-            .iter()
-            .zip(scores)
-            .find(|(c, _)| c.policy == p && c.ratio == r)
-            .map(|(_, s)| target_mean(s))
-    };
-    let full = cells
-        .iter()
-        .zip(scores)
-        .find(|(c, _)| c.ratio >= 1.0)
-        .map(|(_, s)| target_mean(s));
-    let meaningful = full.is_some_and(|f| f > 0.0);
-    let mut targets = Vec::new();
-    for r in [0.125, 0.0625] {
-        let Some(a) = at(Policy::Adaptive, r) else {
-            continue;
-        };
-        let others: Vec<(Policy, f64)> = cells
-            .iter()
-            .zip(scores)
-            .filter(|(c, _)| {
-                c.ratio == r && c.policy.stage() == Stage::PreLlm && c.policy != Policy::Adaptive
-            })
-            .map(|(c, s)| (c.policy, target_mean(s)))
-            .collect();
-        let best = others.iter().map(|o| o.1).fold(f64::NEG_INFINITY, f64::max);
-        targets.push(
-            json!({"target": format!("adaptive ≥ every other pre-LLM policy at {}%", r * 100.0),
-            "adaptive": a, "best_other": best, "met": meaningful.then_some(a >= best)}),
-        );
-    }
-    if let (Some(a), Some(f)) = (at(Policy::Adaptive, 0.125), full) {
-        targets.push(
-            json!({"target": "adaptive at 12.5% keeps ≥ 95% of full-token accuracy",
-            "adaptive": a, "full": f, "ratio": a / f, "met": meaningful.then_some(a >= 0.95 * f)}),
-        );
-    }
-    if !meaningful {
-        println!("(full-token accuracy is 0: not a world-trained model, so the accuracy targets are not judged)");
-    }
-    for t in &targets {
-        let verdict = match t["met"].as_bool() {
-            Some(true) => "MET",
-            Some(false) => "NOT MET",
-            None => "n/a",
-        };
-        println!("target: {} — {verdict}", t["target"].as_str().unwrap_or(""));
-    }
-    (json!(rows), json!(targets))
+    json!(rows)
 }
 
 fn budget_ticks(budgets: &[f64]) -> Vec<(f64, String)> {
@@ -475,17 +413,21 @@ fn series(policies: &[Policy], cells: &[Cell], value: impl Fn(usize) -> f64) -> 
 }
 
 pub fn run(args: PruneBenchArgs) -> Result<()> {
-    if args.reps == 0 || args.question_tokens == 0 {
-        bail!("--reps and --question-tokens must be at least 1");
+    if args.reps == 0 || args.reps > MAX_REPS {
+        bail!("--reps must be between 1 and {MAX_REPS}");
+    }
+    if args.question_tokens == 0 || args.question_tokens > MAX_QUESTION_TOKENS {
+        bail!("--question-tokens must be between 1 and {MAX_QUESTION_TOKENS}");
     }
     let (policies, budgets, cells) = cells(&args)?;
-    let threads = threads::init(args.threads)?;
+    let threads = glance_engine::resolve_threads(args.threads).context("--threads")?;
+    let pool = glance_engine::thread_pool(threads)?;
     let mut report = json!({"bench": "prune", "threads": threads, "budgets": budgets,
         "policies": policies.iter().map(|p| p.name()).collect::<Vec<_>>(),
         "tau": args.tau.unwrap_or(glance_prune::signals::DEFAULT_TAU)});
     let ticks = budget_ticks(&budgets);
     if args.shape != "none" {
-        let v = shape_ttft(&args, &cells)?;
+        let v = pool.install(|| shape_ttft(&args, &cells))?;
         let speed: Vec<f64> = v["rows"].as_array().map_or(vec![], |r| {
             r.iter()
                 .map(|x| x["ttft_speedup"].as_f64().unwrap_or(f64::NAN))
@@ -502,50 +444,44 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
             &args.out.join("prune-ttft.svg"),
             &line_plot(&axes, &series(&policies, &cells, |i| speed[i])),
         )?;
-        if let Some(row) = v["rows"].as_array().and_then(|r| {
-            r.iter()
-                .find(|x| x["policy"] == "adaptive" && x["budget"] == 0.125)
-        }) {
-            let s = row["ttft_speedup"].as_f64().unwrap_or(f64::NAN);
-            println!(
-                "target: TTFT speedup at 12.5% ≥ 3× on the 576-token shape — {s:.2}× {}",
-                if s >= 3.0 { "MET" } else { "NOT MET" }
-            );
-        }
         report["shape_ttft"] = v;
     }
     if let Some(dir) = &args.model {
-        let vlm = Vlm::load(dir)?;
+        let engine = Engine::load(dir, EngineOptions::default().with_threads(Some(threads)))
+            .with_context(|| format!("loading {}", dir.display()))?;
         let ex = glance_world::sample(Split::Test, 0)?;
         let qa = ex
             .questions
             .first()
             .context("the world example has no question")?;
-        let prompt = vlm.processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
-        let pixels = vlm.processor.image.preprocess_tensor(
+        let processor = engine.processor();
+        let prompt = processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
+        let pixels = processor.image.preprocess_tensor(
             &image::DynamicImage::ImageRgb8(ex.image.clone()),
             &Device::Cpu,
         )?;
-        let query = vlm.query_ids(&qa.question)?;
+        let query = processor.query_ids(&qa.question)?;
         let label = format!(
             "{} on world test image 0, {}-row prompt",
             dir.display(),
             prompt.ids.len()
         );
-        let (vision, rows) = measure_ttft(
-            &vlm.model,
-            &pixels,
-            &prompt.ids,
-            &query,
-            &cells,
-            args.tau,
-            args.reps,
-        )?;
+        let (vision, rows) = engine.install(|| {
+            measure_ttft(
+                engine.model(),
+                &pixels,
+                &prompt.ids,
+                &query,
+                &cells,
+                args.tau,
+                args.reps,
+            )
+        })?;
         report["model_ttft"] = report_ttft(&label, vision, &rows);
         if args.examples > 0 {
-            let scores = accuracy(&vlm, &cells, args.tau, args.examples)?;
-            let (rows, targets) = report_accuracy(&cells, &scores);
-            report["accuracy"] = json!({"model": dir, "split": "test", "examples": args.examples, "rows": rows, "targets": targets});
+            let scores = accuracy(&engine, &cells, args.tau, args.examples)?;
+            let rows = report_accuracy(&cells, &scores);
+            report["accuracy"] = json!({"model": dir, "split": "test", "examples": args.examples, "rows": rows});
             let axes = Axes {
                 title: "World test accuracy vs visual-token budget",
                 x_label: "visual tokens kept",
@@ -557,7 +493,7 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
                 &args.out.join("prune-accuracy.svg"),
                 &line_plot(
                     &axes,
-                    &series(&policies, &cells, |i| target_mean(&scores[i])),
+                    &series(&policies, &cells, |i| mean_accuracy(&scores[i])),
                 ),
             )?;
         }

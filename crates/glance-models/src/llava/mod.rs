@@ -13,12 +13,14 @@
 
 mod config;
 mod model;
+mod plan;
 mod processor;
 mod projector;
 mod vision;
 
 pub use config::{FeatureSelect, LlavaConfig, VisionConfig};
 pub use model::{ImageEncoding, Llava, WeightLayout};
+pub use plan::{PromptPlan, Segment, SegmentKind};
 pub use processor::{LlavaProcessor, PreparedPrompt, PromptFormat};
 pub use projector::Projector;
 pub use vision::{ClipVision, VisionOutput};

@@ -8,8 +8,8 @@ use crate::checkpoint;
 use crate::text::TextModel;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use glance_core::{Error, Result};
-use glance_nn::{CausalLm, Mode};
+use glance_core::Result;
+use glance_nn::Mode;
 use std::path::Path;
 
 /// Where a checkpoint keeps each part (weight-name prefixes; see the module docs).
@@ -68,6 +68,7 @@ impl WeightLayout {
 }
 
 /// One image after the vision tower and projector.
+#[derive(Debug, Clone)]
 pub struct ImageEncoding {
     /// Projected image tokens `(n_image_tokens, text_hidden)`, in spatial order ([CLS] first under
     /// the `full` strategy).
@@ -183,45 +184,8 @@ impl Llava {
     }
 
     /// Prompt embeddings `(t, text_hidden)`: token embeddings with every run of image-token rows
-    /// replaced by the next image's features, in order.
+    /// replaced by the next image's features, in order (the rows of [`Llava::plan`]).
     pub fn embed_prompt(&self, ids: &[u32], images: &[&Tensor]) -> Result<Tensor> {
-        let image_id = self.config.image_token_id;
-        let n_placeholders = ids.iter().filter(|&&i| i == image_id).count();
-        let mut n_features = 0;
-        for f in images {
-            n_features += f.dim(0)?;
-        }
-        if n_placeholders != n_features {
-            return Err(Error::Input(format!(
-                "the prompt has {n_placeholders} image-token positions but the images give {n_features} features \
-                 ({} image(s) of {} tokens)",
-                images.len(),
-                self.config.image_tokens_per_image()
-            )));
-        }
-        // All image tokens in prompt order: (n_features, text_hidden).
-        let all = if images.is_empty() {
-            None
-        } else {
-            Some(Tensor::cat(images, 0)?)
-        };
-        let mut parts: Vec<Tensor> = Vec::new();
-        let (mut i, mut offset) = (0, 0);
-        while i < ids.len() {
-            let is_img = ids[i] == image_id;
-            let j = i + ids[i..]
-                .iter()
-                .take_while(|&&x| (x == image_id) == is_img)
-                .count();
-            match (&all, is_img) {
-                (Some(all), true) => {
-                    parts.push(all.narrow(0, offset, j - i)?);
-                    offset += j - i;
-                }
-                _ => parts.push(self.text.embed_tokens(&ids[i..j])?),
-            }
-            i = j;
-        }
-        Ok(Tensor::cat(&parts, 0)?)
+        self.plan(ids, images)?.rows()
     }
 }

@@ -80,25 +80,61 @@ impl LlavaProcessor {
             .encode_plain(&text.replace(self.image_token.as_str(), " "))
     }
 
-    /// Renders and tokenises `prompt` for `n_images` images.
+    /// Renders and tokenises `prompt` for `n_images` images: in `Chat` format, one user turn with
+    /// the images first (as [`prepare_chat`](Self::prepare_chat) with that one message).
     pub fn prepare(
         &self,
         prompt: &str,
         n_images: usize,
         format: PromptFormat,
     ) -> Result<PreparedPrompt> {
-        let text = match format {
-            PromptFormat::Raw => prompt.to_string(),
-            PromptFormat::Chat => match self.text.chat_template() {
-                Some(_) => self
-                    .text
-                    .apply_chat_template(&[ChatMessage::user(prompt, n_images)], true)?,
-                None => {
-                    let images = format!("{}\n", self.image_token).repeat(n_images);
-                    format!("USER: {images}{prompt} ASSISTANT:")
-                }
-            },
+        match format {
+            PromptFormat::Raw => self.tokenize(prompt.to_string(), n_images, format),
+            PromptFormat::Chat => self.prepare_chat(&[ChatMessage::user(prompt, n_images)]),
+        }
+    }
+
+    /// Renders a conversation with the model's chat template (adding the generation prompt) and
+    /// tokenises it. Without a template, LLaVA-1.5's format: `USER: <image>\n… ASSISTANT: …`,
+    /// turns separated by the EOS text after each answer, system text first.
+    pub fn prepare_chat(&self, messages: &[ChatMessage]) -> Result<PreparedPrompt> {
+        let n_images = messages.iter().map(ChatMessage::num_images).sum();
+        let text = match self.text.chat_template() {
+            Some(_) => self.text.apply_chat_template(messages, true)?,
+            None => self.plain_chat(messages)?,
         };
+        self.tokenize(text, n_images, PromptFormat::Chat)
+    }
+
+    /// The conversation in LLaVA-1.5's plain format (models without a chat template).
+    fn plain_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        let eos = self.text.eos_token().unwrap_or_default();
+        let mut out = String::new();
+        for m in messages {
+            let images = format!("{}\n", self.image_token).repeat(m.num_images());
+            let text = m.text();
+            match m.role.as_str() {
+                "system" => out.push_str(&format!("{images}{text} ")),
+                "user" => out.push_str(&format!("USER: {images}{text} ")),
+                "assistant" => out.push_str(&format!("ASSISTANT: {images}{text}{eos}")),
+                other => {
+                    return Err(Error::Input(format!(
+                        "unknown message role `{other}` (system, user or assistant)"
+                    )))
+                }
+            }
+        }
+        out.push_str("ASSISTANT:");
+        Ok(out)
+    }
+
+    /// Expands the placeholders of rendered `text` and tokenises it.
+    fn tokenize(
+        &self,
+        text: String,
+        n_images: usize,
+        format: PromptFormat,
+    ) -> Result<PreparedPrompt> {
         let placeholders = text.matches(self.image_token.as_str()).count();
         if placeholders != n_images {
             return Err(Error::Input(format!(

@@ -3,33 +3,30 @@
 //! precision / recall / F1 for descriptions).
 //!
 //! Every evaluation in glance goes through [`evaluate`] / [`evaluate_specs`]: `glance eval`,
-//! `glance demo`, the training validation ([`crate::Trainer::evaluate`]) and the accuracy half of
-//! `glance bench prune`.
+//! `glance demo`, the training validation and the accuracy half of `glance bench prune`. Each
+//! question is one [`Engine::generate`] request, so evaluation measures exactly what a user gets.
 //!
 //! * Questions: each example's independent questions ([`glance_world::Example::questions`], one
 //!   per applicable family) — never the dialogue's follow-ups, which only make sense in context.
-//! * Prompt: the model's chat template ([`PromptFormat::Chat`]) around the question, one image.
-//! * Decoding: greedy; at most [`EvalOptions::short_max_new_tokens`] tokens for short answers and
+//! * Prompt: the model's chat template around the question, one image.
+//! * Decoding: greedy, with the strategy of [`EvalOptions::decode`]; at most
+//!   [`EvalOptions::short_max_new_tokens`] tokens for short answers and
 //!   [`EvalOptions::max_new_tokens`] for descriptions.
-//! * Pruning: each [`PruneSpec`] is one evaluation of the same questions (the image is encoded
-//!   once for all of them). Pruned prefills go through [`glance_prune::prefill_llava`]. An
-//!   unpruned prefill shares work across an image's questions: the prompt up to the last image
-//!   token is the same for every question, so it is prefilled once and its KV cache forked per
-//!   question (the same rows as prefilling each full prompt, causal attention over the cache).
+//! * Pruning: each [`PruneSpec`] is one evaluation of the same questions. The engine's caches do
+//!   the sharing: an image is encoded once for all its questions and specs, and (unpruned) the
+//!   prompt through the last image token — the same for every question — is prefilled once and
+//!   forked per question.
 //! * Timing: time to first token of a question counts what a lone request would pay — image
-//!   pre-processing, vision encoding, selection and the prefill of the whole prompt (with the
-//!   shared prefix's time) — and the first token's pick.
+//!   pre-processing, vision encoding, selection and the prefill of the whole prompt — so the work
+//!   the caches saved ([`crate::Timings::cache_saved_s`]) is added back.
 
-use crate::Result;
-use candle_core::Device;
-use glance_core::{Error, SamplingParams};
-use glance_decode::{check_prompt, decode, GenerateConfig, Generation, Prefilled, Sampler};
-use glance_models::llava::{ImageEncoding, Llava, LlavaProcessor, PromptFormat};
-use glance_nn::{AttnMask, CausalLm, KvCache};
-use glance_prune::{prefill_llava, PruneSpec};
+use crate::{Engine, Flow, ImageInput, Request, Response};
+use glance_core::{Error, Result, SamplingParams};
+use glance_decode::DecodeSpec;
+use glance_prune::PruneSpec;
 use glance_world::{description_prf, exact_match, Example, Family, Split};
 use serde::Serialize;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Default cap on a short answer's tokens (the longest world answer is a few words).
 pub const SHORT_MAX_NEW_TOKENS: usize = 24;
@@ -63,6 +60,8 @@ pub struct EvalOptions {
     pub examples: usize,
     /// Keep every answer in [`EvalReport::answers`].
     pub record_answers: bool,
+    /// The decoding strategy.
+    pub decode: DecodeSpec,
 }
 
 impl EvalOptions {
@@ -77,6 +76,7 @@ impl EvalOptions {
             short_max_new_tokens: SHORT_MAX_NEW_TOKENS,
             examples: 0,
             record_answers: false,
+            decode: DecodeSpec::default(),
         }
     }
 
@@ -98,8 +98,8 @@ impl EvalOptions {
     }
 }
 
-fn invalid(msg: &str) -> crate::TrainError {
-    Error::InvalidParam(msg.to_string()).into()
+fn invalid(msg: &str) -> Error {
+    Error::InvalidParam(msg.to_string())
 }
 
 /// Score of one family.
@@ -212,25 +212,23 @@ pub struct EvalProgress {
     pub questions_done: usize,
 }
 
-/// Evaluates `model` once, unpruned or pruned as `prune` says.
+/// Evaluates once, unpruned or pruned as `prune` says.
 pub fn evaluate(
-    model: &Llava,
-    processor: &LlavaProcessor,
+    engine: &Engine,
     options: &EvalOptions,
     prune: Option<&PruneSpec>,
     progress: &mut dyn FnMut(EvalProgress),
 ) -> Result<EvalReport> {
     let spec = prune.cloned().unwrap_or_default();
-    let mut reports = evaluate_specs(model, processor, options, &[spec], progress)?;
+    let mut reports = evaluate_specs(engine, options, &[spec], progress)?;
     reports
         .pop()
-        .ok_or_else(|| crate::TrainError::Config("no report for the spec".into()))
+        .ok_or_else(|| Error::InvalidParam("no report for the spec".into()))
 }
 
-/// Evaluates `model` once per spec on the same questions (the image encoded once for all).
+/// Evaluates once per spec on the same questions.
 pub fn evaluate_specs(
-    model: &Llava,
-    processor: &LlavaProcessor,
+    engine: &Engine,
     options: &EvalOptions,
     specs: &[PruneSpec],
     progress: &mut dyn FnMut(EvalProgress),
@@ -249,7 +247,8 @@ pub fn evaluate_specs(
                 break;
             }
         }
-        let ex = glance_world::sample(options.split, index)?;
+        let ex = glance_world::sample(options.split, index)
+            .map_err(|e| Error::InvalidParam(format!("world: {e}")))?;
         let wanted: Vec<_> = ex
             .questions
             .iter()
@@ -263,23 +262,27 @@ pub fn evaluate_specs(
             .collect();
         images += 1;
         if !wanted.is_empty() {
-            let mut image = ImageState::encode(model, processor, &ex)?;
+            let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
             for qa in wanted {
-                let ids = processor.prepare(&qa.question, 1, PromptFormat::Chat)?.ids;
-                let query = processor.query_ids(&qa.question)?;
-                let config = GenerateConfig {
-                    max_new_tokens: if qa.family == Family::Description {
-                        options.max_new_tokens
-                    } else {
-                        options.short_max_new_tokens
-                    },
-                    sampling: SamplingParams::greedy(),
-                    eos_token_ids: processor.text.eos_token_ids().to_vec(),
+                let max_new_tokens = if qa.family == Family::Description {
+                    options.max_new_tokens
+                } else {
+                    options.short_max_new_tokens
                 };
                 for (spec, acc) in specs.iter().zip(accs.iter_mut()) {
-                    let run = image.answer(model, &ids, &query, spec, &config)?;
-                    let text = processor.text.decode(&run.gen.tokens, true)?;
-                    acc.add(options, &ex, qa, text, &run);
+                    let request = Request {
+                        sampling: SamplingParams::greedy(),
+                        max_new_tokens,
+                        prune: (!spec.is_noop()).then(|| spec.clone()),
+                        decode: options.decode,
+                        ..Request::chat(&qa.question, vec![image.clone()])
+                    };
+                    let response = engine.generate(&request, &mut |_| Flow::Continue)?;
+                    let text = engine
+                        .processor()
+                        .text
+                        .decode(&response.token_ids, true)?;
+                    acc.add(options, &ex, qa, text, &response);
                 }
                 questions += 1;
             }
@@ -291,7 +294,7 @@ pub fn evaluate_specs(
         });
     }
     let seconds = start.elapsed().as_secs_f64();
-    let visual = model.config().image_tokens_per_image();
+    let visual = engine.model().config().image_tokens_per_image();
     Ok(specs
         .iter()
         .zip(accs)
@@ -308,107 +311,6 @@ fn family_index(f: Family) -> usize {
         Family::Existence => 3,
         Family::Sign => 4,
         Family::Description => 5,
-    }
-}
-
-/// One image, encoded, with the unpruned prompt prefix's KV cache once it is needed.
-struct ImageState {
-    encoding: ImageEncoding,
-    /// Pre-processing + vision encoding.
-    encode_time: Duration,
-    /// Prefix ids (through the last image token), their cache and its prefill time.
-    prefix: Option<(Vec<u32>, KvCache, Duration)>,
-}
-
-/// What answering one question took.
-struct Run {
-    gen: Generation,
-    kept: usize,
-    ttft: Duration,
-}
-
-impl ImageState {
-    fn encode(model: &Llava, processor: &LlavaProcessor, ex: &Example) -> Result<Self> {
-        let start = Instant::now();
-        let img = image::DynamicImage::ImageRgb8(ex.image.clone());
-        let pixels = processor.image.preprocess_tensor(&img, &Device::Cpu)?;
-        let encoding = model.encode_image(&pixels)?;
-        Ok(Self {
-            encoding,
-            encode_time: start.elapsed(),
-            prefix: None,
-        })
-    }
-
-    fn answer(
-        &mut self,
-        model: &Llava,
-        ids: &[u32],
-        query: &[u32],
-        spec: &PruneSpec,
-        config: &GenerateConfig,
-    ) -> Result<Run> {
-        let image_id = model.config().image_token_id;
-        let split = ids.iter().rposition(|&i| i == image_id).map(|i| i + 1);
-        let (state, kept, extra) = match split {
-            Some(p) if spec.is_noop() && p < ids.len() => {
-                let (state, shared) = self.forked_prefill(model, ids, p)?;
-                (state, model.config().image_tokens_per_image(), shared)
-            }
-            _ => {
-                let p = prefill_llava(model, ids, &[&self.encoding], query, spec)?;
-                (p.state, p.stats.kept_visual_tokens, p.stats.select_time)
-            }
-        };
-        let gen = decode(
-            model.text(),
-            state,
-            Sampler::new(config.sampling.clone())?,
-            config,
-            &mut |_| Ok(false),
-        )?;
-        let ttft = self.encode_time + extra + gen.prefill;
-        Ok(Run { gen, kept, ttft })
-    }
-
-    /// Prefills `ids[p..]` over a fork of the cached `ids[..p]`; returns the state and the time
-    /// of the shared prefix's prefill.
-    fn forked_prefill(
-        &mut self,
-        model: &Llava,
-        ids: &[u32],
-        p: usize,
-    ) -> Result<(Prefilled, Duration)> {
-        let text = model.text();
-        let positions: Vec<u32> = (0..ids.len() as u32).collect();
-        let last_pos = check_prompt(text, ids.len(), &positions)?;
-        let entry = match self.prefix.take() {
-            Some(e) if e.0[..] == ids[..p] => e,
-            _ => {
-                let start = Instant::now();
-                // (p, hidden): the prompt through the last image token.
-                let rows = model.embed_prompt(&ids[..p], &[&self.encoding.features])?;
-                let mut cache = text.new_cache();
-                text.forward(&rows, &positions[..p], &AttnMask::causal(), &mut cache)?;
-                (ids[..p].to_vec(), cache, start.elapsed())
-            }
-        };
-        let start = Instant::now();
-        let fork = entry.1.fork();
-        let shared = entry.2;
-        self.prefix = Some(entry);
-        let mut cache = fork?;
-        let tail = &ids[p..];
-        let rows = text.embed_tokens(tail)?;
-        let hidden = text.forward(&rows, &positions[p..], &AttnMask::causal(), &mut cache)?;
-        let state = Prefilled {
-            cache,
-            last_hidden: hidden.narrow(0, tail.len() - 1, 1)?,
-            last_pos,
-            prompt_len: ids.len(),
-            elapsed: start.elapsed(),
-        };
-        Ok((state, shared))
     }
 }
 
@@ -437,7 +339,7 @@ impl Acc {
         ex: &Example,
         qa: &glance_world::Qa,
         text: String,
-        run: &Run,
+        response: &Response,
     ) {
         let (score, pr) = if qa.family == Family::Description {
             let prf = description_prf(&text, &ex.scene.objects);
@@ -450,13 +352,15 @@ impl Acc {
         let slot = &mut self.family[family_index(qa.family)];
         slot.0 += score;
         slot.1 += 1;
-        let ttft = run.ttft.as_secs_f64();
+        let (usage, timings) = (&response.usage, &response.timings);
+        let tokens = response.token_ids.len();
+        let ttft = timings.time_to_first_token_s + timings.cache_saved_s;
         self.ttft += ttft;
-        self.kept += run.kept;
+        self.kept += usage.kept_visual_tokens;
         self.runs += 1;
-        self.tokens += run.gen.tokens.len();
-        self.decoded += run.gen.tokens.len().saturating_sub(1);
-        self.decode_s += run.gen.decode.as_secs_f64();
+        self.tokens += tokens;
+        self.decoded += tokens.saturating_sub(1);
+        self.decode_s += timings.decode_s;
         if self.examples.len() < options.examples {
             self.examples.push(ExampleAnswer {
                 question: qa.question.clone(),
@@ -474,9 +378,9 @@ impl Acc {
                 score,
                 precision_recall: pr,
                 ttft_s: ttft,
-                decode_tokens_per_s: run.gen.decode_tokens_per_sec(),
-                generated_tokens: run.gen.tokens.len(),
-                kept_visual_tokens: run.kept,
+                decode_tokens_per_s: timings.decode_tokens_per_s,
+                generated_tokens: tokens,
+                kept_visual_tokens: usage.kept_visual_tokens,
             });
         }
     }

@@ -1,0 +1,278 @@
+//! Arguments every generating command shares, and their translation into the engine's types:
+//! the model and its thread count, the prompt (`--prompt` with any number of `--image`, or a
+//! `--messages` file of OpenAI chat messages), generation settings, the decoding strategy and
+//! visual-token pruning. Everything is validated here, before a model is loaded.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use glance_core::SamplingParams;
+use glance_engine::messages::{read_image_file, read_messages_file, ImageSources};
+use glance_engine::{
+    Budget, DecodeSpec, Engine, EngineOptions, Message, Policy, Prompt, PruneSpec, Request,
+};
+use std::path::{Path, PathBuf};
+
+/// The default model: glance-tiny, trained on the glance world.
+pub const DEFAULT_MODEL: &str = "models/glance-tiny";
+
+/// `--model`, or else the default model: `models/glance-tiny` under the current directory, or
+/// failing that under the source tree this binary was built from.
+pub fn model_dir(arg: Option<&Path>) -> Result<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = manifest.ancestors().nth(2).unwrap_or(manifest);
+    resolve_model(
+        arg,
+        &[PathBuf::from(DEFAULT_MODEL), repo.join(DEFAULT_MODEL)],
+    )
+}
+
+/// `arg` if given, else the first of `candidates` that is a directory.
+fn resolve_model(arg: Option<&Path>, candidates: &[PathBuf]) -> Result<PathBuf> {
+    if let Some(dir) = arg {
+        return Ok(dir.to_path_buf());
+    }
+    if let Some(dir) = candidates.iter().find(|c| c.is_dir()) {
+        return Ok(dir.clone());
+    }
+    let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+    bail!(
+        "no --model given and the default model (glance-tiny) is not installed (looked in {}); \
+         pass --model DIR with a Hugging Face LLaVA directory, e.g. --model fixtures/models/llama-gqa",
+        looked.join(" and ")
+    )
+}
+
+/// The model to load and the engine's thread count.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model directory (Hugging Face LLaVA layout: config.json, *.safetensors, tokenizer.json, …).
+    /// Default: models/glance-tiny (in the current directory, else in the glance source tree).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Threads for the tensor kernels (default: one per core; at most 4 per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    pub fn dir(&self) -> Result<PathBuf> {
+        model_dir(self.model.as_deref())
+    }
+
+    /// Loads the engine with `options` and this thread count.
+    pub fn engine(&self, options: EngineOptions) -> Result<(PathBuf, Engine)> {
+        glance_engine::resolve_threads(self.threads).context("--threads")?;
+        let dir = self.dir()?;
+        let engine = Engine::load(&dir, options.with_threads(self.threads))
+            .with_context(|| format!("loading the model in {}", dir.display()))?;
+        Ok((dir, engine))
+    }
+}
+
+/// What to ask: a prompt with images, or a conversation.
+#[derive(Args, Clone, Debug)]
+pub struct PromptArgs {
+    /// Image file (PNG or JPEG); repeat for several images (they come first in the user turn, in
+    /// order).
+    #[arg(long, conflicts_with = "messages")]
+    pub image: Vec<PathBuf>,
+    /// The question or instruction, wrapped in the model's chat template unless --raw.
+    #[arg(long, required_unless_present = "messages", conflicts_with = "messages")]
+    pub prompt: Option<String>,
+    /// A conversation instead of --prompt / --image: a JSON file of OpenAI chat messages (or a
+    /// request body with a `messages` list); image parts as file paths, file:// or data: URLs.
+    #[arg(long, value_name = "FILE.json")]
+    pub messages: Option<PathBuf>,
+    /// Use the prompt exactly as given: no chat template, BOS only if the tokenizer adds it, and
+    /// one `<image>` placeholder per image where it goes (expanded as transformers'
+    /// LlavaProcessor does).
+    #[arg(long, conflicts_with = "messages")]
+    pub raw: bool,
+}
+
+impl PromptArgs {
+    /// Reads the images (size-capped) or the messages file.
+    pub fn prompt(&self) -> Result<Prompt> {
+        if let Some(path) = &self.messages {
+            let messages = read_messages_file(path, &ImageSources::AnyFile)?;
+            return Ok(Prompt::Chat(messages));
+        }
+        let text = self.prompt.clone().unwrap_or_default();
+        let images = self
+            .image
+            .iter()
+            .map(|p| read_image_file(p).with_context(|| format!("--image {}", p.display())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(if self.raw {
+            Prompt::Raw { text, images }
+        } else {
+            Prompt::Chat(vec![Message::user(&text, images)])
+        })
+    }
+}
+
+/// Generation options shared by every command that generates.
+#[derive(Args, Clone, Debug)]
+pub struct GenArgs {
+    /// Stop after this many new tokens.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub temperature: f32,
+    /// Sample only among the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample from the smallest set of tokens with this much probability (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Seed of the sampler: the same seed gives the same answer.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when the answer contains this text (repeatable); the text itself is not printed.
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+}
+
+impl GenArgs {
+    /// A validated request for `prompt`.
+    pub fn request(&self, prompt: Prompt, prune: Option<PruneSpec>) -> Result<Request> {
+        let request = Request {
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            max_new_tokens: self.max_new_tokens,
+            stop: self.stop.clone(),
+            prune,
+            decode: self.decode.spec()?,
+            ..Request::new(prompt)
+        };
+        request.validate()?;
+        Ok(request)
+    }
+}
+
+/// The decoding strategy.
+#[derive(Args, Clone, Debug, Default)]
+pub struct DecodeArgs {
+    /// Decoding strategy: `ar` (autoregressive, one token per forward pass).
+    #[arg(long, value_name = "STRATEGY", default_value = "ar")]
+    pub decode: String,
+}
+
+impl DecodeArgs {
+    pub fn spec(&self) -> Result<DecodeSpec> {
+        Ok(self.decode.parse::<DecodeSpec>()?)
+    }
+}
+
+/// Visual-token pruning options.
+#[derive(Args, Clone, Debug, Default)]
+pub struct PruneArgs {
+    /// Visual-token pruning policy: none, random, pool, saliency, text, mix, adaptive, fastv or
+    /// hier. A bare budget (`--prune 0.25`) means `adaptive` with that budget.
+    #[arg(long, value_name = "POLICY")]
+    pub prune: Option<String>,
+    /// Visual tokens to keep: a ratio (0.25), a percentage (25%) or a count (64). Default 25% when
+    /// a policy is given; alone, it implies `--prune adaptive`.
+    #[arg(long, value_name = "RATIO|COUNT")]
+    pub keep: Option<String>,
+    /// Temperature of the text-relevance scores (and of the [CLS]-cosine saliency).
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    pub tau: Option<f32>,
+    /// FastV only: drop visual rows after this decoder layer (default 2, or the last layer
+    /// boundary of a shallower model).
+    #[arg(long, value_name = "LAYER")]
+    pub prune_layer: Option<usize>,
+}
+
+/// The default budget when a policy is given without `--keep`.
+const DEFAULT_KEEP: Budget = Budget::Ratio(0.25);
+
+impl PruneArgs {
+    /// The validated pruning request.
+    pub fn spec(&self) -> Result<PruneSpec> {
+        let keep = self.keep.as_deref().map(str::parse::<Budget>).transpose()?;
+        let (policy, budget) = match self.prune.as_deref() {
+            None => match keep {
+                None => (Policy::None, Budget::Ratio(1.0)),
+                Some(b) => (Policy::Adaptive, b),
+            },
+            Some(p) => match (p.parse::<Policy>(), p.parse::<Budget>()) {
+                (Ok(policy), _) => (policy, keep.unwrap_or(DEFAULT_KEEP)),
+                (Err(_), Ok(b)) if keep.is_none() => (Policy::Adaptive, b),
+                (Err(_), Ok(_)) => bail!(
+                    "give the budget once: `--prune {p}` already is one, and --keep is set too"
+                ),
+                (Err(e), Err(_)) => return Err(e.into()),
+            },
+        };
+        let mut spec = PruneSpec::new(policy, budget);
+        if let Some(t) = self.tau {
+            spec.tau = t;
+        }
+        if let Some(l) = self.prune_layer {
+            if policy != Policy::FastV {
+                bail!("--prune-layer only applies to --prune fastv");
+            }
+            spec.fastv_layer = Some(l);
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The spec, or `None` when it changes nothing.
+    pub fn request_spec(&self) -> Result<Option<PruneSpec>> {
+        let spec = self.spec()?;
+        Ok((!spec.is_noop()).then_some(spec))
+    }
+}
+
+/// Checks before a long job that `path` can be written (creating its directory), so that a bad
+/// `--json` path fails now rather than after the work.
+pub fn check_writable(path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.is_dir() {
+        bail!("{} is a directory; give a file name", path.display());
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("{} cannot be written", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_defaults_to_the_first_existing_candidate() {
+        let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let missing = here.join("no-such-model");
+        let given = Path::new("/given/model");
+        let r = resolve_model(Some(given), std::slice::from_ref(&missing)).unwrap();
+        assert_eq!(r, given);
+        let r = resolve_model(None, &[missing.clone(), here.clone()]).unwrap();
+        assert_eq!(r, here);
+        let e = resolve_model(None, std::slice::from_ref(&missing)).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("--model DIR"), "{msg}");
+        assert!(msg.contains("no-such-model"), "{msg}");
+    }
+
+    #[test]
+    fn unwritable_outputs_fail_early() {
+        let dir = std::env::temp_dir();
+        assert!(check_writable(&dir).is_err());
+        assert!(check_writable(Path::new("/proc/no/such/dir/out.json")).is_err());
+    }
+}

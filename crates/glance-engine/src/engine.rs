@@ -1,0 +1,544 @@
+//! [`Engine`]: a loaded model, its processors, its thread pool and caches, and the one request
+//! path every command (and the server) goes through:
+//!
+//! ```text
+//! Request ─→ render + tokenise ─→ images: decode → pre-process → encode (cached by content)
+//!         ─→ prompt plan (rows embedded once) ─→ [pruning: transform of the plan]
+//!         ─→ prefill (prefix cache on the unpruned path) ─→ DecodeStrategy ─→ stop strings ─→ Response
+//! ```
+//!
+//! An `Arc<Engine>` serves several threads at once: the model is read-only, every request has its
+//! own KV cache, sampler and detokeniser, and the shared caches hand out immutable entries (a
+//! cached prefix is forked before a request appends to it).
+
+use crate::cache::{
+    tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, EncodingCache, ImageKey,
+    PrefixCache, PrefixKey,
+};
+use crate::options::{thread_pool, EngineOptions};
+use crate::request::{
+    CacheUse, Event, FinishReason, Flow, ImageInput, Message, Part, Prompt, Request, Response,
+    Timings, Usage,
+};
+use candle_core::{Device, Tensor};
+use glance_core::{Error, Result};
+use glance_decode::stop::StopStatus;
+use glance_decode::{
+    Autoregressive, DecodeSpec, DecodeStrategy, GenerateConfig, Prefilled, PrefilledImage,
+    Sampler, StopStrings,
+};
+use glance_models::llava::{
+    ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
+};
+use glance_models::processing::chat::{ChatMessage, ContentPart};
+use glance_models::processing::image::decode_image_with_limit;
+use glance_nn::{AttnMask, CausalLm};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Entries and bytes held by the engine's caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CacheStats {
+    pub images: usize,
+    pub image_bytes: usize,
+    pub prefixes: usize,
+    pub prefix_bytes: usize,
+}
+
+/// A loaded LLaVA checkpoint ready to answer requests.
+pub struct Engine {
+    dir: Option<PathBuf>,
+    model: Arc<Llava>,
+    processor: Arc<LlavaProcessor>,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    options: EngineOptions,
+    hasher: ContentHasher,
+    encodings: EncodingCache,
+    prefixes: PrefixCache,
+    load_time: Duration,
+}
+
+/// A prompt rendered and tokenised, with its images.
+struct Rendered<'a> {
+    prompt: PreparedPrompt,
+    /// The text query pruning policies read (every message's text).
+    query: String,
+    images: Vec<&'a ImageInput>,
+}
+
+/// An image after the encoding step.
+struct Encoded {
+    key: ImageKey,
+    entry: Arc<CachedEncoding>,
+    hit: bool,
+}
+
+impl Engine {
+    /// Loads a Hugging Face LLaVA directory (config, weights, tokenizer, pre-processor).
+    pub fn load(dir: &Path, options: EngineOptions) -> Result<Self> {
+        let threads = options.validate()?;
+        let pool = thread_pool(threads)?;
+        let start = Instant::now();
+        let (model, processor) = pool.install(|| -> Result<_> {
+            let config = LlavaConfig::from_dir(dir)?;
+            let processor = LlavaProcessor::from_dir(dir, &config)?;
+            let model = Llava::load(dir, &Device::Cpu)?;
+            Ok((model, processor))
+        })?;
+        let mut engine = Self::assemble(
+            Arc::new(model),
+            Arc::new(processor),
+            options,
+            pool,
+            threads,
+        );
+        engine.dir = Some(dir.to_path_buf());
+        engine.load_time = start.elapsed();
+        Ok(engine)
+    }
+
+    /// An engine over a model already in memory (e.g. the weights being trained).
+    pub fn from_parts(
+        model: Arc<Llava>,
+        processor: Arc<LlavaProcessor>,
+        options: EngineOptions,
+    ) -> Result<Self> {
+        let threads = options.validate()?;
+        let pool = thread_pool(threads)?;
+        Ok(Self::assemble(model, processor, options, pool, threads))
+    }
+
+    fn assemble(
+        model: Arc<Llava>,
+        processor: Arc<LlavaProcessor>,
+        options: EngineOptions,
+        pool: rayon::ThreadPool,
+        threads: usize,
+    ) -> Self {
+        Self {
+            dir: None,
+            model,
+            processor,
+            pool,
+            threads,
+            hasher: ContentHasher::new(),
+            encodings: EncodingCache::new(options.image_cache_bytes),
+            prefixes: PrefixCache::new(options.prefix_cache_bytes),
+            options,
+            load_time: Duration::ZERO,
+        }
+    }
+
+    pub fn model(&self) -> &Llava {
+        &self.model
+    }
+
+    pub fn processor(&self) -> &LlavaProcessor {
+        &self.processor
+    }
+
+    /// The directory the model was loaded from (`None` for [`Engine::from_parts`]).
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Threads of the engine's pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// What the shared caches hold now.
+    pub fn cache_stats(&self) -> CacheStats {
+        let (images, image_bytes) = self.encodings.usage();
+        let (prefixes, prefix_bytes) = self.prefixes.usage();
+        CacheStats {
+            images,
+            image_bytes,
+            prefixes,
+            prefix_bytes,
+        }
+    }
+
+    /// Time [`Engine::load`] took.
+    pub fn load_time(&self) -> Duration {
+        self.load_time
+    }
+
+    /// Runs `f` on the engine's thread pool (benchmarks time model parts this way).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    /// Answers `request`, streaming the answer's text through `on_event`, which may cancel.
+    pub fn generate(
+        &self,
+        request: &Request,
+        on_event: &mut (dyn FnMut(Event) -> Flow + Send),
+    ) -> Result<Response> {
+        request.validate()?;
+        self.pool.install(|| self.run(request, on_event))
+    }
+
+    /// The logits of every position of the prompt, `(prompt_tokens, vocab)`, from one causal
+    /// prefill (no pruning, no cache): the hook for parity checks.
+    pub fn prompt_logits(&self, prompt: &Prompt) -> Result<Tensor> {
+        self.pool.install(|| {
+            let rendered = self.render(prompt, false)?;
+            let encoded = self.encode_all(&rendered.images)?;
+            let plan = self.plan(&rendered.prompt.ids, &encoded)?;
+            let text = self.model.text();
+            let mut cache = text.new_cache();
+            let hidden = text.forward(
+                &plan.rows()?,
+                &plan.positions(),
+                &AttnMask::causal(),
+                &mut cache,
+            )?;
+            text.logits(&hidden)
+        })
+    }
+
+    fn run(
+        &self,
+        request: &Request,
+        on_event: &mut (dyn FnMut(Event) -> Flow + Send),
+    ) -> Result<Response> {
+        let start = Instant::now();
+        let prune = request.prune.as_ref().filter(|p| !p.is_noop());
+        let rendered = self.render(&request.prompt, prune.is_some_and(|p| p.policy.uses_query()))?;
+        let encoded = self.encode_all(&rendered.images)?;
+        let (mut vision, mut saved, mut image_hits) = (Duration::ZERO, Duration::ZERO, 0);
+        for e in &encoded {
+            if e.hit {
+                saved += e.entry.preprocess + e.entry.vision;
+                image_hits += 1;
+            } else {
+                vision += e.entry.vision;
+            }
+        }
+        let ids = &rendered.prompt.ids;
+        let plan = self.plan(ids, &encoded)?;
+        let visual_tokens = plan.visual_tokens();
+
+        // Prefill: the plain path never touches the pruning crate.
+        let (state, kept_visual, select, prefix_rows) = match prune {
+            None => {
+                let image_rows = plan.image_rows();
+                let (mut state, reused) = self.prefill_plain(&plan, &encoded)?;
+                attach_images(&mut state, &encoded, Some(image_rows));
+                let (rows, cost) = reused.unwrap_or_default();
+                saved += cost;
+                (state, visual_tokens, Duration::ZERO, rows)
+            }
+            Some(spec) => {
+                let encodings: Vec<&ImageEncoding> =
+                    encoded.iter().map(|e| &e.entry.encoding).collect();
+                let query = self.processor.query_ids(&rendered.query)?;
+                let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
+                let mut state = glance_prune::prefill(&self.model, &pruned)?;
+                // FastV drops rows inside the decoder: which ones is not known here.
+                let image_rows = pruned.fastv.is_none().then(|| pruned.plan.image_rows());
+                attach_images(&mut state, &encoded, image_rows);
+                let kept = pruned.stats.kept_visual_tokens;
+                (state, kept, pruned.stats.select_time, 0)
+            }
+        };
+        let prompt_rows = state.prompt_len();
+        let before_prefill = start.elapsed() - state.elapsed;
+
+        let strategy = strategy(request.decode);
+        let sampler = Sampler::new(request.sampling.clone())?;
+        let config = GenerateConfig {
+            max_new_tokens: request.max_new_tokens,
+            eos_token_ids: self.processor.text.eos_token_ids().to_vec(),
+        };
+        let mut stream = self.processor.text.stream_decoder();
+        let mut stops = StopStrings::new(request.stop.clone());
+        let mut text = String::new();
+        let mut ended: Option<FinishReason> = None;
+        let mut emit = |piece: &str, text: &mut String| -> Flow {
+            if piece.is_empty() {
+                return Flow::Continue;
+            }
+            text.push_str(piece);
+            on_event(Event::Text(piece))
+        };
+        let generation = strategy.decode(
+            self.model.text(),
+            state,
+            sampler,
+            &config,
+            &mut |id| {
+                let piece = stream.push(id)?;
+                let (released, stop) = match stops.push(&piece) {
+                    StopStatus::Continue(s) => (s, false),
+                    StopStatus::Stopped(s) => (s, true),
+                };
+                if emit(&released, &mut text) == Flow::Cancel {
+                    ended = Some(FinishReason::Cancelled);
+                    return Ok(true);
+                }
+                if stop {
+                    ended = Some(FinishReason::Stop);
+                }
+                Ok(stop)
+            },
+        )?;
+        if ended.is_none() {
+            // Release what the detokeniser and the stop matcher still hold.
+            let tail = stream.finish()?;
+            let released = match stops.push(&tail) {
+                StopStatus::Continue(s) => s + &stops.finish(),
+                StopStatus::Stopped(s) => {
+                    ended = Some(FinishReason::Stop);
+                    s
+                }
+            };
+            if emit(&released, &mut text) == Flow::Cancel {
+                ended = Some(FinishReason::Cancelled);
+            }
+        }
+        let finish_reason = ended.unwrap_or(match generation.finish {
+            glance_decode::FinishReason::Eos => FinishReason::Eos,
+            glance_decode::FinishReason::Length => FinishReason::Length,
+            glance_decode::FinishReason::Stop => FinishReason::Stop,
+        });
+        let prefill = generation.prefill;
+        let preprocess = before_prefill.saturating_sub(vision + select);
+        Ok(Response {
+            text,
+            usage: Usage {
+                prompt_tokens: ids.len(),
+                visual_tokens,
+                kept_visual_tokens: kept_visual,
+                prompt_rows,
+                completion_tokens: generation.tokens.len(),
+            },
+            timings: Timings {
+                preprocess_s: preprocess.as_secs_f64(),
+                vision_s: vision.as_secs_f64(),
+                prune_select_s: select.as_secs_f64(),
+                prefill_s: prefill.as_secs_f64(),
+                time_to_first_token_s: (before_prefill + prefill).as_secs_f64(),
+                decode_s: generation.decode.as_secs_f64(),
+                decode_tokens_per_s: generation.decode_tokens_per_sec(),
+                cache_saved_s: saved.as_secs_f64(),
+            },
+            cache: CacheUse {
+                image_hits,
+                prefix_rows,
+            },
+            token_ids: generation.tokens,
+            finish_reason,
+            decode: generation.stats,
+        })
+    }
+
+    /// Renders the prompt and tokenises it; with `want_query`, also the text query.
+    fn render<'a>(&self, prompt: &'a Prompt, want_query: bool) -> Result<Rendered<'a>> {
+        let images = prompt.images();
+        if images.len() > self.options.max_images {
+            return Err(Error::Input(format!(
+                "{} images in one request; at most {} are accepted",
+                images.len(),
+                self.options.max_images
+            )));
+        }
+        let (prompt, query) = match prompt {
+            Prompt::Raw { text, images } => (
+                self.processor.prepare(text, images.len(), PromptFormat::Raw)?,
+                text.clone(),
+            ),
+            Prompt::Chat(messages) => {
+                let chat: Vec<ChatMessage> = messages.iter().map(to_chat).collect();
+                let query = if want_query {
+                    let texts: Vec<String> = chat.iter().map(ChatMessage::text).collect();
+                    texts.join("\n")
+                } else {
+                    String::new()
+                };
+                (self.processor.prepare_chat(&chat)?, query)
+            }
+        };
+        Ok(Rendered {
+            prompt,
+            query,
+            images,
+        })
+    }
+
+    /// Encodes every image, through the encoding cache.
+    fn encode_all(&self, images: &[&ImageInput]) -> Result<Vec<Encoded>> {
+        images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| {
+                self.encode(img).map_err(|e| match e {
+                    Error::Image(msg) if images.len() > 1 => Error::Image(format!("image {i}: {msg}")),
+                    other => other,
+                })
+            })
+            .collect()
+    }
+
+    fn encode(&self, image: &ImageInput) -> Result<Encoded> {
+        let key = self.hasher.key(image);
+        if let Some(entry) = self.encodings.get(&key) {
+            return Ok(Encoded {
+                key,
+                entry,
+                hit: true,
+            });
+        }
+        let start = Instant::now();
+        let decoded;
+        let img = match image {
+            ImageInput::Bytes(bytes) => {
+                decoded = decode_image_with_limit(bytes, self.options.max_image_pixels)?;
+                &decoded
+            }
+            ImageInput::Decoded(img) => {
+                let pixels = img.width() as u64 * img.height() as u64;
+                if pixels == 0 || pixels > self.options.max_image_pixels {
+                    return Err(Error::Image(format!(
+                        "{}x{} pixels: images must have between 1 and {} pixels",
+                        img.width(),
+                        img.height(),
+                        self.options.max_image_pixels
+                    )));
+                }
+                img.as_ref()
+            }
+        };
+        let pixels = self.processor.image.preprocess_tensor(img, &Device::Cpu)?;
+        let preprocess = start.elapsed();
+        let start = Instant::now();
+        let encoding = self.model.encode_image(&pixels)?;
+        let vision = start.elapsed();
+        let bytes = tensor_bytes(&encoding.features)
+            + tensor_bytes(&encoding.vision_hidden)
+            + encoding.cls_attention.as_ref().map_or(0, tensor_bytes);
+        let entry = Arc::new(CachedEncoding {
+            encoding,
+            preprocess,
+            vision,
+        });
+        self.encodings.insert(key, entry.clone(), bytes);
+        Ok(Encoded {
+            key,
+            entry,
+            hit: false,
+        })
+    }
+
+    fn plan(&self, ids: &[u32], encoded: &[Encoded]) -> Result<PromptPlan> {
+        let features: Vec<&Tensor> = encoded.iter().map(|e| &e.entry.encoding.features).collect();
+        self.model.plan(ids, &features)
+    }
+
+    /// The unpruned prefill. With the prefix cache on and images in the prompt, the prompt is
+    /// prefilled as (through the last image token) + (the rest), the first part from the cache
+    /// when an earlier request computed it; returns the reused rows and what they first cost.
+    fn prefill_plain(
+        &self,
+        plan: &PromptPlan,
+        encoded: &[Encoded],
+    ) -> Result<(Prefilled, Option<(usize, Duration)>)> {
+        let text = self.model.text();
+        let rows = plan.rows()?;
+        let positions = plan.positions();
+        let image_id = self.model.config().image_token_id;
+        let split = plan.ids.iter().rposition(|&i| i == image_id).map(|i| i + 1);
+        let split = match split {
+            Some(p) if self.prefixes.enabled() && p < plan.ids.len() => p,
+            _ => return Ok((glance_decode::prefill(text, &rows, &positions)?, None)),
+        };
+        glance_decode::check_prompt(text, rows.dim(0)?, &positions)?;
+        let key = PrefixKey {
+            ids: plan.ids[..split].to_vec(),
+            images: encoded.iter().map(|e| e.key).collect(),
+        };
+        let (entry, reused) = match self.prefixes.get(&key) {
+            Some(entry) => {
+                let cost = entry.state.elapsed;
+                (entry, Some((split, cost)))
+            }
+            None => {
+                // (split, hidden): the prompt through its last image token.
+                let head = glance_decode::prefill(
+                    text,
+                    &rows.narrow(0, 0, split)?,
+                    &positions[..split],
+                )?;
+                let bytes = tensor_bytes(&head.hidden) + cache_bytes(self.model.config(), split);
+                let entry = Arc::new(CachedPrefix { state: head });
+                self.prefixes.insert(key, entry.clone(), bytes);
+                (entry, None)
+            }
+        };
+        let start = Instant::now();
+        let head = &entry.state;
+        let mut cache = head.cache.fork()?;
+        let tail = rows.narrow(0, split, rows.dim(0)? - split)?;
+        // (t - split, hidden)
+        let hidden = text.forward(&tail, &positions[split..], &AttnMask::causal(), &mut cache)?;
+        let elapsed = start.elapsed() + if reused.is_none() { head.elapsed } else { Duration::ZERO };
+        Ok((
+            Prefilled {
+                cache,
+                hidden: Tensor::cat(&[&head.hidden, &hidden], 0)?,
+                positions,
+                images: Vec::new(),
+                elapsed,
+            },
+            reused,
+        ))
+    }
+}
+
+/// KV-cache bytes of a prefill of `rows` rows (f32 keys and values in every layer; buffers hold
+/// at least 128 rows).
+fn cache_bytes(c: &LlavaConfig, rows: usize) -> usize {
+    let t = &c.text;
+    let capacity = rows.max(128);
+    2 * t.num_layers * capacity * t.num_kv_heads * t.head_dim * 4
+}
+
+/// Records the prompt's images in the prefill state for strategies that read them.
+fn attach_images(state: &mut Prefilled, encoded: &[Encoded], rows: Option<Vec<Vec<usize>>>) {
+    let rows = rows.unwrap_or_else(|| vec![Vec::new(); encoded.len()]);
+    state.images = encoded
+        .iter()
+        .zip(rows)
+        .map(|(e, rows)| PrefilledImage {
+            features: e.entry.encoding.features.clone(),
+            rows,
+        })
+        .collect();
+}
+
+/// The strategy a spec names.
+fn strategy(spec: DecodeSpec) -> Box<dyn DecodeStrategy> {
+    match spec {
+        DecodeSpec::Ar => Box::new(Autoregressive),
+    }
+}
+
+/// A message in the processor's form (images as placeholders; the pixels travel separately).
+fn to_chat(m: &Message) -> ChatMessage {
+    let content = m
+        .content
+        .iter()
+        .map(|p| match p {
+            Part::Text(text) => ContentPart::Text { text: text.clone() },
+            Part::Image(_) => ContentPart::Image {},
+        })
+        .collect();
+    ChatMessage::new(m.role.name(), content)
+}

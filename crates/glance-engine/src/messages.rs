@@ -1,0 +1,313 @@
+//! OpenAI chat messages (JSON) → a conversation the engine answers: `glance run --messages FILE`
+//! and the server's `/v1/chat/completions` both parse with [`parse_messages`].
+//!
+//! Accepted shapes: a list of messages, or an object with a `messages` list (a request body).
+//! A message is `{"role": "system" | "user" | "assistant", "content": …}` where `content` is a
+//! string or a list of parts:
+//!
+//! * `{"type": "text", "text": "…"}`;
+//! * `{"type": "image_url", "image_url": {"url": URL}}` (or `"image_url": URL`), and the Hugging
+//!   Face processor form `{"type": "image", "url" | "path" | "image": URL}`.
+//!
+//! An image URL is a `data:image/…;base64,…` URL, a `file://` URL or a plain path — files only
+//! where the [`ImageSources`] policy allows them. `http(s)://` is refused: glance runs offline.
+
+use crate::request::{ImageInput, Message, Part, Role};
+use base64::Engine as _;
+use glance_core::{Error, Result};
+use serde_json::Value;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+/// The largest image file or decoded `data:` URL accepted, in bytes.
+pub const MAX_IMAGE_BYTES: u64 = 32 << 20;
+/// The largest messages file accepted, in bytes.
+pub const MAX_MESSAGES_FILE_BYTES: u64 = 64 << 20;
+
+/// Where image parts may come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSources {
+    /// `data:` URLs only.
+    DataOnly,
+    /// `data:` URLs and any local file (the CLI: the user names their own files).
+    AnyFile,
+    /// `data:` URLs and files under this directory only (a server's `--allow-local-files`).
+    FilesUnder(PathBuf),
+}
+
+/// Parses OpenAI chat messages.
+pub fn parse_messages(json: &Value, sources: &ImageSources) -> Result<Vec<Message>> {
+    let list = match json {
+        Value::Array(list) => list,
+        Value::Object(o) => match o.get("messages") {
+            Some(Value::Array(list)) => list,
+            _ => {
+                return Err(Error::Input(
+                    "expected a list of messages or an object with a `messages` list".into(),
+                ))
+            }
+        },
+        _ => return Err(Error::Input("expected a list of chat messages".into())),
+    };
+    if list.is_empty() {
+        return Err(Error::Input("the conversation has no message".into()));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            parse_message(m, sources).map_err(|e| match e {
+                Error::Input(msg) => Error::Input(format!("message {i}: {msg}")),
+                other => other,
+            })
+        })
+        .collect()
+}
+
+/// Reads and parses a messages file (size-capped). Relative image paths are taken from the
+/// current directory, as `--image` paths are.
+pub fn read_messages_file(path: &Path, sources: &ImageSources) -> Result<Vec<Message>> {
+    let bytes = read_capped(path, MAX_MESSAGES_FILE_BYTES)?;
+    let json: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Input(format!("{}: not valid JSON: {e}", path.display()))
+    })?;
+    parse_messages(&json, sources).map_err(|e| match e {
+        Error::Input(msg) => Error::Input(format!("{}: {msg}", path.display())),
+        other => other,
+    })
+}
+
+/// Reads an image file through the size cap (a device such as /dev/zero or a huge file fails
+/// fast instead of filling memory).
+pub fn read_image_file(path: &Path) -> Result<ImageInput> {
+    Ok(ImageInput::bytes(read_capped(path, MAX_IMAGE_BYTES)?))
+}
+
+fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(Error::Input(format!(
+            "{}: larger than the {} MiB limit",
+            path.display(),
+            limit >> 20
+        )));
+    }
+    Ok(bytes)
+}
+
+fn parse_message(m: &Value, sources: &ImageSources) -> Result<Message> {
+    let obj = m
+        .as_object()
+        .ok_or_else(|| Error::Input("a message must be an object".into()))?;
+    let role: Role = match obj.get("role") {
+        Some(Value::String(r)) => r.parse()?,
+        _ => return Err(Error::Input("`role` must be a string".into())),
+    };
+    let content = match obj.get("content") {
+        Some(Value::String(s)) => vec![Part::Text(s.clone())],
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, p)| {
+                parse_part(p, sources).map_err(|e| match e {
+                    Error::Input(msg) => Error::Input(format!("part {j}: {msg}")),
+                    other => other,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+        Some(Value::Null) | None => Vec::new(),
+        Some(_) => {
+            return Err(Error::Input(
+                "`content` must be a string or a list of parts".into(),
+            ))
+        }
+    };
+    Ok(Message { role, content })
+}
+
+fn parse_part(p: &Value, sources: &ImageSources) -> Result<Part> {
+    let obj = p
+        .as_object()
+        .ok_or_else(|| Error::Input("a content part must be an object".into()))?;
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
+    let url = match kind {
+        "text" => {
+            return match obj.get("text") {
+                Some(Value::String(t)) => Ok(Part::Text(t.clone())),
+                _ => Err(Error::Input("a text part needs a `text` string".into())),
+            }
+        }
+        "image_url" => match obj.get("image_url") {
+            Some(Value::String(u)) => u.as_str(),
+            Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).ok_or_else(|| {
+                Error::Input("`image_url` needs a `url` string".into())
+            })?,
+            _ => return Err(Error::Input("an image_url part needs `image_url`".into())),
+        },
+        "image" => ["url", "path", "image"]
+            .iter()
+            .find_map(|k| obj.get(*k).and_then(Value::as_str))
+            .ok_or_else(|| Error::Input("an image part needs a `url` or `path`".into()))?,
+        other => {
+            return Err(Error::Input(format!(
+                "unknown content part type `{other}` (text, image_url or image)"
+            )))
+        }
+    };
+    Ok(Part::Image(resolve_image(url, sources)?))
+}
+
+/// An image URL → its bytes, under the sources policy.
+pub fn resolve_image(url: &str, sources: &ImageSources) -> Result<ImageInput> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        return decode_data_url(rest);
+    }
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        return Err(Error::Input(
+            "http(s) image URLs are not fetched: glance runs offline; send the image as a \
+             data: URL"
+                .into(),
+        ));
+    }
+    let path = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
+    match sources {
+        ImageSources::DataOnly => Err(Error::Input(
+            "local image files are not allowed here; send the image as a data: URL".into(),
+        )),
+        ImageSources::AnyFile => read_image_file(&path),
+        ImageSources::FilesUnder(dir) => {
+            if !path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
+                return Err(Error::Input(format!(
+                    "image file {}: only absolute paths under {} are allowed",
+                    path.display(),
+                    dir.display()
+                )));
+            }
+            let real = path.canonicalize().map_err(|e| Error::io(&path, e))?;
+            let root = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+            if !real.starts_with(&root) {
+                return Err(Error::Input(format!(
+                    "image file {} is outside the allowed directory {}",
+                    path.display(),
+                    dir.display()
+                )));
+            }
+            read_image_file(&real)
+        }
+    }
+}
+
+/// `image/png;base64,AAAA…` → the decoded bytes.
+fn decode_data_url(rest: &str) -> Result<ImageInput> {
+    let (meta, data) = rest
+        .split_once(',')
+        .ok_or_else(|| Error::Input("a data: URL needs a `,` before its data".into()))?;
+    if !meta.ends_with(";base64") {
+        return Err(Error::Input(
+            "image data: URLs must be base64-encoded (data:image/png;base64,…)".into(),
+        ));
+    }
+    // Base64 holds 3 bytes per 4 characters: refuse oversized data before decoding it.
+    if data.len() as u64 / 4 * 3 > MAX_IMAGE_BYTES {
+        return Err(Error::Input(format!(
+            "the image data is larger than the {} MiB limit",
+            MAX_IMAGE_BYTES >> 20
+        )));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| Error::Input(format!("invalid base64 in the image data: URL: {e}")))?;
+    Ok(ImageInput::bytes(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn images(m: &Message) -> Vec<Vec<u8>> {
+        m.images()
+            .map(|i| match i {
+                ImageInput::Bytes(b) => b.to_vec(),
+                ImageInput::Decoded(_) => panic!("decoded"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parses_openai_messages_with_data_urls_and_files() {
+        let dir = std::env::temp_dir().join(format!("glance-msg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("a.png");
+        std::fs::write(&file, [9u8, 8, 7]).unwrap();
+        let body = json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AQID"}},
+                {"type": "image_url", "image_url": file.to_str().unwrap()},
+                {"type": "text", "text": "Compare."}]},
+            {"role": "assistant", "content": "Same."},
+            {"role": "user", "content": [{"type": "image", "path": format!("file://{}", file.display())},
+                                         {"type": "text", "text": "And this?"}]}
+        ]});
+        let m = parse_messages(&body, &ImageSources::AnyFile).unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0].role, Role::System);
+        assert_eq!(images(&m[1]), vec![vec![1, 2, 3], vec![9, 8, 7]]);
+        assert!(matches!(&m[1].content[2], Part::Text(t) if t == "Compare."));
+        assert_eq!(images(&m[3]), vec![vec![9, 8, 7]]);
+        // Files only under an allowed directory.
+        let under = ImageSources::FilesUnder(dir.clone());
+        assert!(parse_messages(&body, &under).is_ok());
+        let elsewhere = ImageSources::FilesUnder(dir.join("sub"));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let e = parse_messages(&body, &elsewhere).unwrap_err().to_string();
+        assert!(e.contains("outside the allowed directory"), "{e}");
+        let e = parse_messages(&body, &ImageSources::DataOnly).unwrap_err().to_string();
+        assert!(e.contains("message 1: part 1") && e.contains("data: URL"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn bad_messages_get_clear_errors() {
+        let cases = [
+            (json!([]), "no message"),
+            (json!("hello"), "list of chat messages"),
+            (json!([{"role": "robot", "content": "x"}]), "unknown message role"),
+            (json!([{"role": "user", "content": 5}]), "`content` must be"),
+            (json!([{"role": "user", "content": [{"type": "audio"}]}]), "unknown content part"),
+            (
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]),
+                "invalid base64",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": "data:image/png,abc"}]}]),
+                "base64-encoded",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": "https://x/a.png"}]}]),
+                "offline",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": "/no/such/file.png"}]}]),
+                "/no/such/file.png",
+            ),
+        ];
+        for (json, want) in cases {
+            let e = parse_messages(&json, &ImageSources::AnyFile)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn reads_are_capped() {
+        let e = read_image_file(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("limit"), "{e}");
+    }
+}

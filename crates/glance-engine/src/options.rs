@@ -1,0 +1,119 @@
+//! Engine settings and the thread pool the engine owns.
+//!
+//! Every tensor kernel of a request runs on the engine's own rayon pool (`pool.install`): candle's
+//! GEMM and glance's matrix-vector kernel split their work over the pool they run in, so no
+//! process-wide environment variable is needed and two engines in one process do not fight over
+//! one. (candle's element-wise kernels keep their own small spin pool, sized once per process.)
+
+use glance_core::{Error, Result};
+use glance_models::processing::image::DEFAULT_MAX_PIXELS;
+
+/// Settings of an [`crate::Engine`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// Threads of the engine's pool (`None`: one per core).
+    pub threads: Option<usize>,
+    /// Bytes of projected image encodings kept for reuse, keyed by a hash of the image's content
+    /// (0 turns the cache off).
+    pub image_cache_bytes: usize,
+    /// Bytes of prompt-prefix KV caches kept for reuse (0 turns the cache off). With the cache
+    /// on, a prompt with images is prefilled in two passes — through its last image token, then
+    /// the rest — so that the first part can serve later prompts that share it (the same image
+    /// asked several questions).
+    pub prefix_cache_bytes: usize,
+    /// Largest image accepted, in pixels (checked from the header before decoding).
+    pub max_image_pixels: u64,
+    /// Most images in one request.
+    pub max_images: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            threads: None,
+            image_cache_bytes: 256 << 20,
+            prefix_cache_bytes: 256 << 20,
+            max_image_pixels: DEFAULT_MAX_PIXELS,
+            max_images: 16,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// For one request (a CLI run): no caches, so the prefill is one pass as it always was.
+    pub fn single_request() -> Self {
+        Self {
+            image_cache_bytes: 0,
+            prefix_cache_bytes: 0,
+            ..Self::default()
+        }
+    }
+
+    pub fn with_threads(mut self, threads: Option<usize>) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Checks the settings; returns the thread count to use.
+    pub fn validate(&self) -> Result<usize> {
+        if self.max_image_pixels == 0 || self.max_images == 0 {
+            return Err(Error::InvalidParam(
+                "the image pixel limit and the image count limit must be at least 1".into(),
+            ));
+        }
+        resolve_threads(self.threads)
+    }
+}
+
+/// This machine's cores.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The most threads a pool may have: four per core (at least 4). More only adds contention, and
+/// a typo such as `--threads 10000` would otherwise spawn ten thousand spinning threads.
+pub fn max_threads() -> usize {
+    (4 * cores()).max(4)
+}
+
+/// `requested` checked against `1..=max_threads()`, or one per core.
+pub fn resolve_threads(requested: Option<usize>) -> Result<usize> {
+    let max = max_threads();
+    match requested {
+        None => Ok(cores()),
+        Some(0) => Err(Error::InvalidParam("threads must be at least 1".into())),
+        Some(n) if n > max => Err(Error::InvalidParam(format!(
+            "{n} threads is more than this machine can use: at most {max} (4 per core, {} \
+             core(s))",
+            cores()
+        ))),
+        Some(n) => Ok(n),
+    }
+}
+
+/// A rayon pool of exactly `threads` threads (validated with [`resolve_threads`]); a failure to
+/// start them is an error, not a panic.
+pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    let n = resolve_threads(Some(threads))?;
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("glance-{i}"))
+        .build()
+        .map_err(|e| Error::InvalidParam(format!("cannot start {n} threads: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_counts_are_bounded() {
+        assert_eq!(resolve_threads(None).unwrap(), cores());
+        assert_eq!(resolve_threads(Some(1)).unwrap(), 1);
+        assert!(resolve_threads(Some(0)).is_err());
+        let e = resolve_threads(Some(10_000)).unwrap_err().to_string();
+        assert!(e.contains("10000") && e.contains("at most"), "{e}");
+        assert_eq!(thread_pool(2).unwrap().current_num_threads(), 2);
+        assert!(thread_pool(max_threads() + 1).is_err());
+    }
+}

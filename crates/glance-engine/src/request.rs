@@ -1,0 +1,312 @@
+//! What a caller asks ([`Request`]) and what it gets back ([`Response`], streamed [`Event`]s).
+//!
+//! The shapes follow OpenAI's chat completions, which every serving engine speaks: a list of
+//! messages with text and image parts, sampling settings, a token cap and stop strings — plus
+//! glance's own per-request options: visual-token pruning and the decoding strategy.
+
+use glance_core::{Error, Result, SamplingParams, TokenId};
+use glance_decode::{DecodeSpec, DecodeStats};
+use glance_prune::PruneSpec;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// The most stop strings one request may carry (OpenAI allows 4; glance is generous).
+pub const MAX_STOP_STRINGS: usize = 16;
+/// The longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// An image as a caller hands it over.
+#[derive(Clone)]
+pub enum ImageInput {
+    /// Encoded PNG or JPEG bytes (decoded by the engine, with its pixel limit checked from the
+    /// header first).
+    Bytes(Arc<[u8]>),
+    /// An image already decoded.
+    Decoded(Arc<image::DynamicImage>),
+}
+
+impl ImageInput {
+    pub fn bytes(bytes: impl Into<Arc<[u8]>>) -> Self {
+        ImageInput::Bytes(bytes.into())
+    }
+
+    pub fn decoded(image: image::DynamicImage) -> Self {
+        ImageInput::Decoded(Arc::new(image))
+    }
+}
+
+impl std::fmt::Debug for ImageInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImageInput::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            ImageInput::Decoded(i) => write!(f, "Decoded({}x{})", i.width(), i.height()),
+        }
+    }
+}
+
+/// Who speaks a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "system" | "developer" => Ok(Role::System),
+            "user" => Ok(Role::User),
+            "assistant" => Ok(Role::Assistant),
+            other => Err(Error::Input(format!(
+                "unknown message role `{other}` (system, user or assistant)"
+            ))),
+        }
+    }
+}
+
+/// One part of a message.
+#[derive(Debug, Clone)]
+pub enum Part {
+    Text(String),
+    Image(ImageInput),
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Part>,
+}
+
+impl Message {
+    /// A user turn: the images first, then the text (as the LLaVA examples do).
+    pub fn user(text: &str, images: Vec<ImageInput>) -> Self {
+        let mut content: Vec<Part> = images.into_iter().map(Part::Image).collect();
+        if !text.is_empty() {
+            content.push(Part::Text(text.to_string()));
+        }
+        Self {
+            role: Role::User,
+            content,
+        }
+    }
+
+    pub fn assistant(text: &str) -> Self {
+        Self {
+            role: Role::Assistant,
+            content: vec![Part::Text(text.to_string())],
+        }
+    }
+
+    pub fn system(text: &str) -> Self {
+        Self {
+            role: Role::System,
+            content: vec![Part::Text(text.to_string())],
+        }
+    }
+
+    /// The images of this message, in order.
+    pub fn images(&self) -> impl Iterator<Item = &ImageInput> {
+        self.content.iter().filter_map(|p| match p {
+            Part::Image(i) => Some(i),
+            Part::Text(_) => None,
+        })
+    }
+}
+
+/// The prompt of a request.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// A conversation, rendered with the model's chat template (with the generation prompt).
+    Chat(Vec<Message>),
+    /// Text used exactly as given: no template, BOS only if the tokenizer adds it, and one image
+    /// placeholder (`<image>`) per image, in order.
+    Raw {
+        text: String,
+        images: Vec<ImageInput>,
+    },
+}
+
+impl Prompt {
+    /// Every image of the prompt, in prompt order.
+    pub fn images(&self) -> Vec<&ImageInput> {
+        match self {
+            Prompt::Chat(messages) => messages.iter().flat_map(Message::images).collect(),
+            Prompt::Raw { images, .. } => images.iter().collect(),
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Prompt,
+    /// How tokens are picked (greedy by default).
+    pub sampling: SamplingParams,
+    /// At most this many new tokens.
+    pub max_new_tokens: usize,
+    /// Generation stops when the answer contains one of these; the text itself is not returned.
+    pub stop: Vec<String>,
+    /// Visual-token pruning (`None`: every visual token).
+    pub prune: Option<PruneSpec>,
+    /// The decoding strategy.
+    pub decode: DecodeSpec,
+}
+
+impl Request {
+    /// A greedy request with default limits.
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            sampling: SamplingParams::greedy(),
+            max_new_tokens: 128,
+            stop: Vec::new(),
+            prune: None,
+            decode: DecodeSpec::default(),
+        }
+    }
+
+    /// One user turn with `images` and `text` in the chat template.
+    pub fn chat(text: &str, images: Vec<ImageInput>) -> Self {
+        Self::new(Prompt::Chat(vec![Message::user(text, images)]))
+    }
+
+    /// Checks every setting that does not need the model.
+    pub fn validate(&self) -> Result<()> {
+        self.sampling.validate()?;
+        if self.max_new_tokens == 0 {
+            return Err(Error::InvalidParam(
+                "max new tokens must be at least 1".into(),
+            ));
+        }
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return Err(Error::InvalidParam(format!(
+                "at most {MAX_STOP_STRINGS} stop strings, got {}",
+                self.stop.len()
+            )));
+        }
+        if let Some(s) = self
+            .stop
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+        {
+            return Err(Error::InvalidParam(format!(
+                "a stop string must be 1 to {MAX_STOP_BYTES} bytes long, got {} bytes",
+                s.len()
+            )));
+        }
+        if let Some(p) = &self.prune {
+            p.validate()?;
+        }
+        if let Prompt::Chat(messages) = &self.prompt {
+            if messages.is_empty() {
+                return Err(Error::Input("the conversation has no message".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the engine reports while generating.
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// New answer text (stop strings already held back and removed).
+    Text(&'a str),
+}
+
+/// The callback's answer to an [`Event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Stop generating now (the caller went away); the response ends with
+    /// [`FinishReason::Cancelled`].
+    Cancel,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// The token cap or the model's context was reached.
+    Length,
+    /// A stop string matched.
+    Stop,
+    /// The caller cancelled.
+    Cancelled,
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Prompt tokens, every visual token counted.
+    pub prompt_tokens: usize,
+    /// Visual tokens in the prompt before pruning.
+    pub visual_tokens: usize,
+    /// Visual tokens the decoder ran (for FastV: in the layers after its pruning layer).
+    pub kept_visual_tokens: usize,
+    /// Prompt rows the decoder ran (for FastV: in the layers after its pruning layer).
+    pub prompt_rows: usize,
+    /// Generated tokens (a final EOS token included).
+    pub completion_tokens: usize,
+}
+
+/// Where the time went, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Timings {
+    /// Prompt rendering and tokenisation, image decoding and pre-processing.
+    pub preprocess_s: f64,
+    /// Vision tower and projector (0 when every image came from the encoding cache).
+    pub vision_s: f64,
+    /// Visual-token scoring and selection.
+    pub prune_select_s: f64,
+    /// The prefill pass, including picking the first token.
+    pub prefill_s: f64,
+    /// From the request to the first token: the four above.
+    pub time_to_first_token_s: f64,
+    /// All passes after the first token.
+    pub decode_s: f64,
+    /// Tokens after the first per second of decoding.
+    pub decode_tokens_per_s: f64,
+    /// Work the caches saved: the first computation's time of every cached image encoding and
+    /// prompt prefix this request reused. `time_to_first_token_s + cache_saved_s` is what the
+    /// request would have taken alone.
+    pub cache_saved_s: f64,
+}
+
+/// Cache use of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CacheUse {
+    /// Images whose encoding came from the cache.
+    pub image_hits: usize,
+    /// Prompt rows whose keys and values came from the prefix cache.
+    pub prefix_rows: usize,
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Response {
+    pub text: String,
+    pub token_ids: Vec<TokenId>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+    pub cache: CacheUse,
+    /// The strategy's own statistics.
+    pub decode: DecodeStats,
+}

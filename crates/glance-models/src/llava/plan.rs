@@ -1,0 +1,167 @@
+//! The prompt plan: the rows a prefill runs, built once from the expanded token ids and the
+//! projected image features.
+//!
+//! A plan is a list of segments in prompt order — runs of text rows and one segment per image —
+//! each with its embedding rows and the position id of every row. Building it is one step;
+//! visual-token pruning is a transformation of it (it replaces an image segment's rows and
+//! positions with the kept ones, positions preserved); the prefill runs its rows. Nothing in it is
+//! computed twice: the rows handed to the decoder are the rows built here.
+
+use super::model::Llava;
+use candle_core::Tensor;
+use glance_core::{Error, Result};
+use glance_nn::CausalLm;
+use std::ops::Range;
+
+/// What a segment holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentKind {
+    /// Token embeddings of a run of text (and special) tokens.
+    Text,
+    /// The projected features of image `index` (in prompt order), possibly pruned.
+    Image { index: usize },
+}
+
+/// A run of prompt rows.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub kind: SegmentKind,
+    /// `(rows, text_hidden)`.
+    pub rows: Tensor,
+    /// Position id of each row (`rows.dim(0)` of them).
+    pub positions: Vec<u32>,
+    /// The token ids this segment stands for (indices into [`PromptPlan::ids`]).
+    pub source: Range<usize>,
+}
+
+/// The rows of one prompt, segment by segment, in prompt order.
+#[derive(Debug, Clone)]
+pub struct PromptPlan {
+    /// The expanded token ids the plan was built from (one image-token id per visual token).
+    pub ids: Vec<u32>,
+    pub segments: Vec<Segment>,
+}
+
+impl PromptPlan {
+    /// Rows the decoder will run.
+    pub fn len(&self) -> usize {
+        self.segments.iter().map(|s| s.positions.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// All rows `(len, text_hidden)` in prompt order.
+    pub fn rows(&self) -> Result<Tensor> {
+        let parts: Vec<&Tensor> = self.segments.iter().map(|s| &s.rows).collect();
+        match parts.as_slice() {
+            [] => Err(Error::Input("the prompt is empty".into())),
+            [one] => Ok((*one).clone()),
+            _ => Ok(Tensor::cat(&parts, 0)?),
+        }
+    }
+
+    /// Position ids of all rows, in prompt order.
+    pub fn positions(&self) -> Vec<u32> {
+        self.segments
+            .iter()
+            .flat_map(|s| s.positions.iter().copied())
+            .collect()
+    }
+
+    /// Visual tokens of the prompt before any pruning.
+    pub fn visual_tokens(&self) -> usize {
+        self.segments
+            .iter()
+            .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
+            .map(|s| s.source.len())
+            .sum()
+    }
+
+    /// Visual rows the decoder will run (after pruning, if any).
+    pub fn visual_rows(&self) -> usize {
+        self.image_rows().iter().map(Vec::len).sum()
+    }
+
+    /// For each image, in prompt order, the indices of its rows among [`rows`](Self::rows).
+    pub fn image_rows(&self) -> Vec<Vec<usize>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        for s in &self.segments {
+            let n = s.positions.len();
+            if let SegmentKind::Image { .. } = s.kind {
+                out.push((at..at + n).collect());
+            }
+            at += n;
+        }
+        out
+    }
+}
+
+impl Llava {
+    /// The plan of a prompt: `ids` with every image placeholder expanded (one image-token id per
+    /// visual token) and `images` the projected features `(n_i, text_hidden)` of each image in
+    /// prompt order; the runs of image tokens take the images in order, `n_i` rows each (adjacent
+    /// images share one run). Text runs are embedded here, once.
+    pub fn plan(&self, ids: &[u32], images: &[&Tensor]) -> Result<PromptPlan> {
+        let image_id = self.config().image_token_id;
+        let placeholders = ids.iter().filter(|&&i| i == image_id).count();
+        let mut features = 0;
+        for f in images {
+            features += f.dim(0)?;
+        }
+        if placeholders != features {
+            return Err(Error::Input(format!(
+                "the prompt has {placeholders} image-token positions but the images give {features} \
+                 features ({} image(s) of {} tokens)",
+                images.len(),
+                self.config().image_tokens_per_image()
+            )));
+        }
+        let text = self.text();
+        let mut segments = Vec::with_capacity(2 * images.len() + 1);
+        let mut next_image = 0;
+        let mut i = 0;
+        while i < ids.len() {
+            let is_image = ids[i] == image_id;
+            let end = i + ids[i..]
+                .iter()
+                .take_while(|&&x| (x == image_id) == is_image)
+                .count();
+            if !is_image {
+                segments.push(Segment {
+                    kind: SegmentKind::Text,
+                    rows: text.embed_tokens(&ids[i..end])?,
+                    positions: (i as u32..end as u32).collect(),
+                    source: i..end,
+                });
+            }
+            // A run of image tokens holds the next images, each `features.dim(0)` rows long.
+            let mut at = i;
+            while is_image && at < end {
+                let f = images[next_image];
+                let n = f.dim(0)?;
+                if n == 0 || at + n > end {
+                    return Err(Error::Input(format!(
+                        "image {next_image} has {n} features but its run of image tokens holds {}",
+                        end - at
+                    )));
+                }
+                segments.push(Segment {
+                    kind: SegmentKind::Image { index: next_image },
+                    rows: f.clone(),
+                    positions: (at as u32..(at + n) as u32).collect(),
+                    source: at..at + n,
+                });
+                next_image += 1;
+                at += n;
+            }
+            i = end;
+        }
+        Ok(PromptPlan {
+            ids: ids.to_vec(),
+            segments,
+        })
+    }
+}

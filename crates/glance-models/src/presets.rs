@@ -1,0 +1,76 @@
+//! Model shapes the benchmarks build with random weights, defined once.
+//!
+//! Text backbones carry their real vocabulary (32000, the Llama-2 / TinyLlama tokenizer). A LLaVA
+//! preset puts CLIP ViT-L/14-336 (576 visual tokens, feature layer −2, as LLaVA-1.5-7B) in front
+//! of a text backbone and pads the vocabulary to 32064, as llava-1.5 checkpoints do (the image and
+//! pad tokens are added after the base vocabulary).
+
+use crate::llava::LlavaConfig;
+use crate::text::TextConfig;
+use glance_core::{Error, Result};
+use serde_json::{json, Value};
+
+/// The text backbones, smallest first.
+pub const TEXT_PRESETS: [&str; 3] = ["llama-134m", "tinyllama-1.1b", "sheared-llama-2.7b"];
+
+/// LLaVA-1.5's vocabulary: the base 32000 plus the added image and pad tokens, padded to 32064.
+pub const LLAVA_VOCAB: usize = 32064;
+
+/// The `config.json` text part of a backbone preset.
+pub fn text_config_value(name: &str) -> Result<Value> {
+    Ok(match name {
+        "llama-134m" => json!({"model_type": "llama", "vocab_size": 32000, "hidden_size": 768,
+            "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "num_key_value_heads": 12, "max_position_embeddings": 4096}),
+        "tinyllama-1.1b" => json!({"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
+            "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "max_position_embeddings": 4096}),
+        "sheared-llama-2.7b" => json!({"model_type": "llama", "vocab_size": 32000,
+            "hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 32,
+            "num_attention_heads": 20, "num_key_value_heads": 20, "max_position_embeddings": 4096}),
+        other => {
+            return Err(Error::InvalidParam(format!(
+                "unknown model shape `{other}` (available: {})",
+                TEXT_PRESETS.join(", ")
+            )))
+        }
+    })
+}
+
+/// A text backbone preset.
+pub fn text_config(name: &str) -> Result<TextConfig> {
+    TextConfig::from_value(&text_config_value(name)?)
+}
+
+/// LLaVA-1.5-7B's vision shape in front of the text backbone `name`.
+pub fn llava_config(name: &str) -> Result<LlavaConfig> {
+    let mut text = text_config_value(name)?;
+    text["vocab_size"] = json!(LLAVA_VOCAB);
+    LlavaConfig::from_value(&json!({
+        "model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024,
+            "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+            "image_size": 336, "patch_size": 14, "hidden_act": "quick_gelu"},
+        "text_config": text,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_build_and_agree() {
+        for name in TEXT_PRESETS {
+            let t = text_config(name).unwrap();
+            let l = llava_config(name).unwrap();
+            assert_eq!(t.vocab_size, 32000);
+            assert_eq!(l.text.vocab_size, LLAVA_VOCAB);
+            assert_eq!(l.text.hidden_size, t.hidden_size);
+            assert_eq!(l.image_tokens_per_image(), 576);
+        }
+        let e = text_config("llama-1b").unwrap_err().to_string();
+        assert!(e.contains("tinyllama-1.1b"), "{e}");
+    }
+}
