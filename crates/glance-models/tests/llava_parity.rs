@@ -10,7 +10,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::{fixtures, max_abs};
 use glance_core::SamplingParams;
-use glance_decode::{generate, GenerateConfig};
+use glance_decode::{generate, GenerateConfig, Sampler};
 use glance_models::llava::Llava;
 use glance_nn::{AttnMask, CausalLm};
 use serde_json::Value;
@@ -101,11 +101,11 @@ fn greedy_generation_matches_transformers_and_cached_equals_recomputed() {
         let want = ids(&c.t["greedy_ids"]);
         let cfg = GenerateConfig {
             max_new_tokens: want.len(),
-            sampling: SamplingParams::greedy(),
             eos_token_ids: vec![2],
         };
         let text = c.model.text();
-        let got = generate(text, &emb, &positions, &cfg, &mut |_| Ok(false)).unwrap();
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let got = generate(text, &emb, &positions, sampler, &cfg, &mut |_| Ok(false)).unwrap();
         assert_eq!(got.tokens, want, "{}: greedy tokens", c.name);
 
         // Cached decoding == full recomputation: logits of the whole sequence in one uncached pass

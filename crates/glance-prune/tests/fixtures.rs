@@ -6,7 +6,7 @@
 
 use candle_core::Device;
 use glance_core::SamplingParams;
-use glance_decode::{decode, GenerateConfig, Prefilled, Sampler};
+use glance_decode::{Autoregressive, DecodeStrategy, GenerateConfig, Prefilled, Sampler};
 use glance_models::llava::{ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PromptFormat};
 use glance_models::processing::image::load_image;
 use glance_nn::CausalLm;
@@ -69,7 +69,7 @@ fn prefill(c: &Case, spec: &PruneSpec) -> glance_prune::PrunedPrefill {
 fn last_logits(c: &Case, s: &Prefilled) -> Vec<f32> {
     c.model
         .text()
-        .logits(&s.last_hidden)
+        .logits(&s.last_hidden().unwrap())
         .unwrap()
         .squeeze(0)
         .unwrap()
@@ -80,11 +80,11 @@ fn last_logits(c: &Case, s: &Prefilled) -> Vec<f32> {
 fn greedy(c: &Case, state: Prefilled, n: usize) -> Vec<u32> {
     let config = GenerateConfig {
         max_new_tokens: n,
-        sampling: SamplingParams::greedy(),
         eos_token_ids: vec![],
     };
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
-    decode(c.model.text(), state, sampler, &config, &mut |_| Ok(false))
+    Autoregressive
+        .decode(c.model.text(), state, sampler, &config, &mut |_| Ok(false))
         .unwrap()
         .tokens
 }
@@ -147,7 +147,7 @@ fn pruned_generation_runs_end_to_end() {
                     c.name
                 );
                 assert_eq!(
-                    got.state.last_pos as usize,
+                    got.state.last_pos() as usize,
                     t - 1,
                     "text after the image keeps its positions"
                 );
@@ -178,8 +178,8 @@ fn pruning_changes_the_answer_input_but_not_the_text_positions() {
     let c = &cases()[0];
     let full = prefill(c, &PruneSpec::default());
     let pruned = prefill(c, &PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.25)));
-    assert_eq!(full.state.last_pos, pruned.state.last_pos);
-    assert!(pruned.state.prompt_len < full.state.prompt_len);
+    assert_eq!(full.state.last_pos(), pruned.state.last_pos());
+    assert!(pruned.state.prompt_len() < full.state.prompt_len());
     assert_ne!(last_logits(c, &full.state), last_logits(c, &pruned.state));
 }
 
@@ -207,8 +207,11 @@ fn pre_llm_pruning_is_the_unpruned_prompt_restricted_to_kept_rows() {
     // Reference: the unpruned prompt rows, gathered at the kept rows, at their original positions.
     for c in cases() {
         let n = c.model.config().image_tokens_per_image();
-        let spans = glance_prune::image_spans(&c.ids, c.model.config().image_token_id, n).unwrap();
-        let start = spans[0].0;
+        let start = c
+            .ids
+            .iter()
+            .position(|&i| i == c.model.config().image_token_id)
+            .unwrap();
         let (prefix, input) = glance_prune::llava_input(&c.model, &c.image, None).unwrap();
         let spec = PruneSpec::new(Policy::Saliency, Budget::Ratio(0.5));
         let k = Budget::Ratio(0.5).resolve(n) - prefix;
@@ -227,7 +230,7 @@ fn pre_llm_pruning_is_the_unpruned_prompt_restricted_to_kept_rows() {
         )
         .unwrap();
         let got = prefill(&c, &spec);
-        assert_eq!(got.state.prompt_len, rows.len(), "{}", c.name);
+        assert_eq!(got.state.prompt_len(), rows.len(), "{}", c.name);
         assert_eq!(
             last_logits(&c, &got.state),
             last_logits(&c, &want),
