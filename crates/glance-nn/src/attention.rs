@@ -406,7 +406,10 @@ mod tests {
             (AttnMask::causal(), None),
             (AttnMask::causal(), Some(3)),
             (AttnMask::block(2)?, Some(4)),
-            (AttnMask::tree(vec![None, Some(0), Some(0), Some(2)])?, Some(3)),
+            (
+                AttnMask::tree(vec![None, Some(0), Some(0), Some(2)])?,
+                Some(3),
+            ),
         ] {
             let m = mask.materialize(w, t, past + t, &dev)?;
             let got = attention(&q, &k, &v, m.as_ref(), 0.3, Mode::Infer, false)?.out;
@@ -450,10 +453,7 @@ mod tests {
             vis(&m, None, 5, 7)?,
             rows(&[
                 "xxxx...", //
-                "xxxx...",
-                "xxxxxx.",
-                "xxxxxx.",
-                "xxxxxxx",
+                "xxxx...", "xxxxxx.", "xxxxxx.", "xxxxxxx",
             ])
         );
         // Window 3 on top: keys ≥ 3 rows behind the row's own cache row are hidden, keys ahead in
@@ -462,10 +462,7 @@ mod tests {
             vis(&m, Some(3), 5, 7)?,
             rows(&[
                 "xxxx...", //
-                ".xxx...",
-                "..xxxx.",
-                "...xxx.",
-                "....xxx",
+                ".xxx...", "..xxxx.", "...xxx.", "....xxx",
             ])
         );
         // Size 1 is causal; size ≥ t is full.
@@ -496,11 +493,7 @@ mod tests {
             vis(&m, None, 6, 8)?,
             rows(&[
                 "xxx.....", //
-                "xxxx....",
-                "xxx.x...",
-                "xxxx.x..",
-                "xxx.x.x.",
-                "xx.....x",
+                "xxxx....", "xxx.x...", "xxxx.x..", "xxx.x.x.", "xx.....x",
             ])
         );
         // Window 2 counts rows along the path: node 3 (path row 2 + 2 = 4) sees its parent 1 and
@@ -509,11 +502,7 @@ mod tests {
             vis(&m, Some(2), 6, 8)?,
             rows(&[
                 ".xx.....", //
-                "..xx....",
-                "..x.x...",
-                "...x.x..",
-                "....x.x.",
-                ".x.....x",
+                "..xx....", "..x.x...", "...x.x..", "....x.x.", ".x.....x",
             ])
         );
         assert!(AttnMask::tree(vec![None, Some(1)]).is_err());
@@ -532,9 +521,17 @@ mod tests {
             for w in [None, Some(1), Some(2), Some(4), Some(30)] {
                 let want = vis(&AttnMask::causal(), w, t, kv)?;
                 let chain = AttnMask::Tree(TreeMask::chain(t));
-                assert_eq!(vis(&chain, w, t, kv)?, want, "chain t={t} past={past} w={w:?}");
+                assert_eq!(
+                    vis(&chain, w, t, kv)?,
+                    want,
+                    "chain t={t} past={past} w={w:?}"
+                );
                 let full = AttnMask::visible(t, kv, bool_causal.clone())?;
-                assert_eq!(vis(&full, w, t, kv)?, want, "bool t={t} past={past} w={w:?}");
+                assert_eq!(
+                    vis(&full, w, t, kv)?,
+                    want,
+                    "bool t={t} past={past} w={w:?}"
+                );
                 let short = AttnMask::visible(t, t, new_only.clone())?;
                 assert_eq!(vis(&short, w, t, kv)?, want, "bool (t, t) t={t} w={w:?}");
             }

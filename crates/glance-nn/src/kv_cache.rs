@@ -205,8 +205,7 @@ impl KvCache {
     /// row is touched. Fails (changing nothing) if a layer now holds fewer rows than it did.
     pub fn rollback(&mut self, mark: &CacheMark) -> Result<()> {
         let lens = &mark.0;
-        if lens.len() != self.layers.len()
-            || self.layers.iter().zip(lens).any(|(l, &n)| l.len < n)
+        if lens.len() != self.layers.len() || self.layers.iter().zip(lens).any(|(l, &n)| l.len < n)
         {
             candle_core::bail!(
                 "rollback: mark {lens:?} is not behind the cache {:?}",
@@ -347,8 +346,16 @@ mod tests {
     /// Values of row 0 of head 0 in every row of layer `l`.
     fn layer_values(c: &KvCache, l: usize) -> Result<Vec<f32>> {
         let (k, v) = c.layer(l).get()?.unwrap();
-        let kv: Vec<f32> = k.narrow(1, 1, 1)?.narrow(3, 2, 1)?.flatten_all()?.to_vec1()?;
-        let vv: Vec<f32> = v.narrow(1, 1, 1)?.narrow(3, 2, 1)?.flatten_all()?.to_vec1()?;
+        let kv: Vec<f32> = k
+            .narrow(1, 1, 1)?
+            .narrow(3, 2, 1)?
+            .flatten_all()?
+            .to_vec1()?;
+        let vv: Vec<f32> = v
+            .narrow(1, 1, 1)?
+            .narrow(3, 2, 1)?
+            .flatten_all()?
+            .to_vec1()?;
         assert_eq!(kv, vv, "K and V move together");
         Ok(kv)
     }
@@ -379,7 +386,10 @@ mod tests {
         assert_eq!(c.layer_lens(), vec![14, 7, 7]);
         c.rollback(&mark)?;
         assert_eq!(c.layer_lens(), vec![10, 3, 3]);
-        assert_eq!(layer_values(&c, 0)?, (0..10).map(|x| x as f32).collect::<Vec<_>>());
+        assert_eq!(
+            layer_values(&c, 0)?,
+            (0..10).map(|x| x as f32).collect::<Vec<_>>()
+        );
         assert_eq!(layer_values(&c, 2)?, vec![0.0, 4.0, 9.0]);
         // Growing past the buffer's capacity between mark and rollback changes nothing.
         append_all(&mut c, 300, 50.0)?;
