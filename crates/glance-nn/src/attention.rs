@@ -269,9 +269,10 @@ impl AttnMask {
                 for (i, row) in data.chunks_exact_mut(kv_len).enumerate() {
                     let lo = lo(past + i);
                     row[lo.min(offset)..offset].fill(0.0);
-                    for j in lo.max(offset)..kv_len {
+                    let first = lo.max(offset);
+                    for (j, d) in row.iter_mut().enumerate().skip(first) {
                         if vm.get(i, j - offset) {
-                            row[j] = 0.0;
+                            *d = 0.0;
                         }
                     }
                     if row.iter().all(|x| x.is_infinite()) {
