@@ -1,61 +1,296 @@
 //! Scaled dot-product attention with grouped-query heads, an arbitrary additive mask and optional
-//! access to the attention probabilities.
+//! access to the attention probabilities — and [`AttnMask`], which says which keys the new rows of
+//! a forward pass may see.
 //!
 //! Masks are always explicit: tree verification, diffusion blocks and pruned prefixes differ from
 //! plain decoding only in the mask and the position ids they pass.
+//!
+//! # Masks relative to the new rows
+//!
+//! An [`AttnMask`] describes the `t` rows of one forward pass relative to themselves; it says
+//! nothing about how many rows are cached. The decoder materialises it per layer with
+//! [`AttnMask::materialize`] for that layer's sliding window and cache length `past` (after FastV
+//! — Chen et al., "An Image is Worth 1/2 Tokens After Layer 2" — deeper layers hold fewer cached
+//! rows than the first). The kinds:
+//!
+//! * [`Causal`](AttnMask::Causal): new row `i` is cache row `past + i` and sees rows `≤ past + i`.
+//! * [`Block`](AttnMask::Block): the new rows are cut into consecutive blocks of `size` rows (the
+//!   last may be shorter); a row sees every cached row, every row of earlier blocks and every row
+//!   of its own block (block-diffusion decoding, Fast-dVLM). [`Full`](AttnMask::Full) is one block
+//!   of all `t` rows.
+//! * [`Tree`](AttnMask::Tree): draft-tree verification (EAGLE, ViSpec). Row `i` sees every cached
+//!   row, its ancestors and itself; the caller places it at position `start + depth(i)`
+//!   ([`TreeMask::positions`]).
+//! * [`Visible`](AttnMask::Visible): an arbitrary boolean visibility (`true` = visible), either
+//!   `(t, past + t)` (must match every layer's cache) or `(t, t)` over the new rows only (every
+//!   cached row visible — the form that works whatever each layer holds).
+//! * [`Custom`](AttnMask::Custom): an additive f32 `(t, past + t)` tensor used exactly as given
+//!   (the training code's packed masks); no window is applied.
+//!
+//! # Sliding windows
+//!
+//! With a window `w` (Mistral, Qwen2) the window applies on top of every kind but `Custom`: each
+//! new row has a *path row* — the cache row it would occupy if the rows it sees had been decoded
+//! one at a time — and a key more than `w - 1` cache rows behind it is hidden (`path - key < w`
+//! is visible, HF semantics: the window counts the query itself). For causal, block, full and
+//! visible masks the path row of new row `i` is `past + i` (keys *ahead* of the row inside its
+//! block are never hidden by the window); for a tree row it is `past + depth(i)`, and an ancestor
+//! at depth `d` lies `depth(i) - d` rows behind. A chain-shaped tree is therefore exactly causal,
+//! window included. Like FastV's pruned layers, the window counts cache rows, not positions.
+//!
+//! Materialising costs `O(t · kv_len)` only when something is hidden; the plain decode step (one
+//! causal row, window not reached) yields `None` without touching memory.
 
 use crate::{softmax_last_dim, Mode};
 use candle_core::{DType, Device, Result, Tensor};
+use std::sync::Arc;
 
-/// Which cache rows each new query row may attend to.
+/// Which keys each new query row may attend to, relative to the new rows (see the module docs).
 #[derive(Debug, Clone)]
 pub enum AttnMask {
-    /// Every query sees every key (encoders; bidirectional blocks with nothing cached).
+    /// Every new row sees every key (one bidirectional block; the layer's window still applies).
     Full,
-    /// The query at cache row `past + i` sees rows `j ≤ past + i`; with a sliding window `w` only
-    /// rows with `past + i - j < w` (HF Mistral semantics).
-    Causal { sliding_window: Option<usize> },
-    /// Additive f32 mask `(t, past + t)`: `0` visible, `-inf` hidden.
+    /// New row `i` (cache row `past + i`) sees rows `≤ past + i`.
+    Causal,
+    /// Bidirectional blocks of `size` consecutive new rows, causal between blocks.
+    Block { size: usize },
+    /// Ancestors-and-self visibility of a draft tree.
+    Tree(TreeMask),
+    /// Arbitrary boolean visibility.
+    Visible(VisibleMask),
+    /// Additive f32 mask `(t, past + t)`: `0` visible, `-inf` hidden; used as given.
     Custom(Tensor),
 }
 
-impl AttnMask {
-    /// Plain causal attention without a window.
-    pub fn causal() -> Self {
-        AttnMask::Causal {
-            sliding_window: None,
+/// A draft tree over the new rows: `parents[i]` is `None` for a root (a child of the last cached
+/// row) or `Some(j)` with `j < i`. Cheap to clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeMask {
+    parents: Arc<[Option<usize>]>,
+    depth: Arc<[usize]>,
+}
+
+impl TreeMask {
+    /// Checks that every parent precedes its child.
+    pub fn new(parents: Vec<Option<usize>>) -> Result<Self> {
+        let mut depth = Vec::with_capacity(parents.len());
+        for (i, p) in parents.iter().enumerate() {
+            match *p {
+                None => depth.push(0),
+                Some(j) if j < i => depth.push(depth[j] + 1),
+                Some(j) => candle_core::bail!("tree mask: node {i} has parent {j}, must be < {i}"),
+            }
         }
+        Ok(Self {
+            parents: parents.into(),
+            depth: depth.into(),
+        })
     }
 
-    /// The additive mask `(t, kv_len)` for `t` new rows appended after `kv_len - t` cached ones, or
-    /// `None` when nothing is hidden.
-    pub fn materialize(&self, t: usize, kv_len: usize, device: &Device) -> Result<Option<Tensor>> {
+    /// The chain `0 ← 1 ← … ← t-1` (as a mask: causal).
+    pub fn chain(t: usize) -> Self {
+        Self::new((0..t).map(|i| i.checked_sub(1)).collect()).expect("a chain is a valid tree")
+    }
+
+    /// Nodes (new rows) in the tree.
+    pub fn len(&self) -> usize {
+        self.parents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parents.is_empty()
+    }
+
+    pub fn parents(&self) -> &[Option<usize>] {
+        &self.parents
+    }
+
+    /// Depth of node `i` (roots: 0).
+    pub fn depth(&self, i: usize) -> usize {
+        self.depth[i]
+    }
+
+    /// The nodes from node `i`'s root down to `i`, increasing.
+    pub fn path(&self, i: usize) -> Vec<usize> {
+        let mut path = vec![i];
+        let mut n = i;
+        while let Some(p) = self.parents[n] {
+            path.push(p);
+            n = p;
+        }
+        path.reverse();
+        path
+    }
+
+    /// Position ids of the nodes when the first new position is `start`: `start + depth(i)`.
+    pub fn positions(&self, start: u32) -> Vec<u32> {
+        self.depth.iter().map(|&d| start + d as u32).collect()
+    }
+}
+
+/// A boolean visibility `(rows, cols)`, row-major, `true` = visible. `cols` is either the layer's
+/// whole cache `past + rows` or just `rows` (the new rows; every cached row visible). Cheap to
+/// clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VisibleMask {
+    rows: usize,
+    cols: usize,
+    data: Arc<[bool]>,
+}
+
+impl VisibleMask {
+    /// `data.len()` must be `rows · cols` and `cols ≥ rows`.
+    pub fn new(rows: usize, cols: usize, data: Vec<bool>) -> Result<Self> {
+        if data.len() != rows * cols || cols < rows {
+            candle_core::bail!(
+                "visible mask: {} values for ({rows}, {cols}) (cols must be ≥ rows)",
+                data.len()
+            )
+        }
+        Ok(Self {
+            rows,
+            cols,
+            data: data.into(),
+        })
+    }
+
+    /// `(rows, cols)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Whether new row `i` sees column `j`.
+    pub fn get(&self, i: usize, j: usize) -> bool {
+        self.data[i * self.cols + j]
+    }
+}
+
+impl AttnMask {
+    /// Plain causal attention (each layer's window applies when materialised).
+    pub fn causal() -> Self {
+        AttnMask::Causal
+    }
+
+    /// Bidirectional blocks of `size ≥ 1` rows.
+    pub fn block(size: usize) -> Result<Self> {
+        if size == 0 {
+            candle_core::bail!("block mask: the block size must be at least 1")
+        }
+        Ok(AttnMask::Block { size })
+    }
+
+    /// A draft tree from parent indices (see [`TreeMask::new`]).
+    pub fn tree(parents: Vec<Option<usize>>) -> Result<Self> {
+        Ok(AttnMask::Tree(TreeMask::new(parents)?))
+    }
+
+    /// Arbitrary boolean visibility (see [`VisibleMask::new`]).
+    pub fn visible(rows: usize, cols: usize, data: Vec<bool>) -> Result<Self> {
+        Ok(AttnMask::Visible(VisibleMask::new(rows, cols, data)?))
+    }
+
+    /// The additive mask `(t, kv_len)` for `t` new rows appended after `kv_len - t` cached ones in
+    /// a layer with sliding window `window`, or `None` when nothing is hidden.
+    pub fn materialize(
+        &self,
+        window: Option<usize>,
+        t: usize,
+        kv_len: usize,
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
+        if kv_len < t {
+            candle_core::bail!("attention mask: {t} new rows but only {kv_len} keys")
+        }
+        if window == Some(0) {
+            candle_core::bail!("attention mask: a sliding window must be at least 1")
+        }
+        if t == 0 {
+            return Ok(None);
+        }
+        let past = kv_len - t;
+        // Lowest key the window leaves visible from path row `q`.
+        let lo = |q: usize| window.map_or(0, |w| (q + 1).saturating_sub(w));
+        // Every key within reach of the farthest path row (`past + t - 1` at most).
+        let window_hides_nothing = window.is_none_or(|w| kv_len <= w);
+        // Rows see the keys `[lo(past + i), hi(i))`.
+        let interval = |hi: &dyn Fn(usize) -> usize, all_see_all: bool| {
+            if all_see_all && window_hides_nothing {
+                return Ok(None);
+            }
+            let mut data = vec![f32::NEG_INFINITY; t * kv_len];
+            for (i, row) in data.chunks_exact_mut(kv_len).enumerate() {
+                row[lo(past + i)..hi(i)].fill(0.0);
+            }
+            Tensor::from_vec(data, (t, kv_len), device).map(Some)
+        };
         match self {
-            AttnMask::Full => Ok(None),
+            AttnMask::Full => interval(&|_| kv_len, true),
+            AttnMask::Causal => interval(&|i| past + i + 1, t <= 1),
+            AttnMask::Block { size } => {
+                if *size == 0 {
+                    candle_core::bail!("block mask: the block size must be at least 1")
+                }
+                interval(&|i| past + ((i / size + 1) * size).min(t), *size >= t)
+            }
+            AttnMask::Tree(tree) => {
+                if tree.len() != t {
+                    candle_core::bail!("tree mask has {} nodes for {t} rows", tree.len())
+                }
+                if t <= 1 && window_hides_nothing {
+                    return Ok(None);
+                }
+                let mut data = vec![f32::NEG_INFINITY; t * kv_len];
+                for (i, row) in data.chunks_exact_mut(kv_len).enumerate() {
+                    let d = tree.depth[i];
+                    row[lo(past + d).min(past)..past].fill(0.0);
+                    // Self and ancestors `d - depth(a) < w` rows up the path.
+                    let mut node = Some(i);
+                    while let Some(a) = node {
+                        if window.is_some_and(|w| d - tree.depth[a] >= w) {
+                            break;
+                        }
+                        row[past + a] = 0.0;
+                        node = tree.parents[a];
+                    }
+                }
+                Ok(Some(Tensor::from_vec(data, (t, kv_len), device)?))
+            }
+            AttnMask::Visible(vm) => {
+                let (rows, cols) = vm.dims();
+                if rows != t || (cols != kv_len && cols != t) {
+                    candle_core::bail!(
+                        "visible mask is ({rows}, {cols}), expected ({t}, {kv_len}) or ({t}, {t})"
+                    )
+                }
+                // Columns of the mask start at key `offset` (earlier cached keys: visible).
+                let offset = kv_len - cols;
+                let mut data = vec![f32::NEG_INFINITY; t * kv_len];
+                let mut hidden = false;
+                for (i, row) in data.chunks_exact_mut(kv_len).enumerate() {
+                    let lo = lo(past + i);
+                    row[lo.min(offset)..offset].fill(0.0);
+                    let first = lo.max(offset);
+                    for (j, d) in row.iter_mut().enumerate().skip(first) {
+                        if vm.get(i, j - offset) {
+                            *d = 0.0;
+                        }
+                    }
+                    if row.iter().all(|x| x.is_infinite()) {
+                        candle_core::bail!("visible mask: row {i} sees no key")
+                    }
+                    hidden |= row.iter().any(|x| x.is_infinite());
+                }
+                if !hidden {
+                    return Ok(None);
+                }
+                Ok(Some(Tensor::from_vec(data, (t, kv_len), device)?))
+            }
             AttnMask::Custom(m) => {
                 let dims = m.dims2()?;
                 if dims != (t, kv_len) {
                     candle_core::bail!("attention mask is {dims:?}, expected ({t}, {kv_len})")
                 }
                 Ok(Some(m.to_dtype(DType::F32)?))
-            }
-            AttnMask::Causal { sliding_window } => {
-                let past = kv_len - t;
-                let hides_something = t > 1 || sliding_window.is_some_and(|w| kv_len > w);
-                if !hides_something {
-                    return Ok(None);
-                }
-                let mut data = vec![0f32; t * kv_len];
-                for i in 0..t {
-                    let q = past + i;
-                    for (j, d) in data[i * kv_len..(i + 1) * kv_len].iter_mut().enumerate() {
-                        let outside_window = sliding_window.is_some_and(|w| q >= j + w);
-                        if j > q || outside_window {
-                            *d = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                Ok(Some(Tensor::from_vec(data, (t, kv_len), device)?))
             }
         }
     }
@@ -140,6 +375,26 @@ mod tests {
         Tensor::stack(&outs, 0)?.unsqueeze(0)
     }
 
+    /// Visibility of a materialised mask (`None`: all visible).
+    fn vis(m: &AttnMask, w: Option<usize>, t: usize, kv: usize) -> Result<Vec<Vec<bool>>> {
+        Ok(match m.materialize(w, t, kv, &Device::Cpu)? {
+            None => vec![vec![true; kv]; t],
+            Some(m) => m
+                .to_vec2::<f32>()?
+                .iter()
+                .map(|r| r.iter().map(|x| x.is_finite()).collect())
+                .collect(),
+        })
+    }
+
+    /// Rows written as strings of `x` (visible) and `.` (hidden).
+    fn rows(pattern: &[&str]) -> Vec<Vec<bool>> {
+        pattern
+            .iter()
+            .map(|r| r.chars().map(|c| c == 'x').collect())
+            .collect()
+    }
+
     #[test]
     fn gqa_with_masks_matches_reference() -> Result<()> {
         let dev = Device::Cpu;
@@ -147,14 +402,17 @@ mod tests {
         let q = Tensor::randn(0f32, 1.0, (1, h, t, d), &dev)?;
         let k = Tensor::randn(0f32, 1.0, (1, kv_h, past + t, d), &dev)?;
         let v = Tensor::randn(0f32, 1.0, (1, kv_h, past + t, d), &dev)?;
-        for mask in [
-            AttnMask::Full,
-            AttnMask::causal(),
-            AttnMask::Causal {
-                sliding_window: Some(3),
-            },
+        for (mask, w) in [
+            (AttnMask::Full, None),
+            (AttnMask::causal(), None),
+            (AttnMask::causal(), Some(3)),
+            (AttnMask::block(2)?, Some(4)),
+            (
+                AttnMask::tree(vec![None, Some(0), Some(0), Some(2)])?,
+                Some(3),
+            ),
         ] {
-            let m = mask.materialize(t, past + t, &dev)?;
+            let m = mask.materialize(w, t, past + t, &dev)?;
             let got = attention(&q, &k, &v, m.as_ref(), 0.3, Mode::Infer, false)?.out;
             let want = reference(&q, &k, &v, m.as_ref(), 0.3)?;
             let diff: f32 = (got - want)?.abs()?.max_all()?.to_scalar()?;
@@ -165,18 +423,130 @@ mod tests {
 
     #[test]
     fn causal_mask_shape_and_window() -> Result<()> {
-        let dev = Device::Cpu;
-        let m = AttnMask::Causal {
-            sliding_window: Some(2),
-        }
-        .materialize(2, 5, &dev)?
-        .unwrap();
-        let rows: Vec<Vec<f32>> = m.to_vec2()?;
-        let vis = |r: &Vec<f32>| r.iter().map(|x| x.is_finite()).collect::<Vec<_>>();
         // query rows are cache rows 3 and 4; window 2.
-        assert_eq!(vis(&rows[0]), [false, false, true, true, false]);
-        assert_eq!(vis(&rows[1]), [false, false, false, true, true]);
-        assert!(AttnMask::causal().materialize(1, 9, &dev)?.is_none());
+        assert_eq!(
+            vis(&AttnMask::causal(), Some(2), 2, 5)?,
+            rows(&["..xx.", "...xx"])
+        );
+        let dev = Device::Cpu;
+        // The plain decode step hides nothing: no tensor at all.
+        assert!(AttnMask::causal().materialize(None, 1, 9, &dev)?.is_none());
+        assert!(AttnMask::causal()
+            .materialize(Some(9), 1, 9, &dev)?
+            .is_none());
+        assert!(AttnMask::causal()
+            .materialize(Some(8), 1, 9, &dev)?
+            .is_some());
+        assert!(AttnMask::tree(vec![None])?
+            .materialize(None, 1, 9, &dev)?
+            .is_none());
+        assert!(AttnMask::Full.materialize(None, 4, 9, &dev)?.is_none());
+        assert!(AttnMask::block(4)?.materialize(None, 4, 9, &dev)?.is_none());
+        assert!(AttnMask::causal().materialize(None, 2, 1, &dev).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn block_mask_sees_earlier_blocks_and_its_own() -> Result<()> {
+        // 2 cached rows, 5 new rows in blocks {0,1}, {2,3}, {4}.
+        let m = AttnMask::block(2)?;
+        assert_eq!(
+            vis(&m, None, 5, 7)?,
+            rows(&[
+                "xxxx...", //
+                "xxxx...", "xxxxxx.", "xxxxxx.", "xxxxxxx",
+            ])
+        );
+        // Window 3 on top: keys ≥ 3 rows behind the row's own cache row are hidden, keys ahead in
+        // the block are not.
+        assert_eq!(
+            vis(&m, Some(3), 5, 7)?,
+            rows(&[
+                "xxxx...", //
+                ".xxx...", "..xxxx.", "...xxx.", "....xxx",
+            ])
+        );
+        // Size 1 is causal; size ≥ t is full.
+        for w in [None, Some(2), Some(4)] {
+            assert_eq!(
+                vis(&AttnMask::block(1)?, w, 5, 7)?,
+                vis(&AttnMask::causal(), w, 5, 7)?
+            );
+            assert_eq!(
+                vis(&AttnMask::block(9)?, w, 5, 7)?,
+                vis(&AttnMask::Full, w, 5, 7)?
+            );
+        }
+        assert!(AttnMask::block(0).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn tree_mask_sees_ancestors_along_its_path() -> Result<()> {
+        //      c1 ─ 0 ─ 1 ─ 3
+        //            └─ 2 ─ 4
+        //      c1 ─ 5            (a second root)
+        let tree = TreeMask::new(vec![None, Some(0), Some(0), Some(1), Some(2), None])?;
+        assert_eq!(tree.path(4), vec![0, 2, 4]);
+        assert_eq!(tree.positions(10), vec![10, 11, 11, 12, 12, 10]);
+        let m = AttnMask::Tree(tree);
+        assert_eq!(
+            vis(&m, None, 6, 8)?,
+            rows(&[
+                "xxx.....", //
+                "xxxx....", "xxx.x...", "xxxx.x..", "xxx.x.x.", "xx.....x",
+            ])
+        );
+        // Window 2 counts rows along the path: node 3 (path row 2 + 2 = 4) sees its parent 1 and
+        // itself only; the roots see the last cached row and themselves.
+        assert_eq!(
+            vis(&m, Some(2), 6, 8)?,
+            rows(&[
+                ".xx.....", //
+                "..xx....", "..x.x...", "...x.x..", "....x.x.", ".x.....x",
+            ])
+        );
+        assert!(AttnMask::tree(vec![None, Some(1)]).is_err());
+        assert!(m.materialize(None, 5, 8, &Device::Cpu).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn chain_tree_and_boolean_causal_equal_causal() -> Result<()> {
+        for (t, past) in [(1, 0), (1, 6), (5, 0), (5, 3), (7, 9)] {
+            let kv = past + t;
+            let bool_causal: Vec<bool> = (0..t)
+                .flat_map(|i| (0..kv).map(move |j| j <= past + i))
+                .collect();
+            let new_only: Vec<bool> = (0..t).flat_map(|i| (0..t).map(move |j| j <= i)).collect();
+            for w in [None, Some(1), Some(2), Some(4), Some(30)] {
+                let want = vis(&AttnMask::causal(), w, t, kv)?;
+                let chain = AttnMask::Tree(TreeMask::chain(t));
+                assert_eq!(
+                    vis(&chain, w, t, kv)?,
+                    want,
+                    "chain t={t} past={past} w={w:?}"
+                );
+                let full = AttnMask::visible(t, kv, bool_causal.clone())?;
+                assert_eq!(
+                    vis(&full, w, t, kv)?,
+                    want,
+                    "bool t={t} past={past} w={w:?}"
+                );
+                let short = AttnMask::visible(t, t, new_only.clone())?;
+                assert_eq!(vis(&short, w, t, kv)?, want, "bool (t, t) t={t} w={w:?}");
+            }
+        }
+        // The (t, t) form hides only among the new rows; every cached row stays visible.
+        let m = AttnMask::visible(2, 2, vec![true, false, false, true])?;
+        assert_eq!(vis(&m, None, 2, 4)?, rows(&["xxx.", "xx.x"]));
+        assert!(m.materialize(None, 2, 5, &Device::Cpu).is_ok());
+        let wide = AttnMask::visible(2, 4, vec![true; 8])?;
+        assert!(wide.materialize(None, 2, 4, &Device::Cpu)?.is_none());
+        assert!(wide.materialize(None, 2, 5, &Device::Cpu).is_err());
+        let blind = AttnMask::visible(1, 2, vec![false, false])?;
+        assert!(blind.materialize(None, 1, 2, &Device::Cpu).is_err());
+        assert!(AttnMask::visible(2, 1, vec![true; 2]).is_err());
         Ok(())
     }
 }

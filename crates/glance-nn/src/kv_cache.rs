@@ -1,9 +1,29 @@
-//! A KV cache with rollback: append, truncate to `n` rows, fork (deep copy) and compact to a subset
-//! of rows. Speculative verification truncates rejected drafts or compacts to the accepted tree
-//! path; diffusion decoding commits whole blocks.
+//! A KV cache with rollback: append, mark / roll back, keep an accepted path of speculative rows,
+//! fork (deep copy) and compact to a subset of rows.
 //!
 //! Each layer keeps one preallocated buffer per K and V, `(1, kv_heads, capacity, head_dim)`, and
-//! writes new rows in place; reads are views of the first `len` rows.
+//! writes new rows in place; reads are views of the first `len` rows. Layers may hold different
+//! numbers of rows: FastV (Chen et al., "An Image is Worth 1/2 Tokens After Layer 2") drops
+//! visual rows from the layers after its pruning layer only ([`KvCache::compact_layers`]). Every
+//! forward appends the same `t` rows to every layer, so "the rows added since" is the same count
+//! in every layer even when their lengths differ — which is what rollback relies on.
+//!
+//! # Speculative rows
+//!
+//! A forward whose keys and values may be thrown away (a draft tree verified in one pass, as in
+//! EAGLE and ViSpec; a denoising step of a Fast-dVLM block) is bracketed by a [`CacheMark`]:
+//!
+//! ```ignore
+//! let mark = cache.mark();                       // O(layers)
+//! let h = model.forward(&rows, &pos, &AttnMask::Tree(tree), &mut cache)?;
+//! // … verify …
+//! cache.rollback(&mark)?;                         // discard all: O(layers), nothing copied
+//! // or keep the accepted root-to-leaf path (indices into the t speculative rows):
+//! cache.keep_speculative(t, &accepted)?;          // O(accepted × layers) row copies
+//! ```
+//!
+//! Neither touches the rows before the speculative region, whatever the context length. Rolled
+//! back rows stay in the buffers until the next append overwrites them.
 
 use candle_core::{Result, Tensor};
 
@@ -57,8 +77,30 @@ impl LayerCache {
         }
     }
 
-    fn truncate(&mut self, n: usize) {
-        self.len = self.len.min(n);
+    /// Keeps rows `len - n + keep[m]` as rows `len - n + m` and drops the rest of the last `n`;
+    /// `keep` strictly increasing and `< n ≤ len` (checked by the caller). Copies only the kept
+    /// rows that move.
+    fn keep_tail(&mut self, n: usize, keep: &[usize]) -> Result<()> {
+        let base = self.len - n;
+        // The leading rows already in place need no copy.
+        let fixed = keep
+            .iter()
+            .enumerate()
+            .take_while(|&(m, &r)| m == r)
+            .count();
+        if let (Some(k), Some(v)) = (&self.k, &self.v) {
+            if fixed < keep.len() {
+                let idx: Vec<u32> = keep[fixed..].iter().map(|&r| (base + r) as u32).collect();
+                let idx = Tensor::from_vec(idx, keep.len() - fixed, k.device())?;
+                // (1, kv_h, moved, d): fresh storage, so writing into the buffer cannot alias.
+                let kk = k.index_select(&idx, 2)?;
+                let vv = v.index_select(&idx, 2)?;
+                k.slice_set(&kk, 2, base + fixed)?;
+                v.slice_set(&vv, 2, base + fixed)?;
+            }
+        }
+        self.len = base + keep.len();
+        Ok(())
     }
 
     fn compact(&mut self, rows: &Tensor, n: usize) -> Result<()> {
@@ -96,7 +138,18 @@ fn grow(old: Option<&Tensor>, like: &Tensor, len: usize, cap: usize) -> Result<T
     Ok(buf)
 }
 
-/// The cache of a whole decoder: one [`LayerCache`] per layer, all of the same length.
+/// Every layer's length at one moment ([`KvCache::mark`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheMark(Vec<usize>);
+
+impl CacheMark {
+    /// Rows each layer held.
+    pub fn layer_lens(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+/// The cache of a whole decoder: one [`LayerCache`] per layer (lengths may differ after FastV).
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<LayerCache>,
@@ -127,9 +180,64 @@ impl KvCache {
         &self.layers[i]
     }
 
-    /// Keeps the first `n` rows (no-op if fewer are held).
+    /// Rows held by each layer.
+    pub fn layer_lens(&self) -> Vec<usize> {
+        self.layers.iter().map(|l| l.len).collect()
+    }
+
+    /// Rolls back to the point where the first layer held `n` rows: every layer drops the
+    /// `len() - n` rows appended since (no-op when `n ≥ len()`). Correct for layers of different
+    /// lengths as long as no layer was compacted in between; [`mark`](Self::mark) /
+    /// [`rollback`](Self::rollback) check that.
     pub fn truncate(&mut self, n: usize) {
-        self.layers.iter_mut().for_each(|l| l.truncate(n));
+        let drop = self.len().saturating_sub(n);
+        self.layers
+            .iter_mut()
+            .for_each(|l| l.len = l.len.saturating_sub(drop));
+    }
+
+    /// Records every layer's length, for [`rollback`](Self::rollback). O(layers).
+    pub fn mark(&self) -> CacheMark {
+        CacheMark(self.layer_lens())
+    }
+
+    /// Restores the lengths recorded by `mark`, dropping every row appended since. O(layers); no
+    /// row is touched. Fails (changing nothing) if a layer now holds fewer rows than it did.
+    pub fn rollback(&mut self, mark: &CacheMark) -> Result<()> {
+        let lens = &mark.0;
+        if lens.len() != self.layers.len() || self.layers.iter().zip(lens).any(|(l, &n)| l.len < n)
+        {
+            candle_core::bail!(
+                "rollback: mark {lens:?} is not behind the cache {:?}",
+                self.layer_lens()
+            )
+        }
+        self.layers
+            .iter_mut()
+            .zip(lens)
+            .for_each(|(l, &n)| l.len = n);
+        Ok(())
+    }
+
+    /// The last `n` rows of every layer are speculative: keeps rows `keep` of them (indices into
+    /// the speculative region, strictly increasing, `< n`) in that order and drops the rest —
+    /// e.g. the accepted root-to-leaf path of a verified draft tree. Costs O(moved rows × layers);
+    /// the rows before the region are never read or written. Layers may hold different lengths.
+    pub fn keep_speculative(&mut self, n: usize, keep: &[usize]) -> Result<()> {
+        if keep.windows(2).any(|w| w[0] >= w[1]) || keep.last().is_some_and(|&r| r >= n) {
+            candle_core::bail!(
+                "keep_speculative: rows must be strictly increasing and < {n}, got {keep:?}"
+            )
+        }
+        if let Some(short) = self.layers.iter().position(|l| l.len < n) {
+            candle_core::bail!(
+                "keep_speculative: layer {short} holds {} rows, fewer than the {n} speculative ones",
+                self.layers[short].len
+            )
+        }
+        self.layers
+            .iter_mut()
+            .try_for_each(|l| l.keep_tail(n, keep))
     }
 
     /// An independent copy: appending to one never affects the other.
@@ -232,6 +340,120 @@ mod tests {
         assert_eq!(row_values(&c)?, vec![0.0, 2.0, 100.0]);
         assert!(c.compact(&[2, 1]).is_err());
         assert!(c.compact(&[7]).is_err());
+        Ok(())
+    }
+
+    /// Values of row 0 of head 0 in every row of layer `l`.
+    fn layer_values(c: &KvCache, l: usize) -> Result<Vec<f32>> {
+        let (k, v) = c.layer(l).get()?.unwrap();
+        let kv: Vec<f32> = k
+            .narrow(1, 1, 1)?
+            .narrow(3, 2, 1)?
+            .flatten_all()?
+            .to_vec1()?;
+        let vv: Vec<f32> = v
+            .narrow(1, 1, 1)?
+            .narrow(3, 2, 1)?
+            .flatten_all()?
+            .to_vec1()?;
+        assert_eq!(kv, vv, "K and V move together");
+        Ok(kv)
+    }
+
+    fn append_all(c: &mut KvCache, t: usize, start: f32) -> Result<()> {
+        for l in 0..c.layers.len() {
+            c.layer_mut(l).append(&rows(t, start)?, &rows(t, start)?)?;
+        }
+        Ok(())
+    }
+
+    /// A 3-layer cache after FastV-style pruning: layer 0 holds rows 0..10, layers 1 and 2 only
+    /// rows 0, 4, 9.
+    fn fastv_cache() -> Result<KvCache> {
+        let mut c = KvCache::new(3);
+        append_all(&mut c, 10, 0.0)?;
+        c.compact_layers(1..3, &[0, 4, 9])?;
+        assert_eq!(c.layer_lens(), vec![10, 3, 3]);
+        Ok(c)
+    }
+
+    #[test]
+    fn rollback_with_differing_layer_lengths() -> Result<()> {
+        let mut c = fastv_cache()?;
+        let mark = c.mark();
+        assert_eq!(mark.layer_lens(), &[10, 3, 3]);
+        append_all(&mut c, 4, 50.0)?;
+        assert_eq!(c.layer_lens(), vec![14, 7, 7]);
+        c.rollback(&mark)?;
+        assert_eq!(c.layer_lens(), vec![10, 3, 3]);
+        assert_eq!(
+            layer_values(&c, 0)?,
+            (0..10).map(|x| x as f32).collect::<Vec<_>>()
+        );
+        assert_eq!(layer_values(&c, 2)?, vec![0.0, 4.0, 9.0]);
+        // Growing past the buffer's capacity between mark and rollback changes nothing.
+        append_all(&mut c, 300, 50.0)?;
+        c.rollback(&mark)?;
+        assert_eq!(layer_values(&c, 1)?, vec![0.0, 4.0, 9.0]);
+        // The context appended after a rollback lands right after the marked rows in every layer.
+        append_all(&mut c, 1, 70.0)?;
+        assert_eq!(layer_values(&c, 1)?, vec![0.0, 4.0, 9.0, 70.0]);
+        assert_eq!(layer_values(&c, 0)?[10], 70.0);
+        // truncate counts new rows on the first layer: the same rollback.
+        c.truncate(10);
+        assert_eq!(c.layer_lens(), vec![10, 3, 3]);
+        // A mark ahead of the cache (or of another cache) is refused and changes nothing.
+        append_all(&mut c, 2, 80.0)?;
+        let ahead = c.mark();
+        c.rollback(&mark)?;
+        assert!(c.rollback(&ahead).is_err());
+        assert!(c.rollback(&KvCache::new(2).mark()).is_err());
+        assert_eq!(c.layer_lens(), vec![10, 3, 3]);
+        Ok(())
+    }
+
+    #[test]
+    fn keep_speculative_keeps_the_accepted_path_only() -> Result<()> {
+        let mut c = fastv_cache()?;
+        // 6 speculative rows valued 100..106 in every layer.
+        append_all(&mut c, 6, 100.0)?;
+        c.keep_speculative(6, &[0, 2, 5])?;
+        assert_eq!(c.layer_lens(), vec![13, 6, 6]);
+        let mut want0: Vec<f32> = (0..10).map(|x| x as f32).collect();
+        want0.extend([100.0, 102.0, 105.0]);
+        assert_eq!(layer_values(&c, 0)?, want0);
+        for l in 1..3 {
+            assert_eq!(
+                layer_values(&c, l)?,
+                vec![0.0, 4.0, 9.0, 100.0, 102.0, 105.0]
+            );
+        }
+        // Keeping nothing drops the region; keeping a prefix moves nothing.
+        append_all(&mut c, 3, 200.0)?;
+        c.keep_speculative(3, &[])?;
+        assert_eq!(c.layer_lens(), vec![13, 6, 6]);
+        append_all(&mut c, 3, 200.0)?;
+        c.keep_speculative(3, &[0, 1])?;
+        assert_eq!(layer_values(&c, 2)?[6..], [200.0, 201.0]);
+        // Bad requests are refused before anything changes.
+        assert!(c.keep_speculative(3, &[1, 1]).is_err());
+        assert!(c.keep_speculative(3, &[3]).is_err());
+        assert!(c.keep_speculative(9, &[0]).is_err()); // layers 1, 2 hold only 8 rows
+        assert_eq!(c.layer_lens(), vec![15, 8, 8]);
+        Ok(())
+    }
+
+    /// The context before the speculative region keeps its values when kept rows move down.
+    #[test]
+    fn keep_speculative_leaves_the_context_alone() -> Result<()> {
+        let mut c = KvCache::new(1);
+        append_all(&mut c, 5, 0.0)?;
+        let before = layer_values(&c, 0)?;
+        append_all(&mut c, 4, 10.0)?;
+        c.keep_speculative(4, &[1, 3])?;
+        let after = layer_values(&c, 0)?;
+        assert_eq!(&after[..5], &before[..]);
+        assert_eq!(&after[5..], &[11.0, 13.0]);
         Ok(())
     }
 }

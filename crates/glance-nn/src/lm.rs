@@ -20,7 +20,12 @@ pub trait CausalLm {
 
     /// Runs rows `xs` `(t, hidden)` placed at `positions` (length `t`) after the rows already in
     /// `cache`, appends their keys / values to it, and returns the final-normed hidden states
-    /// `(t, hidden)`.
+    /// `(t, hidden)`. `mask` is relative to the new rows and materialised per layer (window,
+    /// cached rows); tree rows go at `start + depth` ([`TreeMask::positions`]). Speculative
+    /// rows are discarded with [`KvCache::mark`] / [`KvCache::rollback`] or
+    /// [`KvCache::keep_speculative`].
+    ///
+    /// [`TreeMask::positions`]: crate::attention::TreeMask::positions
     fn forward(
         &self,
         xs: &Tensor,

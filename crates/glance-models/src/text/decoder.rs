@@ -83,7 +83,9 @@ struct Step<'a> {
     mode: Mode,
 }
 
-/// Materialised masks of one forward pass, keyed by (sliding window, cached rows).
+/// Materialised masks of one forward pass, keyed by (sliding window, keys): the mask is described
+/// relative to the new rows ([`AttnMask`]) and each layer needs it for its own window and cache
+/// length (FastV-pruned layers hold fewer rows). `None`: nothing hidden.
 type MaskCache = Vec<((Option<usize>, usize), Option<Tensor>)>;
 
 struct Mlp {
@@ -195,11 +197,6 @@ impl TextModel {
         &self.config
     }
 
-    /// The input embedding matrix `(vocab, hidden)`.
-    pub fn embedding_weight(&self) -> &Tensor {
-        self.embed.embeddings()
-    }
-
     /// Full-sequence forward without a cache (training, reference checks): `xs` `(t, hidden)`.
     pub fn forward_uncached(
         &self,
@@ -285,14 +282,10 @@ impl TextModel {
             let kv_len = cache.as_ref().map_or(0, |c| c.layer(i).len()) + t;
             let key = (layer.window, kv_len);
             if !masks.iter().any(|(k, _)| *k == key) {
-                let m = match mask {
-                    AttnMask::Causal { .. } => AttnMask::Causal {
-                        sliding_window: layer.window,
-                    },
-                    other => other.clone(),
-                };
-                masks.push((key, m.materialize(t, kv_len, &self.device)?));
+                let m = mask.materialize(layer.window, t, kv_len, &self.device)?;
+                masks.push((key, m));
             }
+            // (t, kv_len) additive, or None
             let m = masks
                 .iter()
                 .find(|(k, _)| *k == key)
