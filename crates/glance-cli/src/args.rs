@@ -77,7 +77,11 @@ pub struct PromptArgs {
     #[arg(long, conflicts_with = "messages")]
     pub image: Vec<PathBuf>,
     /// The question or instruction, wrapped in the model's chat template unless --raw.
-    #[arg(long, required_unless_present = "messages", conflicts_with = "messages")]
+    #[arg(
+        long,
+        required_unless_present = "messages",
+        conflicts_with = "messages"
+    )]
     pub prompt: Option<String>,
     /// A conversation instead of --prompt / --image: a JSON file of OpenAI chat messages (or a
     /// request body with a `messages` list); image parts as file paths, file:// or data: URLs.
@@ -139,6 +143,9 @@ pub struct GenArgs {
 impl GenArgs {
     /// A validated request for `prompt`.
     pub fn request(&self, prompt: Prompt, prune: Option<PruneSpec>) -> Result<Request> {
+        if self.max_new_tokens == 0 {
+            bail!("--max-new-tokens must be at least 1");
+        }
         let request = Request {
             sampling: SamplingParams {
                 temperature: self.temperature,

@@ -75,7 +75,9 @@ pub fn run(args: EvalArgs) -> Result<()> {
         )
     })?;
     if args.n == 0 || args.n > MAX_EVAL_IMAGES {
-        bail!("--n must be between 1 and {MAX_EVAL_IMAGES} (the number of world images to evaluate)");
+        bail!(
+            "--n must be between 1 and {MAX_EVAL_IMAGES} (the number of world images to evaluate)"
+        );
     }
     if args.max_new_tokens == 0 {
         bail!("--max-new-tokens must be at least 1");

@@ -24,9 +24,10 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let prune = args.prune.request_spec()?;
-    let keep = prune.as_ref().map(|p| p.budget.to_string());
-    let request = args.gen.request(args.input.prompt()?, prune)?;
+    let spec = args.prune.spec()?;
+    let request = args
+        .gen
+        .request(args.input.prompt()?, args.prune.request_spec()?)?;
     let (dir, engine) = args.model.engine(EngineOptions::single_request())?;
     let streaming = !args.json;
     let stdout = std::io::stdout();
@@ -49,10 +50,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     report["model"] = json!(dir);
     report["threads"] = json!(engine.threads());
     report["timings"]["load_s"] = json!(engine.load_time().as_secs_f64());
-    report["pruning"] = json!({
-        "policy": request.prune.as_ref().map_or("none", |p| p.policy.name()),
-        "keep": keep.unwrap_or_else(|| "100%".into()),
-    });
+    report["pruning"] = json!({"policy": spec.policy.name(), "keep": spec.budget.to_string()});
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

@@ -42,19 +42,29 @@ fn run_streams_text_and_json_reports_counts_and_timings() {
     let o = glance(&[&args[..], &["--json"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["generated_tokens"], 6);
+    assert_eq!(v["usage"]["completion_tokens"], 6);
     assert_eq!(v["token_ids"].as_array().unwrap().len(), 6);
-    assert_eq!(v["image_tokens"], 16);
+    assert_eq!(v["usage"]["visual_tokens"], 16);
+    assert_eq!(v["usage"]["kept_visual_tokens"], 16);
     assert_eq!(v["finish_reason"], "length");
+    assert_eq!(v["decode"]["strategy"], "ar");
+    assert_eq!(v["decode"]["forward_passes"], 5);
+    let t = |k: &str| v["timings"][k].as_f64().unwrap();
+    // Every stage took time, and time to first token is made of the stages before it.
     for k in [
         "load_s",
-        "vision_encode_s",
+        "vision_s",
         "prefill_s",
         "decode_s",
         "decode_tokens_per_s",
     ] {
-        assert!(v["timings"][k].as_f64().unwrap() >= 0.0, "{k}");
+        assert!(t(k) > 0.0, "{k}: {v}");
     }
+    let stages = t("preprocess_s") + t("vision_s") + t("prune_select_s") + t("prefill_s");
+    assert!((t("time_to_first_token_s") - stages).abs() < 1e-6, "{v}");
+    assert!(
+        (t("decode_tokens_per_s") - 5.0 / t("decode_s")).abs() < 1e-6 * t("decode_tokens_per_s")
+    );
     // The streamed text is the JSON text plus the final newline.
     assert_eq!(streamed, format!("{}\n", v["text"].as_str().unwrap()));
 }
@@ -130,7 +140,7 @@ fn logits_raw_match_the_transformers_fixture() {
 fn help_explains_every_command() {
     let o = glance(&["--help"]);
     let h = stdout(&o);
-    for cmd in ["run", "logits", "bench"] {
+    for cmd in ["run", "eval", "demo", "logits", "bench", "world", "train"] {
         assert!(h.contains(cmd), "{h}");
     }
     let o = glance(&["run", "--help"]);
@@ -252,6 +262,8 @@ fn invalid_parameters_are_rejected() {
         ("--top-p", "1.5", "top-p"),
         ("--max-new-tokens", "0", "max-new-tokens"),
         ("--threads", "0", "threads"),
+        ("--threads", "10000", "at most"),
+        ("--decode", "bogus", "unknown decoding strategy"),
     ] {
         let o = glance(&[
             "run",
@@ -278,6 +290,95 @@ fn invalid_parameters_are_rejected() {
         "--raw",
     ]);
     assert_fails_with(&o, "placeholder");
+}
+
+/// `--image` repeats, and `--messages` takes a conversation of OpenAI chat messages whose images
+/// are file paths or data: URLs; both answer as one request would.
+#[test]
+fn several_images_and_conversations() {
+    use base64::Engine as _;
+    let (m, a, b) = (
+        fixture(MODEL),
+        fixture("images/astronaut.png"),
+        fixture("images/chelsea.jpg"),
+    );
+    let json = |o: &std::process::Output| -> serde_json::Value {
+        assert!(o.status.success(), "{}", stderr(o));
+        serde_json::from_str(&stdout(o)).unwrap()
+    };
+    let two = json(&glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--image",
+        s(&a),
+        "--image",
+        s(&b),
+        "--prompt",
+        "Compare.",
+        "--max-new-tokens",
+        "5",
+        "--json",
+    ]));
+    assert_eq!(two["usage"]["visual_tokens"], 32);
+    // The same turn as a messages file: one image as a path, one as a data: URL.
+    let data = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&b).unwrap());
+    let file = scratch("messages").join("m.json");
+    let messages = serde_json::json!([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": s(&a)}},
+        {"type": "image_url", "image_url": {"url": format!("data:image/jpeg;base64,{data}")}},
+        {"type": "text", "text": "Compare."}]}]);
+    std::fs::write(&file, messages.to_string()).unwrap();
+    let same = json(&glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--messages",
+        s(&file),
+        "--max-new-tokens",
+        "5",
+        "--json",
+    ]));
+    assert_eq!(same["token_ids"], two["token_ids"]);
+    assert_eq!(
+        same["usage"]["prompt_tokens"],
+        two["usage"]["prompt_tokens"]
+    );
+    // A second turn changes the prompt.
+    let turns = serde_json::json!({"messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": s(&a)}, {"type": "text", "text": "What?"}]},
+        {"role": "assistant", "content": "A thing."},
+        {"role": "user", "content": "And now?"}]});
+    std::fs::write(&file, turns.to_string()).unwrap();
+    let v = json(&glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--messages",
+        s(&file),
+        "--max-new-tokens",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(v["usage"]["visual_tokens"], 16);
+    // Bad messages: a clear error naming the message and part.
+    std::fs::write(&file, r#"[{"role": "user", "content": [{"type": "image_url", "image_url": "data:image/png;base64,@@"}]}]"#).unwrap();
+    assert_fails_with(
+        &glance(&["run", "--model", s(&m), "--messages", s(&file)]),
+        "message 0: part 0: invalid base64",
+    );
+    // --messages replaces --prompt and --image (a usage error, exit code 2).
+    let o = glance(&[
+        "run",
+        "--model",
+        s(&m),
+        "--messages",
+        s(&file),
+        "--prompt",
+        "x",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
 }
 
 #[test]

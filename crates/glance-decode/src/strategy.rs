@@ -116,7 +116,10 @@ mod tests {
         for d in DecodeSpec::ALL {
             assert_eq!(d.name().parse::<DecodeSpec>().unwrap(), d);
         }
-        assert_eq!("Autoregressive".parse::<DecodeSpec>().unwrap(), DecodeSpec::Ar);
+        assert_eq!(
+            "Autoregressive".parse::<DecodeSpec>().unwrap(),
+            DecodeSpec::Ar
+        );
         let e = "bogus".parse::<DecodeSpec>().unwrap_err().to_string();
         assert!(e.contains("bogus") && e.contains("ar"), "{e}");
     }

@@ -24,8 +24,8 @@ use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_decode::stop::StopStatus;
 use glance_decode::{
-    Autoregressive, DecodeSpec, DecodeStrategy, GenerateConfig, Prefilled, PrefilledImage,
-    Sampler, StopStrings,
+    Autoregressive, DecodeSpec, DecodeStrategy, GenerateConfig, Prefilled, PrefilledImage, Sampler,
+    StopStrings,
 };
 use glance_models::llava::{
     ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
@@ -87,13 +87,8 @@ impl Engine {
             let model = Llava::load(dir, &Device::Cpu)?;
             Ok((model, processor))
         })?;
-        let mut engine = Self::assemble(
-            Arc::new(model),
-            Arc::new(processor),
-            options,
-            pool,
-            threads,
-        );
+        let mut engine =
+            Self::assemble(Arc::new(model), Arc::new(processor), options, pool, threads);
         engine.dir = Some(dir.to_path_buf());
         engine.load_time = start.elapsed();
         Ok(engine)
@@ -211,7 +206,10 @@ impl Engine {
     ) -> Result<Response> {
         let start = Instant::now();
         let prune = request.prune.as_ref().filter(|p| !p.is_noop());
-        let rendered = self.render(&request.prompt, prune.is_some_and(|p| p.policy.uses_query()))?;
+        let rendered = self.render(
+            &request.prompt,
+            prune.is_some_and(|p| p.policy.uses_query()),
+        )?;
         let encoded = self.encode_all(&rendered.images)?;
         let (mut vision, mut saved, mut image_hits) = (Duration::ZERO, Duration::ZERO, 0);
         for e in &encoded {
@@ -269,12 +267,8 @@ impl Engine {
             text.push_str(piece);
             on_event(Event::Text(piece))
         };
-        let generation = strategy.decode(
-            self.model.text(),
-            state,
-            sampler,
-            &config,
-            &mut |id| {
+        let generation =
+            strategy.decode(self.model.text(), state, sampler, &config, &mut |id| {
                 let piece = stream.push(id)?;
                 let (released, stop) = match stops.push(&piece) {
                     StopStatus::Continue(s) => (s, false),
@@ -288,8 +282,7 @@ impl Engine {
                     ended = Some(FinishReason::Stop);
                 }
                 Ok(stop)
-            },
-        )?;
+            })?;
         if ended.is_none() {
             // Release what the detokeniser and the stop matcher still hold.
             let tail = stream.finish()?;
@@ -352,7 +345,8 @@ impl Engine {
         }
         let (prompt, query) = match prompt {
             Prompt::Raw { text, images } => (
-                self.processor.prepare(text, images.len(), PromptFormat::Raw)?,
+                self.processor
+                    .prepare(text, images.len(), PromptFormat::Raw)?,
                 text.clone(),
             ),
             Prompt::Chat(messages) => {
@@ -380,7 +374,9 @@ impl Engine {
             .enumerate()
             .map(|(i, img)| {
                 self.encode(img).map_err(|e| match e {
-                    Error::Image(msg) if images.len() > 1 => Error::Image(format!("image {i}: {msg}")),
+                    Error::Image(msg) if images.len() > 1 => {
+                        Error::Image(format!("image {i}: {msg}"))
+                    }
                     other => other,
                 })
             })
@@ -471,11 +467,8 @@ impl Engine {
             }
             None => {
                 // (split, hidden): the prompt through its last image token.
-                let head = glance_decode::prefill(
-                    text,
-                    &rows.narrow(0, 0, split)?,
-                    &positions[..split],
-                )?;
+                let head =
+                    glance_decode::prefill(text, &rows.narrow(0, 0, split)?, &positions[..split])?;
                 let bytes = tensor_bytes(&head.hidden) + cache_bytes(self.model.config(), split);
                 let entry = Arc::new(CachedPrefix { state: head });
                 self.prefixes.insert(key, entry.clone(), bytes);
@@ -488,7 +481,12 @@ impl Engine {
         let tail = rows.narrow(0, split, rows.dim(0)? - split)?;
         // (t - split, hidden)
         let hidden = text.forward(&tail, &positions[split..], &AttnMask::causal(), &mut cache)?;
-        let elapsed = start.elapsed() + if reused.is_none() { head.elapsed } else { Duration::ZERO };
+        let elapsed = start.elapsed()
+            + if reused.is_none() {
+                head.elapsed
+            } else {
+                Duration::ZERO
+            };
         Ok((
             Prefilled {
                 cache,

@@ -278,10 +278,7 @@ pub fn evaluate_specs(
                         ..Request::chat(&qa.question, vec![image.clone()])
                     };
                     let response = engine.generate(&request, &mut |_| Flow::Continue)?;
-                    let text = engine
-                        .processor()
-                        .text
-                        .decode(&response.token_ids, true)?;
+                    let text = engine.processor().text.decode(&response.token_ids, true)?;
                     acc.add(options, &ex, qa, text, &response);
                 }
                 questions += 1;

@@ -67,9 +67,8 @@ pub fn parse_messages(json: &Value, sources: &ImageSources) -> Result<Vec<Messag
 /// current directory, as `--image` paths are.
 pub fn read_messages_file(path: &Path, sources: &ImageSources) -> Result<Vec<Message>> {
     let bytes = read_capped(path, MAX_MESSAGES_FILE_BYTES)?;
-    let json: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        Error::Input(format!("{}: not valid JSON: {e}", path.display()))
-    })?;
+    let json: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Input(format!("{}: not valid JSON: {e}", path.display())))?;
     parse_messages(&json, sources).map_err(|e| match e {
         Error::Input(msg) => Error::Input(format!("{}: {msg}", path.display())),
         other => other,
@@ -142,9 +141,10 @@ fn parse_part(p: &Value, sources: &ImageSources) -> Result<Part> {
         }
         "image_url" => match obj.get("image_url") {
             Some(Value::String(u)) => u.as_str(),
-            Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).ok_or_else(|| {
-                Error::Input("`image_url` needs a `url` string".into())
-            })?,
+            Some(Value::Object(o)) => o
+                .get("url")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Error::Input("`image_url` needs a `url` string".into()))?,
             _ => return Err(Error::Input("an image_url part needs `image_url`".into())),
         },
         "image" => ["url", "path", "image"]
@@ -267,8 +267,13 @@ mod tests {
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         let e = parse_messages(&body, &elsewhere).unwrap_err().to_string();
         assert!(e.contains("outside the allowed directory"), "{e}");
-        let e = parse_messages(&body, &ImageSources::DataOnly).unwrap_err().to_string();
-        assert!(e.contains("message 1: part 1") && e.contains("data: URL"), "{e}");
+        let e = parse_messages(&body, &ImageSources::DataOnly)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("message 1: part 1") && e.contains("data: URL"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -277,9 +282,15 @@ mod tests {
         let cases = [
             (json!([]), "no message"),
             (json!("hello"), "list of chat messages"),
-            (json!([{"role": "robot", "content": "x"}]), "unknown message role"),
+            (
+                json!([{"role": "robot", "content": "x"}]),
+                "unknown message role",
+            ),
             (json!([{"role": "user", "content": 5}]), "`content` must be"),
-            (json!([{"role": "user", "content": [{"type": "audio"}]}]), "unknown content part"),
+            (
+                json!([{"role": "user", "content": [{"type": "audio"}]}]),
+                "unknown content part",
+            ),
             (
                 json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]),
                 "invalid base64",
@@ -307,7 +318,9 @@ mod tests {
 
     #[test]
     fn reads_are_capped() {
-        let e = read_image_file(Path::new("/dev/zero")).unwrap_err().to_string();
+        let e = read_image_file(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("limit"), "{e}");
     }
 }

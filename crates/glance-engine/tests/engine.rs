@@ -73,7 +73,10 @@ fn greedy_answers_equal_transformers_through_the_request_path() {
         for options in [EngineOptions::single_request(), EngineOptions::default()] {
             let r = answer(&engine(model, options), &request);
             assert_eq!(r.token_ids, want, "{name}");
-            assert_eq!(r.usage.prompt_tokens, c["seq_len"].as_u64().unwrap() as usize);
+            assert_eq!(
+                r.usage.prompt_tokens,
+                c["seq_len"].as_u64().unwrap() as usize
+            );
             assert_eq!(
                 r.usage.visual_tokens,
                 c["n_image_tokens"].as_u64().unwrap() as usize
@@ -96,14 +99,23 @@ fn concurrent_requests_equal_their_sequential_answers() {
         seed: 11,
     };
     let requests: Vec<Request> = vec![
-        greedy(Request::chat("What is this?", vec![image("astronaut.png")]).prompt, 10),
+        greedy(
+            Request::chat("What is this?", vec![image("astronaut.png")]).prompt,
+            10,
+        ),
         Request {
             prune: Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.25))),
-            ..greedy(Request::chat("Colour?", vec![image("chelsea.jpg")]).prompt, 10)
+            ..greedy(
+                Request::chat("Colour?", vec![image("chelsea.jpg")]).prompt,
+                10,
+            )
         },
         Request {
             sampling: sampled,
-            ..greedy(Request::chat("Describe.", vec![image("astronaut.png")]).prompt, 12)
+            ..greedy(
+                Request::chat("Describe.", vec![image("astronaut.png")]).prompt,
+                12,
+            )
         },
         Request {
             prune: Some(PruneSpec::new(Policy::FastV, Budget::Count(6))),
@@ -149,8 +161,14 @@ fn caches_are_reused_and_change_no_answer() {
     assert!(second.cache.prefix_rows > second.usage.visual_tokens);
     assert_eq!(second.timings.vision_s, 0.0);
     assert!(second.timings.cache_saved_s > 0.0);
-    assert_eq!(second.token_ids, answer(&plain, &ask("Where is it?")).token_ids);
-    assert_eq!(first.token_ids, answer(&plain, &ask("What is it?")).token_ids);
+    assert_eq!(
+        second.token_ids,
+        answer(&plain, &ask("Where is it?")).token_ids
+    );
+    assert_eq!(
+        first.token_ids,
+        answer(&plain, &ask("What is it?")).token_ids
+    );
 }
 
 /// Several images and several turns: the images take their places in the template, the answer
@@ -160,7 +178,10 @@ fn conversations_with_several_images() {
     let e = engine("qwen2", EngineOptions::single_request());
     let messages = vec![
         Message::system("Answer briefly."),
-        Message::user("Compare them.", vec![image("astronaut.png"), image("chelsea.jpg")]),
+        Message::user(
+            "Compare them.",
+            vec![image("astronaut.png"), image("chelsea.jpg")],
+        ),
         Message::assistant("They differ."),
         Message::user("And this one?", vec![image("coffee_palette.png")]),
     ];
@@ -191,11 +212,14 @@ fn conversations_with_several_images() {
     let encodings: Vec<Tensor> = ["astronaut.png", "chelsea.jpg", "coffee_palette.png"]
         .iter()
         .map(|n| {
-            let img = glance_models::processing::image::load_image(
-                &fixtures().join("images").join(n),
-            )
-            .unwrap();
-            let px = e.processor().image.preprocess_tensor(&img, &Device::Cpu).unwrap();
+            let img =
+                glance_models::processing::image::load_image(&fixtures().join("images").join(n))
+                    .unwrap();
+            let px = e
+                .processor()
+                .image
+                .preprocess_tensor(&img, &Device::Cpu)
+                .unwrap();
             e.model().encode_image(&px).unwrap().features
         })
         .collect();
@@ -223,7 +247,11 @@ fn conversations_with_several_images() {
 fn stop_strings_cancellation_and_streaming() {
     let e = engine("llama-gqa", EngineOptions::single_request());
     let base = greedy(
-        Request::chat("What is the astronaut holding?", vec![image("astronaut.png")]).prompt,
+        Request::chat(
+            "What is the astronaut holding?",
+            vec![image("astronaut.png")],
+        )
+        .prompt,
         16,
     );
     let mut streamed = String::new();
@@ -264,22 +292,37 @@ fn bad_requests_get_clear_errors() {
     let ok = greedy(Request::chat("Hi", vec![image("astronaut.png")]).prompt, 3);
     let cases: Vec<(Request, &str)> = vec![
         (
-            greedy(Request::chat("x", vec![ImageInput::bytes(vec![0u8; 10])]).prompt, 3),
+            greedy(
+                Request::chat("x", vec![ImageInput::bytes(vec![0u8; 10])]).prompt,
+                3,
+            ),
             "not a PNG or JPEG",
         ),
         (
             greedy(
-                Request::chat("x", vec![ImageInput::bytes(b"\x89PNG\r\n\x1a\nbroken".to_vec())])
-                    .prompt,
+                Request::chat(
+                    "x",
+                    vec![ImageInput::bytes(b"\x89PNG\r\n\x1a\nbroken".to_vec())],
+                )
+                .prompt,
                 3,
             ),
             "image",
         ),
         (
-            greedy(Request::chat("x", vec![image("astronaut.png"); 17]).prompt, 3),
+            greedy(
+                Request::chat("x", vec![image("astronaut.png"); 17]).prompt,
+                3,
+            ),
             "at most 16",
         ),
-        (Request { max_new_tokens: 0, ..ok.clone() }, "at least 1"),
+        (
+            Request {
+                max_new_tokens: 0,
+                ..ok.clone()
+            },
+            "at least 1",
+        ),
         (greedy(Prompt::Chat(vec![]), 3), "no message"),
         (
             Request {

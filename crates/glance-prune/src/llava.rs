@@ -158,7 +158,10 @@ pub fn transform(
         }
         Stage::InLlm => {
             let text = model.text();
-            let keep: usize = image_rows.iter().map(|r| spec.budget.resolve(r.len())).sum();
+            let keep: usize = image_rows
+                .iter()
+                .map(|r| spec.budget.resolve(r.len()))
+                .sum();
             let layer = spec
                 .fastv_layer
                 .unwrap_or_else(|| fastv::default_layer(text.num_layers()));

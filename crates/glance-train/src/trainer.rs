@@ -13,14 +13,14 @@
 use crate::checkpoint::{self, TrainState};
 use crate::config::{Budget, Stage, StageSpec, TrainConfig};
 use crate::data::WorldData;
-use glance_engine::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
-use glance_engine::{Engine, EngineOptions};
 use crate::export::{write_model_files, write_weights};
 use crate::optim::AdamW;
 use crate::params::TrainModel;
 use crate::step::{batch_grads, drop_plans, image_turns, AlignBatch, Batch};
 use crate::{Result, TrainError};
 use candle_core::Device;
+use glance_engine::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
+use glance_engine::{Engine, EngineOptions};
 use glance_world::Split;
 use serde_json::json;
 use std::io::Write;

@@ -71,7 +71,11 @@ fn a_dropped_training_sequence_is_the_pruned_inference_prompt() {
         let out = prefill_llava(&model.infer, &ids, &[&enc], &query, &spec).unwrap();
         assert_eq!(out.state.prompt_len(), row + 1, "{policy}");
         assert_eq!(out.state.last_pos(), p.positions[row], "{policy}");
-        let infer_logits = model.infer.text().logits(&out.state.last_hidden().unwrap()).unwrap();
+        let infer_logits = model
+            .infer
+            .text()
+            .logits(&out.state.last_hidden().unwrap())
+            .unwrap();
         let d = max_abs_diff(&train_logits.unwrap(), &infer_logits);
         assert!(d < 1e-3, "{policy}: logits differ by {d}");
     }

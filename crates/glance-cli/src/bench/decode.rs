@@ -89,7 +89,11 @@ fn time_model(
         let sampler = Sampler::new(SamplingParams::greedy())?;
         let g = Autoregressive.decode(model, state, sampler, &config, &mut |_| Ok(false))?;
         if g.tokens.len() != args.new_tokens {
-            bail!("decoding stopped after {} of {} tokens", g.tokens.len(), args.new_tokens);
+            bail!(
+                "decoding stopped after {} of {} tokens",
+                g.tokens.len(),
+                args.new_tokens
+            );
         }
         best_prefill = best_prefill.min(g.prefill.as_secs_f64());
         // `decode` covers the passes after the first token.
@@ -116,9 +120,11 @@ pub fn run(args: DecodeArgs) -> Result<()> {
         glance_engine::resolve_threads(Some(t)).context("--threads")?;
     }
     let config = match &args.model {
-        Some(dir) => glance_models::llava::LlavaConfig::from_dir(dir)
-            .with_context(|| format!("loading {}", dir.display()))?
-            .text,
+        Some(dir) => {
+            glance_models::llava::LlavaConfig::from_dir(dir)
+                .with_context(|| format!("loading {}", dir.display()))?
+                .text
+        }
         None => presets::text_config(&args.random)?,
     };
     let context = config.max_position_embeddings;

@@ -481,7 +481,8 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
         if args.examples > 0 {
             let scores = accuracy(&engine, &cells, args.tau, args.examples)?;
             let rows = report_accuracy(&cells, &scores);
-            report["accuracy"] = json!({"model": dir, "split": "test", "examples": args.examples, "rows": rows});
+            report["accuracy"] =
+                json!({"model": dir, "split": "test", "examples": args.examples, "rows": rows});
             let axes = Axes {
                 title: "World test accuracy vs visual-token budget",
                 x_label: "visual tokens kept",

@@ -20,7 +20,13 @@ fn cached_prefixes_answer_like_a_full_prefill() {
         record_answers: true,
         ..EvalOptions::new(Split::Test, 2)
     };
-    let cached = evaluate(&fixture(EngineOptions::default()), &options, None, &mut |_| {}).unwrap();
+    let cached = evaluate(
+        &fixture(EngineOptions::default()),
+        &options,
+        None,
+        &mut |_| {},
+    )
+    .unwrap();
     let plain = evaluate(
         &fixture(EngineOptions::single_request()),
         &options,
