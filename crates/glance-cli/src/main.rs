@@ -29,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Answer a prompt about an image, streaming the answer.
+    /// Answer a prompt about images (or a whole conversation), streaming the answer.
     Run(run::RunArgs),
     /// Accuracy on the glance world per question family (and description precision / recall /
     /// F1), optionally with visual-token pruning.
