@@ -4,8 +4,8 @@
 //!
 //! A model directory is user input. Its small files are read through a size cap
 //! ([`glance_core::io`]); shard names of the index must stay inside the directory (plain relative
-//! names: no absolute paths, no `..`); a weight (`*.weight`, `*.bias`) stored with an integer or
-//! boolean dtype is refused instead of being converted to float (the safetensors format,
+//! names: no absolute paths, no `..`); a weight stored with an integer or boolean dtype is
+//! refused instead of being converted to float (the safetensors format,
 //! Hugging Face's `safetensors` specification, stores each tensor's dtype in the header).
 
 use candle_core::{DType, Device};
@@ -128,8 +128,8 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
 }
 
 /// Parses the header of a safetensors file and checks every tensor lies inside the file and that
-/// no weight (`*.weight`, `*.bias`) is stored as integers or booleans: converting those to float
-/// would load garbage silently. (Integer buffers such as CLIP's `position_ids` are allowed.)
+/// no weight is stored as integers or booleans: converting those to float would load garbage
+/// silently. (Integer index buffers such as CLIP's `position_ids` are allowed.)
 fn validate_safetensors(path: &Path) -> Result<()> {
     let bad = |reason: String| Error::Safetensors {
         path: path.to_path_buf(),
@@ -144,8 +144,9 @@ fn validate_safetensors(path: &Path) -> Result<()> {
     for name in names {
         let view = st.tensor(name).map_err(|e| bad(e.to_string()))?;
         let dtype = view.dtype();
-        let is_param = name.ends_with(".weight") || name.ends_with(".bias");
-        if is_param && !is_float(dtype) {
+        // Integer index buffers (CLIP's `position_ids`) are never read as weights.
+        let is_index = name.ends_with("_ids") || name.ends_with("num_batches_tracked");
+        if !is_index && !is_float(dtype) {
             return Err(bad(format!(
                 "tensor `{name}` is stored as {dtype:?}, but weights must be floating point \
                  (F32, F16 or BF16; quantised checkpoints are not supported)"
@@ -206,6 +207,9 @@ mod tests {
         validate_safetensors(&f).unwrap();
         for dt in [Dtype::I32, Dtype::I64, Dtype::U8, Dtype::BOOL] {
             write_st(&f, &[("lm_head.weight", dt), ("norm.bias", Dtype::F16)]);
+            let class = [("embeddings.class_embedding", dt)];
+            write_st(&d.join("class.safetensors"), &class);
+            assert!(validate_safetensors(&d.join("class.safetensors")).is_err());
             match validate_safetensors(&f) {
                 Err(Error::Safetensors { reason, .. }) => {
                     assert!(reason.contains("lm_head.weight"), "{reason}");

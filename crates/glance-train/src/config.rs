@@ -480,6 +480,20 @@ impl TrainConfig {
     }
 }
 
+/// A command-line augmentation weight (`--align`, `--token-drop`): absent or 0 means off
+/// (`None`), a finite value in `(0, max]` is on. NaN, infinities, negative values and values
+/// above `max` are [`TrainError::Config`] naming the flag — a NaN must not quietly mean "off".
+pub fn augmentation_flag(flag: &str, value: Option<f64>, max: f64) -> Result<Option<f64>> {
+    match value {
+        None => Ok(None),
+        Some(v) if v == 0.0 => Ok(None),
+        Some(v) if v.is_finite() && v > 0.0 && v <= max => Ok(Some(v)),
+        Some(v) => Err(TrainError::Config(format!(
+            "{flag} must be a finite number in [0, {max}] (0: off), got {v}"
+        ))),
+    }
+}
+
 impl StageSpec {
     pub fn new(
         stage: Stage,
@@ -546,5 +560,42 @@ mod tests {
         c.model.llava_config().unwrap();
         ModelSpec::tiny().llava_config().unwrap();
         assert_eq!(ModelSpec::base().image_tokens(), 256);
+    }
+
+    #[test]
+    fn augmentation_flags_refuse_nan_and_out_of_range() {
+        assert_eq!(augmentation_flag("--align", None, f64::MAX).unwrap(), None);
+        assert_eq!(
+            augmentation_flag("--align", Some(0.0), f64::MAX).unwrap(),
+            None
+        );
+        assert_eq!(
+            augmentation_flag("--align", Some(0.5), f64::MAX).unwrap(),
+            Some(0.5)
+        );
+        assert_eq!(
+            augmentation_flag("--token-drop", Some(1.0), 1.0).unwrap(),
+            Some(1.0)
+        );
+        for (flag, v, max) in [
+            ("--align", f64::NAN, f64::MAX),
+            ("--align", f64::INFINITY, f64::MAX),
+            ("--align", -0.1, f64::MAX),
+            ("--token-drop", f64::NAN, 1.0),
+            ("--token-drop", 1.5, 1.0),
+            ("--token-drop", -1.0, 1.0),
+        ] {
+            match augmentation_flag(flag, Some(v), max) {
+                Err(TrainError::Config(m)) => assert!(m.contains(flag), "{m}"),
+                other => panic!("{flag} {v}: {other:?}"),
+            }
+        }
+        // The stage checks catch a NaN that reaches a config some other way (a JSON file).
+        let mut c = TrainConfig::preset("quick").unwrap();
+        c.stages[1].align = Some(f64::NAN);
+        assert!(c.validate().is_err());
+        let mut c = TrainConfig::preset("quick").unwrap();
+        c.stages[1].token_drop = Some(TokenDrop::every_policy(f64::NAN));
+        assert!(c.validate().is_err());
     }
 }
