@@ -204,8 +204,9 @@ fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConf
     if let Some(m) = a.minutes {
         c = c.with_minutes(m)?;
     }
-    let align = glance_train::config::augmentation_flag("--align", a.align, f64::MAX)?;
-    let token_drop = glance_train::config::augmentation_flag("--token-drop", a.token_drop, 1.0)?;
+    let align = glance_train::config::augmentation_flag("--align", a.align, None)?;
+    let token_drop =
+        glance_train::config::augmentation_flag("--token-drop", a.token_drop, Some(1.0))?;
     for s in &mut c.stages {
         if let Some(lr) = a.lr {
             s.optim.lr = lr;

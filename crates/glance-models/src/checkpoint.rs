@@ -179,7 +179,7 @@ mod tests {
     }
 
     fn write_st(path: &Path, tensors: &[(&str, Dtype)]) {
-        let data = vec![0u8; 16];
+        let data = [0u8; 16];
         let views: Vec<(String, TensorView)> = tensors
             .iter()
             .map(|(n, dt)| {

@@ -481,17 +481,23 @@ impl TrainConfig {
 }
 
 /// A command-line augmentation weight (`--align`, `--token-drop`): absent or 0 means off
-/// (`None`), a finite value in `(0, max]` is on. NaN, infinities, negative values and values
-/// above `max` are [`TrainError::Config`] naming the flag — a NaN must not quietly mean "off".
-pub fn augmentation_flag(flag: &str, value: Option<f64>, max: f64) -> Result<Option<f64>> {
-    match value {
-        None => Ok(None),
-        Some(v) if v == 0.0 => Ok(None),
-        Some(v) if v.is_finite() && v > 0.0 && v <= max => Ok(Some(v)),
-        Some(v) => Err(TrainError::Config(format!(
-            "{flag} must be a finite number in [0, {max}] (0: off), got {v}"
-        ))),
+/// (`None`), a finite positive value (at most `max`, if given) is on. NaN, infinities, negative
+/// values and values above `max` are [`TrainError::Config`] naming the flag — a NaN must not
+/// quietly mean "off".
+pub fn augmentation_flag(flag: &str, value: Option<f64>, max: Option<f64>) -> Result<Option<f64>> {
+    let Some(v) = value.filter(|&v| v != 0.0) else {
+        return Ok(None);
+    };
+    if v.is_finite() && v > 0.0 && max.is_none_or(|m| v <= m) {
+        return Ok(Some(v));
     }
+    let range = match max {
+        Some(m) => format!("in [0, {m}]"),
+        None => ">= 0".to_string(),
+    };
+    Err(TrainError::Config(format!(
+        "{flag} must be a finite number {range} (0: off), got {v}"
+    )))
 }
 
 impl StageSpec {
@@ -564,26 +570,23 @@ mod tests {
 
     #[test]
     fn augmentation_flags_refuse_nan_and_out_of_range() {
-        assert_eq!(augmentation_flag("--align", None, f64::MAX).unwrap(), None);
+        assert_eq!(augmentation_flag("--align", None, None).unwrap(), None);
+        assert_eq!(augmentation_flag("--align", Some(0.0), None).unwrap(), None);
         assert_eq!(
-            augmentation_flag("--align", Some(0.0), f64::MAX).unwrap(),
-            None
-        );
-        assert_eq!(
-            augmentation_flag("--align", Some(0.5), f64::MAX).unwrap(),
+            augmentation_flag("--align", Some(0.5), None).unwrap(),
             Some(0.5)
         );
         assert_eq!(
-            augmentation_flag("--token-drop", Some(1.0), 1.0).unwrap(),
+            augmentation_flag("--token-drop", Some(1.0), Some(1.0)).unwrap(),
             Some(1.0)
         );
         for (flag, v, max) in [
-            ("--align", f64::NAN, f64::MAX),
-            ("--align", f64::INFINITY, f64::MAX),
-            ("--align", -0.1, f64::MAX),
-            ("--token-drop", f64::NAN, 1.0),
-            ("--token-drop", 1.5, 1.0),
-            ("--token-drop", -1.0, 1.0),
+            ("--align", f64::NAN, None),
+            ("--align", f64::INFINITY, None),
+            ("--align", -0.1, None),
+            ("--token-drop", f64::NAN, Some(1.0)),
+            ("--token-drop", 1.5, Some(1.0)),
+            ("--token-drop", -1.0, Some(1.0)),
         ] {
             match augmentation_flag(flag, Some(v), max) {
                 Err(TrainError::Config(m)) => assert!(m.contains(flag), "{m}"),
