@@ -204,6 +204,9 @@ fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConf
     if let Some(m) = a.minutes {
         c = c.with_minutes(m)?;
     }
+    let align = glance_train::config::augmentation_flag("--align", a.align, None)?;
+    let token_drop =
+        glance_train::config::augmentation_flag("--token-drop", a.token_drop, Some(1.0))?;
     for s in &mut c.stages {
         if let Some(lr) = a.lr {
             s.optim.lr = lr;
@@ -212,11 +215,8 @@ fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConf
             s.curriculum_start = None;
         }
         if s.stage != Stage::Vision {
-            s.align = a.align.filter(|&w| w > 0.0);
-            s.token_drop = a
-                .token_drop
-                .filter(|&f| f > 0.0)
-                .map(glance_train::TokenDrop::every_policy);
+            s.align = align;
+            s.token_drop = token_drop.map(glance_train::TokenDrop::every_policy);
         }
     }
     c.seed = a.seed;

@@ -4,12 +4,13 @@
 //! of glance.
 
 mod error;
+pub mod io;
 pub mod rng;
 mod sampling;
 
 pub use error::{Error, Result};
 pub use rng::Rng;
-pub use sampling::SamplingParams;
+pub use sampling::{SamplingParams, MIN_TEMPERATURE};
 
 /// A token id in a model's vocabulary.
 pub type TokenId = u32;

@@ -222,5 +222,5 @@ fn pick<M: CausalLm + ?Sized>(
     sampler: &mut Sampler,
 ) -> Result<TokenId> {
     let logits: Vec<f32> = model.logits(hidden)?.squeeze(0)?.to_vec1()?;
-    Ok(sampler.sample(&logits))
+    sampler.sample(&logits)
 }

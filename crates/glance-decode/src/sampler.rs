@@ -1,7 +1,12 @@
 //! Next-token selection from a logit row: greedy argmax, or temperature → top-k → top-p → draw,
 //! in the order Hugging Face's `generate` applies its warpers.
+//!
+//! A row with a NaN or `+inf` logit, or with no finite logit at all (every token masked to
+//! `-inf`), is refused with [`Error::NonFinite`] instead of picking an arbitrary token: such
+//! logits come from NaN / infinite weights or activations, and the text they would produce is
+//! garbage. (`-inf` entries next to finite ones are ordinary masked tokens.)
 
-use glance_core::{Result, Rng, SamplingParams, TokenId};
+use glance_core::{Error, Result, Rng, SamplingParams, TokenId};
 
 /// Picks tokens from logits; owns the random stream so a seed fixes the whole generation.
 #[derive(Debug, Clone)]
@@ -21,10 +26,12 @@ impl Sampler {
         &self.params
     }
 
-    /// The next token for one logit row.
-    pub fn sample(&mut self, logits: &[f32]) -> TokenId {
+    /// The next token for one logit row; [`Error::NonFinite`] when the row holds a NaN or `+inf`
+    /// or no finite value (see the module documentation).
+    pub fn sample(&mut self, logits: &[f32]) -> Result<TokenId> {
+        check_logits(logits)?;
         if self.params.is_greedy() {
-            return argmax(logits);
+            return Ok(argmax(logits));
         }
         let probs = self.distribution(logits);
         let u = self.rng.next_f64() as f32;
@@ -32,10 +39,13 @@ impl Sampler {
         for &(id, p) in &probs {
             acc += p;
             if u < acc {
-                return id;
+                return Ok(id);
             }
         }
-        probs.last().map_or(0, |&(id, _)| id)
+        probs
+            .last()
+            .map(|&(id, _)| id)
+            .ok_or_else(|| Error::NonFinite("no token has a finite probability".into()))
     }
 
     /// The warped distribution as `(token, probability)` in descending probability (ties by id),
@@ -75,6 +85,28 @@ impl Sampler {
     }
 }
 
+/// Refuses a logit row the sampler cannot decide on: any NaN or `+inf`, or no finite entry.
+fn check_logits(logits: &[f32]) -> Result<()> {
+    if let Some(i) = logits
+        .iter()
+        .position(|l| l.is_nan() || *l == f32::INFINITY)
+    {
+        return Err(Error::NonFinite(format!(
+            "the logits hold {} (token {i}) among {} entries: the model's weights or activations \
+             are not finite",
+            logits[i],
+            logits.len()
+        )));
+    }
+    if !logits.iter().any(|l| l.is_finite()) {
+        return Err(Error::NonFinite(format!(
+            "none of the {} logits is finite (every token masked to -inf)",
+            logits.len()
+        )));
+    }
+    Ok(())
+}
+
 fn normalise(probs: &mut [(TokenId, f32)]) {
     let sum: f32 = probs.iter().map(|p| p.1).sum();
     if sum > 0.0 {
@@ -109,7 +141,8 @@ mod tests {
     #[test]
     fn greedy_is_argmax_first_on_ties() {
         let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
-        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]), 1);
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]).unwrap(), 1);
+        assert_eq!(s.sample(&[f32::NEG_INFINITY, -1.0]).unwrap(), 1);
     }
 
     #[test]
@@ -117,7 +150,9 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 7919) % 13) as f32 * 0.3).collect();
         let run = |seed| {
             let mut s = Sampler::new(params(1.0, 0, 1.0, seed)).unwrap();
-            (0..64).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+            (0..64)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -150,7 +185,7 @@ mod tests {
         let mut counts = [0usize; 3];
         let n = 20_000;
         for _ in 0..n {
-            counts[s.sample(&logits) as usize] += 1;
+            counts[s.sample(&logits).unwrap() as usize] += 1;
         }
         for (c, want) in counts.iter().zip([0.5, 0.25, 0.25]) {
             assert!((*c as f64 / n as f64 - want).abs() < 0.015, "{counts:?}");
@@ -158,8 +193,32 @@ mod tests {
     }
 
     #[test]
+    fn non_finite_logits_are_errors_not_tokens() {
+        let nan = [0.5, f32::NAN, 1.0];
+        let inf = [0.5, f32::INFINITY, 1.0];
+        let masked = [f32::NEG_INFINITY; 4];
+        for p in [SamplingParams::greedy(), params(0.7, 5, 0.9, 3)] {
+            let mut s = Sampler::new(p).unwrap();
+            for row in [&nan[..], &inf[..], &masked[..], &[][..]] {
+                match s.sample(row) {
+                    Err(Error::NonFinite(msg)) => assert!(msg.contains("finite"), "{msg}"),
+                    other => panic!("{row:?} gave {other:?}"),
+                }
+            }
+            // Masked tokens next to finite ones are fine, and never drawn.
+            for _ in 0..32 {
+                assert_eq!(s.sample(&[f32::NEG_INFINITY, 2.0]).unwrap(), 1);
+            }
+        }
+    }
+
+    #[test]
     fn invalid_params_are_rejected() {
         assert!(Sampler::new(params(-0.5, 0, 1.0, 0)).is_err());
         assert!(Sampler::new(params(1.0, 0, 0.0, 0)).is_err());
+        assert!(Sampler::new(params(1e-45, 0, 1.0, 0)).is_err());
+        // The smallest accepted temperature stays finite on large logits (no inf - inf = NaN).
+        let mut s = Sampler::new(params(glance_core::MIN_TEMPERATURE, 0, 1.0, 0)).unwrap();
+        assert_eq!(s.sample(&[1e4, 3e4, -1e4]).unwrap(), 1);
     }
 }

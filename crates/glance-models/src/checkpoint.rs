@@ -1,21 +1,56 @@
 //! A Hugging Face model directory: `config.json` and weights in one `model.safetensors` or in shards
 //! listed by `model.safetensors.index.json`. Weights may be f32, f16 or bf16 on disk; glance
 //! computes in f32 on CPU.
+//!
+//! A model directory is user input. Its small files are read through a size cap
+//! ([`glance_core::io`]); shard names of the index must stay inside the directory (plain relative
+//! names: no absolute paths, no `..`); a weight stored with an integer or boolean dtype is
+//! refused instead of being converted to float (the safetensors format,
+//! Hugging Face's `safetensors` specification, stores each tensor's dtype in the header).
 
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
+use glance_core::io::{read_capped, read_to_string_capped, MAX_JSON_FILE_BYTES};
 use glance_core::{Error, Result};
 use serde::de::DeserializeOwned;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// Reads and parses a JSON file, naming the file in every error.
+/// Reads and parses a JSON file of at most [`MAX_JSON_FILE_BYTES`], naming the file in every
+/// error.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|source| Error::Json {
-        path: path.to_path_buf(),
-        source,
-    })
+    let bytes = read_capped(path, MAX_JSON_FILE_BYTES, "a JSON file")?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::json(path, e))
+}
+
+/// Reads a text file of a model directory (a chat template) of at most [`MAX_JSON_FILE_BYTES`].
+pub fn read_text(path: &Path) -> Result<String> {
+    read_to_string_capped(
+        path,
+        MAX_JSON_FILE_BYTES,
+        "a template or configuration file",
+    )
+}
+
+/// Checks that a shard name from `model.safetensors.index.json` names a file inside the model
+/// directory: relative, no `..` / root / drive components. Symlinks are not resolved (the
+/// Hugging Face cache links every file into `blobs/`), only the name is judged.
+fn check_shard_name(index: &Path, name: &str) -> Result<()> {
+    use std::path::Component;
+    let path = Path::new(name);
+    let escapes = name.is_empty()
+        || name.contains('\\')
+        || path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if escapes {
+        return Err(Error::Config(format!(
+            "{}: shard name {name:?} must be a file name inside the model directory (no absolute \
+             paths, `..` or backslashes)",
+            index.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Checks that `dir` is a directory and returns `dir/name`, or a [`Error::MissingFile`].
@@ -51,6 +86,15 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         }
         let idx: Index = read_json(&index)?;
         let shards: BTreeSet<String> = idx.weight_map.into_values().collect();
+        for s in &shards {
+            check_shard_name(&index, s)?;
+        }
+        if shards.is_empty() {
+            return Err(Error::Config(format!(
+                "{}: weight_map lists no shards",
+                index.display()
+            )));
+        }
         let files: Vec<PathBuf> = shards.into_iter().map(|s| dir.join(s)).collect();
         for f in &files {
             if !f.is_file() {
@@ -83,7 +127,9 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
     unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(Error::Candle)
 }
 
-/// Parses the header of a safetensors file and checks every tensor lies inside the file.
+/// Parses the header of a safetensors file and checks every tensor lies inside the file and that
+/// no weight is stored as integers or booleans: converting those to float would load garbage
+/// silently. (Integer index buffers such as CLIP's `position_ids` are allowed.)
 fn validate_safetensors(path: &Path) -> Result<()> {
     let bad = |reason: String| Error::Safetensors {
         path: path.to_path_buf(),
@@ -92,10 +138,145 @@ fn validate_safetensors(path: &Path) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only map of a file we only read.
     let mmap = unsafe { memmap_file(&file) }.map_err(|e| Error::io(path, e))?;
-    safetensors::SafeTensors::deserialize(&mmap).map_err(|e| bad(e.to_string()))?;
+    let st = safetensors::SafeTensors::deserialize(&mmap).map_err(|e| bad(e.to_string()))?;
+    let mut names = st.names();
+    names.sort();
+    for name in names {
+        let view = st.tensor(name).map_err(|e| bad(e.to_string()))?;
+        let dtype = view.dtype();
+        // Integer index buffers (CLIP's `position_ids`) are never read as weights.
+        let is_index = name.ends_with("_ids") || name.ends_with("num_batches_tracked");
+        if !is_index && !is_float(dtype) {
+            return Err(bad(format!(
+                "tensor `{name}` is stored as {dtype:?}, but weights must be floating point \
+                 (F32, F16 or BF16; quantised checkpoints are not supported)"
+            )));
+        }
+    }
     Ok(())
+}
+
+fn is_float(dtype: safetensors::Dtype) -> bool {
+    use safetensors::Dtype as D;
+    matches!(dtype, D::F16 | D::BF16 | D::F32 | D::F64)
 }
 
 unsafe fn memmap_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     memmap2::MmapOptions::new().map(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("glance-ckpt-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn write_st(path: &Path, tensors: &[(&str, Dtype)]) {
+        let data = [0u8; 16];
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, dt)| {
+                let bytes = dt.bitsize().div_ceil(8);
+                (
+                    n.to_string(),
+                    TensorView::new(*dt, vec![1], &data[..bytes]).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    #[test]
+    fn integer_weights_are_refused_naming_tensor_and_dtype() {
+        let d = scratch("dtype");
+        let f = d.join("model.safetensors");
+        write_st(
+            &f,
+            &[
+                ("lm_head.weight", Dtype::F32),
+                ("embeddings.position_ids", Dtype::I64),
+            ],
+        );
+        validate_safetensors(&f).unwrap();
+        for dt in [Dtype::I32, Dtype::I64, Dtype::U8, Dtype::BOOL] {
+            write_st(&f, &[("lm_head.weight", dt), ("norm.bias", Dtype::F16)]);
+            let class = [("embeddings.class_embedding", dt)];
+            write_st(&d.join("class.safetensors"), &class);
+            assert!(validate_safetensors(&d.join("class.safetensors")).is_err());
+            match validate_safetensors(&f) {
+                Err(Error::Safetensors { reason, .. }) => {
+                    assert!(reason.contains("lm_head.weight"), "{reason}");
+                    assert!(reason.contains(&format!("{dt:?}")), "{reason}");
+                }
+                other => panic!("{dt:?}: {other:?}"),
+            }
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn shard_names_must_stay_inside_the_directory() {
+        let d = scratch("shards");
+        let shard = d.join("model-00001-of-00001.safetensors");
+        write_st(&shard, &[("w.weight", Dtype::F32)]);
+        let index = |name: &str| {
+            std::fs::write(
+                d.join("model.safetensors.index.json"),
+                serde_json::json!({"weight_map": {"w.weight": name}}).to_string(),
+            )
+            .unwrap();
+        };
+        index("model-00001-of-00001.safetensors");
+        assert_eq!(weight_files(&d).unwrap(), vec![shard.clone()]);
+        index("./model-00001-of-00001.safetensors");
+        assert!(weight_files(&d).is_ok());
+        for bad in [
+            "../model-00001-of-00001.safetensors",
+            "sub/../../x.safetensors",
+            "/etc/passwd",
+            "..\\x.safetensors",
+            "",
+        ] {
+            index(bad);
+            match weight_files(&d) {
+                Err(Error::Config(m)) => assert!(m.contains("shard name"), "{bad}: {m}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        // A symlink inside the directory (the Hugging Face cache layout) keeps working.
+        #[cfg(unix)]
+        {
+            let blobs = d.join("blobs");
+            std::fs::create_dir_all(&blobs).unwrap();
+            std::fs::rename(&shard, blobs.join("abc123")).unwrap();
+            std::os::unix::fs::symlink(blobs.join("abc123"), &shard).unwrap();
+            index("model-00001-of-00001.safetensors");
+            assert_eq!(weight_files(&d).unwrap(), vec![shard]);
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn json_files_are_read_through_the_cap() {
+        let d = scratch("json");
+        let p = d.join("config.json");
+        std::fs::write(&p, b"{\"a\": 1}").unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(MAX_JSON_FILE_BYTES + 1).unwrap();
+        drop(f);
+        match read_json::<serde_json::Value>(&p) {
+            Err(e @ Error::TooLarge { .. }) => {
+                assert!(e.to_string().contains("config.json"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

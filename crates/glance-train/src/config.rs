@@ -480,6 +480,26 @@ impl TrainConfig {
     }
 }
 
+/// A command-line augmentation weight (`--align`, `--token-drop`): absent or 0 means off
+/// (`None`), a finite positive value (at most `max`, if given) is on. NaN, infinities, negative
+/// values and values above `max` are [`TrainError::Config`] naming the flag — a NaN must not
+/// quietly mean "off".
+pub fn augmentation_flag(flag: &str, value: Option<f64>, max: Option<f64>) -> Result<Option<f64>> {
+    let Some(v) = value.filter(|&v| v != 0.0) else {
+        return Ok(None);
+    };
+    if v.is_finite() && v > 0.0 && max.is_none_or(|m| v <= m) {
+        return Ok(Some(v));
+    }
+    let range = match max {
+        Some(m) => format!("in [0, {m}]"),
+        None => ">= 0".to_string(),
+    };
+    Err(TrainError::Config(format!(
+        "{flag} must be a finite number {range} (0: off), got {v}"
+    )))
+}
+
 impl StageSpec {
     pub fn new(
         stage: Stage,
@@ -546,5 +566,39 @@ mod tests {
         c.model.llava_config().unwrap();
         ModelSpec::tiny().llava_config().unwrap();
         assert_eq!(ModelSpec::base().image_tokens(), 256);
+    }
+
+    #[test]
+    fn augmentation_flags_refuse_nan_and_out_of_range() {
+        assert_eq!(augmentation_flag("--align", None, None).unwrap(), None);
+        assert_eq!(augmentation_flag("--align", Some(0.0), None).unwrap(), None);
+        assert_eq!(
+            augmentation_flag("--align", Some(0.5), None).unwrap(),
+            Some(0.5)
+        );
+        assert_eq!(
+            augmentation_flag("--token-drop", Some(1.0), Some(1.0)).unwrap(),
+            Some(1.0)
+        );
+        for (flag, v, max) in [
+            ("--align", f64::NAN, None),
+            ("--align", f64::INFINITY, None),
+            ("--align", -0.1, None),
+            ("--token-drop", f64::NAN, Some(1.0)),
+            ("--token-drop", 1.5, Some(1.0)),
+            ("--token-drop", -1.0, Some(1.0)),
+        ] {
+            match augmentation_flag(flag, Some(v), max) {
+                Err(TrainError::Config(m)) => assert!(m.contains(flag), "{m}"),
+                other => panic!("{flag} {v}: {other:?}"),
+            }
+        }
+        // The stage checks catch a NaN that reaches a config some other way (a JSON file).
+        let mut c = TrainConfig::preset("quick").unwrap();
+        c.stages[1].align = Some(f64::NAN);
+        assert!(c.validate().is_err());
+        let mut c = TrainConfig::preset("quick").unwrap();
+        c.stages[1].token_drop = Some(TokenDrop::every_policy(f64::NAN));
+        assert!(c.validate().is_err());
     }
 }

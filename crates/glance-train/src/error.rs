@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 
 /// Errors of the training library. The CLI wraps them with `anyhow` context.
+///
+/// Wrapped errors are printed inline and not exposed as `source()` (as in `glance_core::Error`),
+/// so a reporter walking the chain (`anyhow`'s `{:#}`) prints each cause once.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// A model-side error (config, weights, tokenizer, pre-processing).
@@ -10,16 +13,15 @@ pub enum TrainError {
     Model(#[from] glance_core::Error),
     /// A tensor operation failed.
     #[error("tensor op: {0}")]
-    Candle(#[from] candle_core::Error),
+    Candle(candle_core::Error),
     /// The world generator refused a request.
     #[error("world: {0}")]
-    World(#[from] glance_world::WorldError),
+    World(glance_world::WorldError),
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A checkpoint is missing, corrupt, or belongs to another configuration.
     #[error("checkpoint {path}: {reason}")]
@@ -32,7 +34,25 @@ pub enum TrainError {
     NonFiniteLoss { stage: String, step: u64, loss: f32 },
     /// JSON (de)serialisation of training state failed.
     #[error("JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
+}
+
+impl From<candle_core::Error> for TrainError {
+    fn from(e: candle_core::Error) -> Self {
+        TrainError::Candle(e)
+    }
+}
+
+impl From<glance_world::WorldError> for TrainError {
+    fn from(e: glance_world::WorldError) -> Self {
+        TrainError::World(e)
+    }
+}
+
+impl From<serde_json::Error> for TrainError {
+    fn from(e: serde_json::Error) -> Self {
+        TrainError::Json(e)
+    }
 }
 
 /// `Result` with [`TrainError`].
@@ -40,10 +60,10 @@ pub type Result<T> = std::result::Result<T, TrainError>;
 
 impl TrainError {
     /// A [`TrainError::Io`] for `path`.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         TrainError::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
 }

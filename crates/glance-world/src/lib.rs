@@ -51,16 +51,23 @@ pub enum WorldError {
     InvalidPatchSize { patch: usize, image: usize },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    #[error("I/O error on {path}: {source}")]
+    // Causes are printed inline and not exposed as `source()`, so `{:#}` prints each once.
+    #[error("I/O error on {}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("cannot encode image {path}: {source}")]
+    #[error("cannot encode image {}: {cause}", path.display())]
     Image {
         path: PathBuf,
-        source: image::ImageError,
+        cause: image::ImageError,
     },
     #[error("JSON error: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
+}
+
+impl From<serde_json::Error> for WorldError {
+    fn from(e: serde_json::Error) -> Self {
+        WorldError::Json(e)
+    }
 }

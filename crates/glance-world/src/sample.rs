@@ -54,9 +54,9 @@ pub struct SampleSummary {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WorldError + '_ {
-    move |source| WorldError::Io {
+    move |cause| WorldError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 
@@ -94,9 +94,9 @@ pub fn write_sample_range(
         let ex = sample(split, index)?;
         let image = format!("{index:04}.png");
         let ipath = out_dir.join(&image);
-        ex.image.save(&ipath).map_err(|source| WorldError::Image {
+        ex.image.save(&ipath).map_err(|cause| WorldError::Image {
             path: ipath.clone(),
-            source,
+            cause,
         })?;
         let rec = SceneRecord {
             image: &image,

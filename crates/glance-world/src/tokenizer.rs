@@ -129,16 +129,16 @@ pub fn tokenizer_config_json() -> String {
 
 /// Write `tokenizer.json` and `tokenizer_config.json` into `dir` (created if missing).
 pub fn write_tokenizer_files(dir: &Path) -> Result<(), WorldError> {
-    std::fs::create_dir_all(dir).map_err(|source| WorldError::Io {
+    std::fs::create_dir_all(dir).map_err(|cause| WorldError::Io {
         path: dir.to_path_buf(),
-        source,
+        cause,
     })?;
     for (name, text) in [
         ("tokenizer.json", tokenizer_json()),
         ("tokenizer_config.json", tokenizer_config_json()),
     ] {
         let path = dir.join(name);
-        std::fs::write(&path, text).map_err(|source| WorldError::Io { path, source })?;
+        std::fs::write(&path, text).map_err(|cause| WorldError::Io { path, cause })?;
     }
     Ok(())
 }

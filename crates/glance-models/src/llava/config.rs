@@ -2,6 +2,7 @@
 
 use crate::checkpoint::read_json;
 use crate::text::TextConfig;
+use crate::text::{positive_below_one, size_in_range};
 use glance_core::{Error, Result};
 use glance_nn::Activation;
 use serde::Deserialize;
@@ -64,6 +65,32 @@ impl VisionConfig {
             patch_size: 14,
             ..Self::default()
         }
+    }
+
+    /// Checks sizes and `layer_norm_eps` for values no CLIP tower has (zero or absurd sizes, a
+    /// channel count other than RGB's 3, a non-positive epsilon), naming the field and value.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value, max) in [
+            ("hidden_size", self.hidden_size, 1 << 16),
+            ("intermediate_size", self.intermediate_size, 1 << 18),
+            ("num_hidden_layers", self.num_hidden_layers, 1024),
+            ("num_attention_heads", self.num_attention_heads, 1 << 10),
+            (
+                "image_size",
+                self.image_size,
+                crate::processing::image::MAX_CONFIG_SIDE,
+            ),
+            ("patch_size", self.patch_size, self.image_size.max(1)),
+        ] {
+            size_in_range(&format!("vision_config.{field}"), value, max)?;
+        }
+        if self.num_channels != 3 {
+            return Err(Error::Config(format!(
+                "vision_config.num_channels must be 3 (RGB), got {}",
+                self.num_channels
+            )));
+        }
+        positive_below_one("vision_config.layer_norm_eps", self.layer_norm_eps)
     }
 
     /// Patches per side.
@@ -143,6 +170,7 @@ impl LlavaConfig {
                 vision.model_type
             )));
         }
+        vision.validate()?;
         if vision.patch_size == 0 || !vision.image_size.is_multiple_of(vision.patch_size) {
             return Err(Error::Config(format!(
                 "image_size {} is not a multiple of patch_size {}",
@@ -197,10 +225,18 @@ impl LlavaConfig {
         if feature_layers.is_empty() {
             return Err(Error::Config("vision_feature_layer is empty".into()));
         }
+        let image_token_id = raw.image_token_index.unwrap_or(32000);
+        if image_token_id as usize >= text.vocab_size {
+            return Err(Error::Config(format!(
+                "image_token_index {image_token_id} is outside the text vocabulary \
+                 (text_config.vocab_size {})",
+                text.vocab_size
+            )));
+        }
         Ok(Self {
             vision,
             text,
-            image_token_id: raw.image_token_index.unwrap_or(32000),
+            image_token_id,
             projector_hidden_act: raw.projector_hidden_act.unwrap_or(Activation::Gelu),
             projector_bias: raw.multimodal_projector_bias.unwrap_or(true),
             feature_select: raw
@@ -259,5 +295,44 @@ mod tests {
         assert!(LlavaConfig::from_value(&json!({"model_type": "llava",
             "vision_config": {"model_type": "siglip_vision_model"}}))
         .is_err());
+    }
+
+    #[test]
+    fn absurd_vision_values_and_token_ids_are_refused() {
+        let vision = |k: &str, v: Value| {
+            let mut vc = json!({"model_type": "clip_vision_model", "hidden_size": 48,
+                "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "image_size": 56, "patch_size": 14});
+            vc[k] = v;
+            json!({"model_type": "llava", "vision_config": vc,
+                   "text_config": {"vocab_size": 32064}})
+        };
+        assert!(LlavaConfig::from_value(&vision("hidden_size", json!(48))).is_ok());
+        for (config, field) in [
+            (vision("layer_norm_eps", json!(-1e-5)), "layer_norm_eps"),
+            (vision("layer_norm_eps", json!(0.0)), "layer_norm_eps"),
+            (vision("num_hidden_layers", json!(0)), "num_hidden_layers"),
+            (vision("hidden_size", json!(0)), "hidden_size"),
+            (vision("intermediate_size", json!(0)), "intermediate_size"),
+            (vision("image_size", json!(0)), "image_size"),
+            (vision("image_size", json!(1 << 20)), "image_size"),
+            (vision("patch_size", json!(0)), "patch_size"),
+            (vision("num_channels", json!(4)), "num_channels"),
+            (
+                json!({"model_type": "llava", "image_token_index": 32000,
+                       "text_config": {"vocab_size": 32000}}),
+                "image_token_index",
+            ),
+            (
+                json!({"model_type": "llava",
+                       "text_config": {"vocab_size": 32064, "rope_theta": -1.0}}),
+                "rope_theta",
+            ),
+        ] {
+            match LlavaConfig::from_value(&config) {
+                Err(Error::Config(m)) => assert!(m.contains(field), "{config}: {m}"),
+                other => panic!("{config}: {other:?}"),
+            }
+        }
     }
 }

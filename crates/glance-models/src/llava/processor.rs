@@ -53,12 +53,60 @@ impl LlavaProcessor {
                 "preprocessor_config.json produces {h}x{w} pixels but the vision tower takes {s}x{s}"
             )));
         }
-        let image_token = text.id_to_token(config.image_token_id).ok_or_else(|| {
+        // Another model's tokenizer.json loads fine and then "finds 0 placeholders": say that the
+        // tokenizer and config.json disagree instead.
+        let disagree = |what: String| {
             Error::Config(format!(
-                "image token id {} is not in the tokenizer",
-                config.image_token_id
+                "{}: tokenizer.json and config.json disagree: {what} (is the tokenizer from \
+                 another model?)",
+                dir.display()
+            ))
+        };
+        let tokenizer_vocab = text.vocab_size();
+        if tokenizer_vocab > config.text.vocab_size {
+            return Err(disagree(format!(
+                "the tokenizer has {tokenizer_vocab} tokens but text_config.vocab_size is {}",
+                config.text.vocab_size
+            )));
+        }
+        let id = config.image_token_id;
+        let image_token = text.id_to_token(id).ok_or_else(|| {
+            disagree(format!(
+                "image_token_index {id} is not in the tokenizer's {tokenizer_vocab}-token vocabulary"
             ))
         })?;
+        // The placeholder is an added token (`<image>`); processor_config.json names it when
+        // present. A plain vocabulary entry (a word piece, a `<0x01>` byte) is not a placeholder.
+        let named: Option<String> = {
+            let p = dir.join("processor_config.json");
+            if p.is_file() {
+                crate::checkpoint::read_json::<serde_json::Value>(&p)?
+                    .get("image_token")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_string)
+            } else {
+                None
+            }
+        };
+        let is_added = text
+            .tokenizer()
+            .get_added_tokens_decoder()
+            .contains_key(&id);
+        match named {
+            Some(n) if n != image_token => {
+                return Err(disagree(format!(
+                    "image_token_index {id} is `{image_token}` in the tokenizer, but \
+                     processor_config.json's image token is `{n}`"
+                )))
+            }
+            None if !is_added => {
+                return Err(disagree(format!(
+                    "image_token_index {id} is `{image_token}` in the tokenizer, an ordinary \
+                     vocabulary entry rather than an added image placeholder such as `<image>`"
+                )))
+            }
+            _ => {}
+        }
         Ok(Self {
             text,
             image,

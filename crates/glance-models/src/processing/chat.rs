@@ -22,6 +22,11 @@
 //!   as the Python dicts are, so `tojson` and `.items()` keep the Python key order.
 //!   `content` is always a list of parts (the processor format); a template that expects a plain
 //!   string (`message['content'] + …`) needs the text-only form, which glance does not produce.
+//!
+//! A chat template is code from the model directory, so rendering is bounded (transformers relies
+//! on Jinja2's sandbox, which bounds neither): minijinja's fuel ([`TEMPLATE_FUEL`]: every
+//! instruction and every 64 bytes of data produced cost one unit) stops endless loops and
+//! runaway string building, and the rendered prompt may hold at most [`MAX_RENDERED_BYTES`].
 
 mod pyfns;
 
@@ -198,6 +203,36 @@ impl std::fmt::Debug for ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Fuel of one render (minijinja's unit: one per instruction, plus one per 64 bytes of strings and
+/// output produced). Real chat templates use a few thousand for a short conversation; this bound
+/// stops a hostile template after well under a second and a few hundred megabytes.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// Longest rendered prompt accepted (bytes): far more text than any model's context holds.
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
+
+/// The render target: stops with an error once more than `limit` bytes were written.
+struct CappedOutput {
+    buf: Vec<u8>,
+    limit: usize,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + data.len() > self.limit {
+            self.over = true;
+            return Err(std::io::Error::other("rendered prompt too long"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl ChatTemplate {
     /// Compiles `source` (Jinja2 as in Hugging Face `chat_template`). Syntax errors (and tags
     /// minijinja does not know) are [`Error::Template`].
@@ -209,6 +244,7 @@ impl ChatTemplate {
             .build()
             .map_err(|e| Error::Template(e.to_string()))?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", pyfns::strftime_now);
@@ -249,7 +285,30 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(template_error)?;
-        template.render(Value::from(ctx)).map_err(template_error)
+        let mut out = CappedOutput {
+            buf: Vec::new(),
+            limit: MAX_RENDERED_BYTES,
+            over: false,
+        };
+        let rendered = template.render_captured_to(Value::from(ctx), &mut out);
+        if out.over {
+            return Err(Error::Template(format!(
+                "the rendered prompt is longer than the limit of {} MiB",
+                MAX_RENDERED_BYTES >> 20
+            )));
+        }
+        match rendered {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(Error::Template(format!(
+                    "rendering stopped: the template used up its fuel of {TEMPLATE_FUEL} \
+                     (instructions and data produced); an endless or huge loop?"
+                )))
+            }
+            Err(e) => return Err(template_error(e)),
+        }
+        String::from_utf8(out.buf)
+            .map_err(|_| Error::Template("the rendered prompt is not UTF-8".into()))
     }
 }
 

@@ -76,7 +76,11 @@ impl TextProcessor {
                 what: "tokenizer.json".to_string(),
             });
         }
-        let bytes = std::fs::read(&tokenizer_path).map_err(|e| Error::io(&tokenizer_path, e))?;
+        let bytes = glance_core::io::read_capped(
+            &tokenizer_path,
+            glance_core::io::MAX_TOKENIZER_FILE_BYTES,
+            "a tokenizer.json",
+        )?;
         let tokenizer = Self::tokenizer_from_bytes(&bytes)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
 
@@ -341,12 +345,7 @@ fn read_json_opt(path: &Path) -> Result<Option<Json>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let value = serde_json::from_str(&text).map_err(|source| Error::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(Some(value))
+    crate::checkpoint::read_json(path).map(Some)
 }
 
 /// A special token given as a string or as an `AddedToken` object (`{"content": …}`).
@@ -407,7 +406,7 @@ fn template_from_json(value: &Json, path: &Path) -> Result<Option<String>> {
 fn find_chat_template(dir: &Path, config: &Json) -> Result<Option<(String, PathBuf)>> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.is_file() {
-        let source = std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?;
+        let source = crate::checkpoint::read_text(&jinja)?;
         return Ok(Some((source, jinja)));
     }
     let json_path = dir.join("chat_template.json");

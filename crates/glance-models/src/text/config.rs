@@ -96,6 +96,8 @@ impl TextConfig {
         let num_heads = raw.num_attention_heads.unwrap_or(heads);
         let num_kv_heads = raw.num_key_value_heads.or(kv).unwrap_or(num_heads);
         let num_layers = raw.num_hidden_layers.unwrap_or(layers);
+        // Before `layer_windows` allocates one entry per layer.
+        size_in_range("text_config.num_hidden_layers", num_layers, MAX_LAYERS)?;
         if num_heads == 0 || num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
             return Err(Error::Config(format!(
                 "num_attention_heads ({num_heads}) must be a positive multiple of num_key_value_heads ({num_kv_heads})"
@@ -114,7 +116,7 @@ impl TextConfig {
             _ => (attention_bias, attention_bias),
         };
         let layer_windows = layer_windows(arch, &raw, num_layers)?;
-        Ok(Self {
+        let config = Self {
             arch,
             vocab_size: raw.vocab_size.unwrap_or(vocab),
             hidden_size,
@@ -133,7 +135,79 @@ impl TextConfig {
             o_bias,
             mlp_bias: raw.mlp_bias.unwrap_or(false),
             layer_windows,
-        })
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every size, epsilon and RoPE parameter for a value that cannot describe a real
+    /// model: zero or absurd sizes, non-positive or non-finite epsilons, θ and scaling factors,
+    /// a sliding window of 0. Such configs load fine and give NaN logits (or ignore the
+    /// checkpoint's layers), so they are refused here, naming the field and the value.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value, max) in [
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            ("num_hidden_layers", self.num_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_kv_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_POSITIONS,
+            ),
+        ] {
+            size_in_range(&format!("text_config.{field}"), value, max)?;
+        }
+        positive_below_one("text_config.rms_norm_eps", self.rms_norm_eps)?;
+        if !(self.rope_theta > 0.0 && (self.rope_theta as f32).is_finite()) {
+            return Err(Error::Config(format!(
+                "text_config.rope_theta must be a positive finite number, got {}",
+                self.rope_theta
+            )));
+        }
+        let positive = |field: &str, v: f64| {
+            if v > 0.0 && (v as f32).is_finite() {
+                Ok(())
+            } else {
+                Err(Error::Config(format!(
+                    "text_config rope scaling `{field}` must be a positive finite number, got {v}"
+                )))
+            }
+        };
+        match &self.rope_scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) => positive("factor", *factor)?,
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                positive("factor", *factor)?;
+                positive("low_freq_factor", *low_freq_factor)?;
+                positive("high_freq_factor", *high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(Error::Config(format!(
+                        "text_config rope scaling `high_freq_factor` ({high_freq_factor}) must be \
+                         larger than `low_freq_factor` ({low_freq_factor})"
+                    )));
+                }
+                size_in_range(
+                    "text_config rope scaling `original_max_position_embeddings`",
+                    *original_max_position_embeddings,
+                    MAX_POSITIONS,
+                )?;
+            }
+        }
+        if self.layer_windows.contains(&Some(0)) {
+            return Err(Error::Config(
+                "text_config.sliding_window must be at least 1, got 0".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Parameters of the decoder (embeddings and LM head counted once when tied).
@@ -147,6 +221,46 @@ impl TextConfig {
         let emb = self.vocab_size * h;
         let head = if self.tie_word_embeddings { 0 } else { emb };
         emb + head + self.num_layers * per_layer + h
+    }
+}
+
+/// Upper bounds that no real checkpoint reaches (each well above the largest published model),
+/// so that a typo or a hostile config cannot ask for terabytes.
+const MAX_VOCAB: usize = 1 << 24;
+const MAX_WIDTH: usize = 1 << 20;
+const MAX_LAYERS: usize = 1024;
+const MAX_HEADS: usize = 1 << 12;
+const MAX_HEAD_DIM: usize = 1 << 12;
+const MAX_POSITIONS: usize = 1 << 26;
+
+/// `Error::Config` unless `1 <= value <= max`.
+pub(crate) fn size_in_range(field: &str, value: usize, max: usize) -> Result<()> {
+    if value == 0 || value > max {
+        return Err(Error::Config(format!(
+            "{field} must be in 1..={max}, got {value}"
+        )));
+    }
+    Ok(())
+}
+
+/// `Error::Config` unless `0 < value < 1` (normalisation epsilons).
+pub(crate) fn positive_below_one(field: &str, value: f64) -> Result<()> {
+    if !(value > 0.0 && value < 1.0) {
+        return Err(Error::Config(format!(
+            "{field} must be a positive number below 1, got {value}"
+        )));
+    }
+    Ok(())
+}
+
+/// A whole positive number from a float field (`original_max_position_embeddings`).
+fn whole(kind: &str, k: &str, v: f64) -> Result<usize> {
+    if v >= 1.0 && v.fract() == 0.0 && v <= MAX_POSITIONS as f64 {
+        Ok(v as usize)
+    } else {
+        Err(Error::Config(format!(
+            "rope scaling `{kind}`: `{k}` must be a whole number in 1..={MAX_POSITIONS}, got {v}"
+        )))
     }
 }
 
@@ -183,7 +297,11 @@ fn parse_rope(raw: &Raw) -> Result<(f64, Option<RopeScaling>)> {
             factor: need("factor")?,
             low_freq_factor: need("low_freq_factor")?,
             high_freq_factor: need("high_freq_factor")?,
-            original_max_position_embeddings: need("original_max_position_embeddings")? as usize,
+            original_max_position_embeddings: whole(
+                kind,
+                "original_max_position_embeddings",
+                need("original_max_position_embeddings")?,
+            )?,
         }),
         other => {
             return Err(Error::Config(format!(
@@ -283,6 +401,80 @@ mod tests {
         assert!(
             TextConfig::from_value(&json!({"rope_scaling": {"type": "yarn", "factor": 4.0}}))
                 .is_err()
+        );
+    }
+
+    /// The `Error::Config` message of a config that must be refused.
+    fn refused(v: serde_json::Value) -> String {
+        match TextConfig::from_value(&v) {
+            Err(Error::Config(m)) => m,
+            other => panic!("{v} accepted or wrong error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn values_that_give_nan_logits_are_refused_naming_the_field() {
+        let llama3 = |k: &str, v: serde_json::Value| {
+            let mut s = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
+            s[k] = v;
+            json!({"rope_scaling": s})
+        };
+        for (config, field) in [
+            (json!({"rope_theta": 0.0}), "rope_theta"),
+            (json!({"rope_theta": -1.0}), "rope_theta"),
+            (json!({"rope_theta": 1e300}), "rope_theta"),
+            (
+                json!({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}}),
+                "rope_theta",
+            ),
+            (json!({"rms_norm_eps": -1e-6}), "rms_norm_eps"),
+            (json!({"rms_norm_eps": 0.0}), "rms_norm_eps"),
+            (
+                json!({"model_type": "mistral", "sliding_window": 0}),
+                "sliding_window",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "linear", "factor": 0.0}}),
+                "factor",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "linear", "factor": -2.0}}),
+                "factor",
+            ),
+            (llama3("factor", json!(0.0)), "factor"),
+            (llama3("low_freq_factor", json!(4.0)), "high_freq_factor"),
+            (llama3("high_freq_factor", json!(-1.0)), "high_freq_factor"),
+            (
+                llama3("original_max_position_embeddings", json!(0)),
+                "original_max_position_embeddings",
+            ),
+            (
+                llama3("original_max_position_embeddings", json!(-64.0)),
+                "original_max_position_embeddings",
+            ),
+            (json!({"num_hidden_layers": 0}), "num_hidden_layers"),
+            (
+                json!({"num_hidden_layers": 1u64 << 40}),
+                "num_hidden_layers",
+            ),
+            (json!({"vocab_size": 0}), "vocab_size"),
+            (json!({"hidden_size": 0, "head_dim": 8}), "hidden_size"),
+            (json!({"intermediate_size": 0}), "intermediate_size"),
+            (
+                json!({"max_position_embeddings": 0}),
+                "max_position_embeddings",
+            ),
+            (json!({"hidden_size": 1u64 << 40}), "hidden_size"),
+        ] {
+            let msg = refused(config.clone());
+            assert!(msg.contains(field), "{config}: {msg}");
+        }
+        // A Qwen2 window that is switched off is not checked (as HF ignores it).
+        assert!(
+            TextConfig::from_value(&json!({"model_type": "qwen2", "sliding_window": 0,
+            "use_sliding_window": false}))
+            .is_ok()
         );
     }
 }

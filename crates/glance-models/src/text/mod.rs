@@ -4,5 +4,6 @@
 mod config;
 mod decoder;
 
+pub(crate) use config::{positive_below_one, size_in_range};
 pub use config::{TextArch, TextConfig};
 pub use decoder::TextModel;

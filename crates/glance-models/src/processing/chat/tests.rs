@@ -249,3 +249,49 @@ fn expand_image_tokens_like_llava_processor() {
         576
     );
 }
+
+/// Renders `source` and returns the [`Error::Template`] message, timing the render.
+fn render_err(source: &str) -> (String, std::time::Duration) {
+    let t = ChatTemplate::new(source.to_string()).unwrap();
+    let start = std::time::Instant::now();
+    let r = t.render(&[ChatMessage::user("hi", 1)], true, Some("<s>"), None);
+    let took = start.elapsed();
+    match r {
+        Err(Error::Template(msg)) => (msg, took),
+        other => panic!("expected a template error, got {other:?}"),
+    }
+}
+
+#[test]
+fn endless_loops_run_out_of_fuel() {
+    // 10^10 iterations unbounded; the fuel stops it within a second or two on a slow machine.
+    let (msg, took) = render_err(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
+    );
+    assert!(msg.contains("fuel"), "{msg}");
+    assert!(took.as_secs_f64() < 10.0, "took {took:?}");
+    // A string doubled in a loop: the bytes it creates are charged too (bounded memory).
+    let (msg, _) = render_err(
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+    );
+    assert!(msg.contains("fuel"), "{msg}");
+}
+
+#[test]
+fn rendered_prompt_size_is_capped() {
+    // 100,000 × 1 MB would be 100 GB of prompt.
+    let (msg, took) =
+        render_err("{% set mb = 'x' * 1000000 %}{% for i in range(100000) %}{{ mb }}{% endfor %}");
+    assert!(msg.contains("limit") && msg.contains("MiB"), "{msg}");
+    assert!(took.as_secs_f64() < 10.0, "took {took:?}");
+    // Just under the cap is fine.
+    let n = MAX_RENDERED_BYTES / 1_000_000;
+    let src = format!(
+        "{{% set mb = 'x' * 1000000 %}}{{% for i in range({n}) %}}{{{{ mb }}}}{{% endfor %}}"
+    );
+    let out = ChatTemplate::new(src)
+        .unwrap()
+        .render(&[], false, None, None)
+        .unwrap();
+    assert_eq!(out.len(), n * 1_000_000);
+}

@@ -88,11 +88,7 @@ impl PreprocessorConfig {
     /// Reads `preprocessor_config.json` (JSON errors: [`Error::Json`]; fields of the wrong kind or
     /// size forms transformers' CLIP processor does not use: [`Error::Config`]).
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let json: Json = serde_json::from_str(&text).map_err(|source| Error::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let json: Json = crate::checkpoint::read_json(path)?;
         Self::from_json(&json).map_err(|msg| Error::Config(format!("{}: {msg}", path.display())))
     }
 

@@ -8,18 +8,41 @@ use std::path::Path;
 
 use image::{DynamicImage, ImageReader};
 
+use glance_core::io::{read_capped_with, MAX_IMAGE_FILE_BYTES};
 use glance_core::{Error, Result};
 
 /// Largest decoded image accepted by [`load_image`] / [`decode_image`] (64 Mi pixels = 8192²).
 pub const DEFAULT_MAX_PIXELS: u64 = 64 * 1024 * 1024;
 
-/// Reads and decodes an image file (PNG or JPEG) with the default pixel limit.
+/// Reads and decodes an image file (PNG or JPEG) with the default pixel limit. The file's first
+/// bytes must carry a PNG or JPEG signature (checked before anything else is read, so
+/// `/dev/zero` or a text file fails at once) and the file may hold at most
+/// [`MAX_IMAGE_FILE_BYTES`] ([`Error::TooLarge`] otherwise).
 pub fn load_image(path: &Path) -> Result<DynamicImage> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    decode_image(&bytes).map_err(|e| match e {
+    let named = |e: Error| match e {
         Error::Image(msg) => Error::Image(format!("{}: {msg}", path.display())),
         other => other,
-    })
+    };
+    let bytes =
+        read_capped_with(path, MAX_IMAGE_FILE_BYTES, "an image", check_signature).map_err(named)?;
+    decode_image(&bytes).map_err(named)
+}
+
+/// Accepts the leading bytes of a PNG or JPEG file (signature only).
+fn check_signature(head: &[u8]) -> Result<()> {
+    if head.is_empty() {
+        return Err(Error::Image("no image data (0 bytes)".into()));
+    }
+    match image::guess_format(head) {
+        Ok(image::ImageFormat::Png | image::ImageFormat::Jpeg) => Ok(()),
+        Ok(f) => Err(Error::Image(format!(
+            "unsupported image format {f:?} (expected PNG or JPEG)"
+        ))),
+        Err(_) => Err(Error::Image(format!(
+            "not a PNG or JPEG image (starts {:02x?})",
+            &head[..head.len().min(8)]
+        ))),
+    }
 }
 
 /// Decodes PNG or JPEG bytes with the default pixel limit ([`DEFAULT_MAX_PIXELS`]).

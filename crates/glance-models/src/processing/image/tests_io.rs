@@ -135,6 +135,40 @@ fn load_image_reports_the_path() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn load_image_reads_through_a_size_cap() {
+    let dir = std::env::temp_dir().join(format!("glance-image-cap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A sparse file with a PNG signature, one byte over the cap: refused from its size, unread.
+    let huge = dir.join("huge.png");
+    let mut head = png_header_only(10, 10);
+    head.truncate(16);
+    std::fs::write(&huge, &head).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&huge).unwrap();
+    f.set_len(glance_core::io::MAX_IMAGE_FILE_BYTES + 1)
+        .unwrap();
+    drop(f);
+    let e = load_image(&huge).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("huge.png") && msg.contains("MiB"), "{msg}");
+    // An empty file is named as such.
+    let empty = dir.join("empty.png");
+    std::fs::write(&empty, b"").unwrap();
+    let msg = is_image_err(load_image(&empty));
+    assert!(
+        msg.contains("empty.png") && msg.contains("0 bytes"),
+        "{msg}"
+    );
+    // An endless device fails on its first bytes (no signature), not after reading it all.
+    #[cfg(unix)]
+    {
+        let msg = is_image_err(load_image(std::path::Path::new("/dev/zero")));
+        assert!(msg.contains("not a PNG or JPEG"), "{msg}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Config
 // ---------------------------------------------------------------------------------------------
