@@ -14,13 +14,12 @@
 
 use crate::request::{ImageInput, Message, Part, Role};
 use base64::Engine as _;
+use glance_core::io::{read_capped, MAX_IMAGE_FILE_BYTES};
 use glance_core::{Error, Result};
+use glance_models::processing::image::read_image_bytes;
 use serde_json::Value;
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
-/// The largest image file or decoded `data:` URL accepted, in bytes.
-pub const MAX_IMAGE_BYTES: u64 = 32 << 20;
 /// The largest messages file accepted, in bytes.
 pub const MAX_MESSAGES_FILE_BYTES: u64 = 64 << 20;
 
@@ -66,7 +65,7 @@ pub fn parse_messages(json: &Value, sources: &ImageSources) -> Result<Vec<Messag
 /// Reads and parses a messages file (size-capped). Relative image paths are taken from the
 /// current directory, as `--image` paths are.
 pub fn read_messages_file(path: &Path, sources: &ImageSources) -> Result<Vec<Message>> {
-    let bytes = read_capped(path, MAX_MESSAGES_FILE_BYTES)?;
+    let bytes = read_capped(path, MAX_MESSAGES_FILE_BYTES, "a messages file")?;
     let json: Value = serde_json::from_slice(&bytes)
         .map_err(|e| Error::Input(format!("{}: not valid JSON: {e}", path.display())))?;
     parse_messages(&json, sources).map_err(|e| match e {
@@ -75,26 +74,10 @@ pub fn read_messages_file(path: &Path, sources: &ImageSources) -> Result<Vec<Mes
     })
 }
 
-/// Reads an image file through the size cap (a device such as /dev/zero or a huge file fails
-/// fast instead of filling memory).
+/// Reads an image file (PNG or JPEG signature checked first, size-capped: a device such as
+/// /dev/zero or a huge file fails fast instead of filling memory).
 pub fn read_image_file(path: &Path) -> Result<ImageInput> {
-    Ok(ImageInput::bytes(read_capped(path, MAX_IMAGE_BYTES)?))
-}
-
-fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(path, e))?;
-    if bytes.len() as u64 > limit {
-        return Err(Error::Input(format!(
-            "{}: larger than the {} MiB limit",
-            path.display(),
-            limit >> 20
-        )));
-    }
-    Ok(bytes)
+    Ok(ImageInput::bytes(read_image_bytes(path)?))
 }
 
 fn parse_message(m: &Value, sources: &ImageSources) -> Result<Message> {
@@ -212,10 +195,10 @@ fn decode_data_url(rest: &str) -> Result<ImageInput> {
         ));
     }
     // Base64 holds 3 bytes per 4 characters: refuse oversized data before decoding it.
-    if data.len() as u64 / 4 * 3 > MAX_IMAGE_BYTES {
+    if data.len() as u64 / 4 * 3 > MAX_IMAGE_FILE_BYTES {
         return Err(Error::Input(format!(
             "the image data is larger than the {} MiB limit",
-            MAX_IMAGE_BYTES >> 20
+            MAX_IMAGE_FILE_BYTES >> 20
         )));
     }
     let bytes = base64::engine::general_purpose::STANDARD
@@ -243,7 +226,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("glance-msg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("a.png");
-        std::fs::write(&file, [9u8, 8, 7]).unwrap();
+        let png = b"\x89PNG\r\n\x1a\n-not-decoded-here".to_vec();
+        std::fs::write(&file, &png).unwrap();
         let body = json!({"messages": [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": [
@@ -257,9 +241,9 @@ mod tests {
         let m = parse_messages(&body, &ImageSources::AnyFile).unwrap();
         assert_eq!(m.len(), 4);
         assert_eq!(m[0].role, Role::System);
-        assert_eq!(images(&m[1]), vec![vec![1, 2, 3], vec![9, 8, 7]]);
+        assert_eq!(images(&m[1]), vec![vec![1, 2, 3], png.clone()]);
         assert!(matches!(&m[1].content[2], Part::Text(t) if t == "Compare."));
-        assert_eq!(images(&m[3]), vec![vec![9, 8, 7]]);
+        assert_eq!(images(&m[3]), vec![png.clone()]);
         // Files only under an allowed directory.
         let under = ImageSources::FilesUnder(dir.clone());
         assert!(parse_messages(&body, &under).is_ok());
@@ -321,6 +305,6 @@ mod tests {
         let e = read_image_file(Path::new("/dev/zero"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("limit"), "{e}");
+        assert!(e.contains("not a PNG or JPEG"), "{e}");
     }
 }

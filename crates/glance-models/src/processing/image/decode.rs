@@ -19,13 +19,23 @@ pub const DEFAULT_MAX_PIXELS: u64 = 64 * 1024 * 1024;
 /// `/dev/zero` or a text file fails at once) and the file may hold at most
 /// [`MAX_IMAGE_FILE_BYTES`] ([`Error::TooLarge`] otherwise).
 pub fn load_image(path: &Path) -> Result<DynamicImage> {
-    let named = |e: Error| match e {
+    let bytes = read_image_bytes(path)?;
+    decode_image(&bytes).map_err(|e| named(path, e))
+}
+
+/// Reads an image file's bytes without decoding them, with [`load_image`]'s checks: a PNG or JPEG
+/// signature first, then at most [`MAX_IMAGE_FILE_BYTES`].
+pub fn read_image_bytes(path: &Path) -> Result<Vec<u8>> {
+    read_capped_with(path, MAX_IMAGE_FILE_BYTES, "an image", check_signature)
+        .map_err(|e| named(path, e))
+}
+
+/// An image error with the file's name in front.
+fn named(path: &Path, e: Error) -> Error {
+    match e {
         Error::Image(msg) => Error::Image(format!("{}: {msg}", path.display())),
         other => other,
-    };
-    let bytes =
-        read_capped_with(path, MAX_IMAGE_FILE_BYTES, "an image", check_signature).map_err(named)?;
-    decode_image(&bytes).map_err(named)
+    }
 }
 
 /// Accepts the leading bytes of a PNG or JPEG file (signature only).
