@@ -15,6 +15,7 @@
 //! `VarMap` under HF hub names, so export is a rename-free dump ([`export`]).
 //!
 //! Modules: [`config`] (sizes, presets, stages), [`params`] (init, parameter groups),
+//! [`metrics`] (the typed `metrics.jsonl` records),
 //! [`optim`] (AdamW + warm-up/cosine + global-norm clipping), [`data`] (world stream),
 //! [`step`] (losses), [`token_drop`] (training on pruned visual tokens), [`align`] (word–patch
 //! alignment of the projected tokens), [`trainer`] (the loop, checkpoints, resume), [`checkpoint`],
@@ -30,6 +31,7 @@ mod error;
 pub mod eval;
 pub mod export;
 pub mod heads;
+pub mod metrics;
 pub mod optim;
 pub mod packing;
 pub mod params;

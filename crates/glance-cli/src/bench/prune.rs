@@ -18,7 +18,7 @@
 //! Writes `prune.json`, `prune-ttft.svg` and (with accuracy) `prune-accuracy.svg` under `--out`.
 
 use crate::pipeline::Vlm;
-use crate::plot::{line_plot, write_svg, Axes, Series};
+use crate::plot::{write_line_plot, Axes, Series};
 use crate::threads;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
@@ -498,9 +498,10 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
             x_ticks: &ticks,
             log2_x: true,
         };
-        write_svg(
+        write_line_plot(
             &args.out.join("prune-ttft.svg"),
-            &line_plot(&axes, &series(&policies, &cells, |i| speed[i])),
+            &axes,
+            &series(&policies, &cells, |i| speed[i]),
         )?;
         if let Some(row) = v["rows"].as_array().and_then(|r| {
             r.iter()
@@ -553,12 +554,10 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
                 x_ticks: &ticks,
                 log2_x: true,
             };
-            write_svg(
+            write_line_plot(
                 &args.out.join("prune-accuracy.svg"),
-                &line_plot(
-                    &axes,
-                    &series(&policies, &cells, |i| target_mean(&scores[i])),
-                ),
+                &axes,
+                &series(&policies, &cells, |i| target_mean(&scores[i])),
             )?;
         }
     } else {
