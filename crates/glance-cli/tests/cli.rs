@@ -46,15 +46,24 @@ fn run_streams_text_and_json_reports_counts_and_timings() {
     assert_eq!(v["token_ids"].as_array().unwrap().len(), 6);
     assert_eq!(v["image_tokens"], 16);
     assert_eq!(v["finish_reason"], "length");
-    for k in [
-        "load_s",
-        "vision_encode_s",
-        "prefill_s",
-        "decode_s",
-        "decode_tokens_per_s",
-    ] {
-        assert!(v["timings"][k].as_f64().unwrap() >= 0.0, "{k}");
+    let t = |k: &str| {
+        v["timings"][k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("timings.{k} missing"))
+    };
+    for k in ["load_s", "vision_encode_s", "prefill_s", "decode_s"] {
+        assert!(t(k) > 0.0, "{k} = {}", t(k));
     }
+    // Time to first token covers the image and the prefill; throughput is the 5 tokens after
+    // the first over the decode time.
+    assert!(t("time_to_first_token_s") >= t("vision_encode_s") + t("prefill_s") - 1e-9);
+    let rate = 5.0 / t("decode_s");
+    assert!(
+        (t("decode_tokens_per_s") - rate).abs() <= 1e-6 * rate,
+        "{} tokens/s for 5 tokens in {} s",
+        t("decode_tokens_per_s"),
+        t("decode_s")
+    );
     // The streamed text is the JSON text plus the final newline.
     assert_eq!(streamed, format!("{}\n", v["text"].as_str().unwrap()));
 }
