@@ -131,6 +131,15 @@ fn open_metrics(dir: &Path) -> Result<(String, std::io::BufReader<std::fs::File>
     Ok((dir.display().to_string(), std::io::BufReader::new(file)))
 }
 
+/// `v` with `decimals` decimals, or in scientific notation when that would be long.
+fn number(v: f64, decimals: usize) -> String {
+    if v.is_finite() && v.abs() >= 1e6 {
+        format!("{v:.2e}")
+    } else {
+        format!("{v:.decimals$}")
+    }
+}
+
 pub fn run(a: CurveArgs) -> Result<()> {
     let readers = a
         .runs
@@ -151,15 +160,15 @@ pub fn run(a: CurveArgs) -> Result<()> {
     println!();
     for p in &pts {
         print!(
-            "{:>8.1} {:>7} {:>6} {:>6.3}",
-            p.minutes,
+            "{:>8} {:>7} {:>6} {:>6}",
+            number(p.minutes, 1),
             p.stage.name(),
             p.step,
-            p.mean
+            number(p.mean, 3)
         );
         for (_, s) in &p.families {
             match s {
-                Some(s) => print!(" {s:>11.3}"),
+                Some(s) => print!(" {:>11}", number(*s, 3)),
                 None => print!(" {:>11}", "-"),
             }
         }

@@ -114,20 +114,33 @@ pub struct FamilyResult {
 /// Why a line of `metrics.jsonl` could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("line {line}: {source}")]
-    Io {
-        line: usize,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("line {line}: {error}")]
+    Io { line: usize, error: std::io::Error },
     #[error("line {line}: longer than {max} bytes (not a metrics.jsonl?)", max = MAX_LINE_BYTES)]
     LineTooLong { line: usize },
-    #[error("line {line}: not a metrics record: {source}")]
+    /// Not JSON, or not a record: `message` is the parser's, `column` where it stopped.
+    #[error("line {line}, column {column}: not a metrics record: {message}")]
     Parse {
         line: usize,
-        #[source]
-        source: serde_json::Error,
+        column: usize,
+        message: String,
     },
+}
+
+impl MetricsError {
+    fn parse(line: usize, e: &serde_json::Error) -> Self {
+        let message = e.to_string();
+        // The parser's own position is within the one line: keep only the column.
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        MetricsError::Parse {
+            line,
+            column: e.column(),
+            message: message
+                .strip_suffix(&suffix)
+                .unwrap_or(&message)
+                .to_string(),
+        }
+    }
 }
 
 /// The records of a `metrics.jsonl` stream with their 1-based line numbers, blank lines
@@ -163,9 +176,9 @@ impl<R: BufRead> Iterator for Records<R> {
                 .read_until(b'\n', &mut self.buf)
             {
                 Ok(n) => n,
-                Err(source) => {
+                Err(error) => {
                     self.done = true;
-                    return Some(Err(MetricsError::Io { line, source }));
+                    return Some(Err(MetricsError::Io { line, error }));
                 }
             };
             if n == 0 {
@@ -183,9 +196,9 @@ impl<R: BufRead> Iterator for Records<R> {
             }
             return Some(match serde_json::from_slice(&self.buf) {
                 Ok(r) => Ok((line, r)),
-                Err(source) => {
+                Err(e) => {
                     self.done = true;
-                    Err(MetricsError::Parse { line, source })
+                    Err(MetricsError::parse(line, &e))
                 }
             });
         }
@@ -299,8 +312,9 @@ mod tests {
         ] {
             let e = read(&text).unwrap_err();
             let msg = e.to_string();
-            assert!(msg.starts_with(&format!("line {line}:")), "{msg}");
+            assert!(msg.starts_with(&format!("line {line}, column ")), "{msg}");
             assert!(msg.contains(needle), "{msg}");
+            assert!(!msg.contains(" at line "), "{msg}");
         }
     }
 
