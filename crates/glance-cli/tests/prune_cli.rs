@@ -52,6 +52,11 @@ fn run_prunes_visual_tokens_and_reports_them() {
         // Pre-LLM policies spend time selecting; FastV selects inside the prefill.
         let select = v["timings"]["prune_select_s"].as_f64().unwrap();
         assert_eq!(select > 0.0, policy != "fastv", "{policy}: {select}");
+        let t = |k: &str| v["timings"][k].as_f64().unwrap();
+        assert!(
+            t("time_to_first_token_s") >= t("prune_select_s") + t("prefill_s") - 1e-9,
+            "{policy}: TTFT covers selection and prefill"
+        );
     }
     // A bare budget means adaptive; keeping everything is exactly the unpruned answer.
     let v = run_json(&["--max-new-tokens", "6", "--prune", "0.5"]);
@@ -138,7 +143,21 @@ fn bench_prune_writes_ttft_accuracy_json_and_plots() {
         assert!(r["families"]["counting"]["questions"].as_u64().unwrap() == 1);
     }
     let svg = std::fs::read_to_string(out.join("prune-accuracy.svg")).unwrap();
-    assert_eq!(svg.matches("<polyline").count(), 4, "one line per policy");
+    // One 2-px line per policy (axes, ticks and legend keys are drawn thinner), each named.
+    assert_eq!(
+        svg.matches(r#"stroke-width="2" points"#).count(),
+        4,
+        "one line per policy"
+    );
+    for name in [
+        "adaptive",
+        "saliency",
+        "fastv",
+        "hier",
+        "visual tokens kept",
+    ] {
+        assert!(svg.contains(&format!(">\n{name}\n</text>")), "{name}");
+    }
     let o = glance(&[
         "bench",
         "prune",

@@ -12,6 +12,7 @@ use common::{fixtures, max_abs};
 use glance_core::SamplingParams;
 use glance_decode::{generate, GenerateConfig, Sampler};
 use glance_models::llava::Llava;
+use glance_models::text::TextArch;
 use glance_nn::{AttnMask, CausalLm};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -134,12 +135,26 @@ fn greedy_generation_matches_transformers_and_cached_equals_recomputed() {
 #[test]
 fn kv_cache_prefill_in_chunks_equals_one_pass() {
     // Feeding the prompt in three chunks through the cache gives the logits of one uncached pass.
-    let c = &cases()[3]; // a mistral case: the sliding window must hold across chunk boundaries
+    // A Mistral case: the sliding window must hold across chunk boundaries.
+    let cases = cases();
+    let c = cases
+        .iter()
+        .find(|c| {
+            let t = &c.model.config().text;
+            t.arch == TextArch::Mistral && t.layer_windows.iter().any(Option::is_some)
+        })
+        .expect("a Mistral fixture with a sliding window");
     let input_ids = ids(&c.t["input_ids"]);
     let enc = c.model.encode_image(&c.t["pixel_values"]).unwrap();
     let emb = c.model.embed_prompt(&input_ids, &[&enc.features]).unwrap();
     let text = c.model.text();
     let n = input_ids.len();
+    let window = c.model.config().text.layer_windows.iter().flatten().min();
+    assert!(
+        window.is_some_and(|&w| w < n - 10),
+        "{}: window {window:?} is not crossed by a {n}-token prompt",
+        c.name
+    );
     let mut cache = text.new_cache();
     let mut outs = Vec::new();
     for (a, b) in [(0, 10), (10, 31), (31, n)] {

@@ -2,7 +2,7 @@
 //! (`fixtures/manifest.json`): chat-template rendering, prompt tokenisation with image-token
 //! expansion, and decoding of the greedy outputs.
 //!
-//! Skips (with a message) when `fixtures/manifest.json` is absent.
+//! The fixtures are committed: a missing `fixtures/manifest.json` is a failure, not a skip.
 
 use std::path::{Path, PathBuf};
 
@@ -16,13 +16,11 @@ fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
-fn manifest() -> Option<Json> {
+fn manifest() -> Json {
     let path = fixtures_dir().join("manifest.json");
-    if !path.is_file() {
-        eprintln!("skipping: {} not found", path.display());
-        return None;
-    }
-    Some(serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap())
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{} (committed fixture): {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn ids_of(value: &Json) -> Vec<u32> {
@@ -57,7 +55,7 @@ fn processor(model: &str) -> TextProcessor {
 
 #[test]
 fn chat_templates_render_and_tokenize_like_transformers() {
-    let Some(manifest) = manifest() else { return };
+    let manifest = manifest();
     let chats = manifest["chat"].as_array().unwrap();
     assert!(!chats.is_empty());
     for chat in chats {
@@ -123,7 +121,7 @@ fn chat_templates_render_and_tokenize_like_transformers() {
 
 #[test]
 fn prompts_tokenize_like_transformers() {
-    let Some(manifest) = manifest() else { return };
+    let manifest = manifest();
     let cases = manifest["cases"].as_array().unwrap();
     assert!(!cases.is_empty());
     for case in cases {
@@ -150,12 +148,14 @@ fn prompts_tokenize_like_transformers() {
 
 #[test]
 fn greedy_outputs_decode_like_transformers() {
-    let Some(manifest) = manifest() else { return };
+    let manifest = manifest();
+    let mut checked = 0;
     for case in manifest["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let Some(greedy_text) = case.get("greedy_text").and_then(Json::as_str) else {
             continue;
         };
+        checked += 1;
         let p = processor(case["model"].as_str().unwrap());
         let tensors = fixtures_dir().join(case["tensors"].as_str().unwrap());
         let greedy = read_ids(&tensors, "greedy_ids");
@@ -182,4 +182,5 @@ fn greedy_outputs_decode_like_transformers() {
             );
         }
     }
+    assert!(checked > 0, "no fixture case has a greedy_text");
 }

@@ -1,9 +1,9 @@
 //! Batch-1 decode kernel: `y = W x` for one row, split over output rows across the current rayon
 //! pool, with an AVX2 + FMA dot product when the CPU has it.
 //!
-//! Decode is memory-bound: each step streams every weight once. candle's GEMM gains nothing from
-//! a second thread on a matrix-vector product (ENGINEERING.md §1); this kernel reads each weight
-//! row exactly once, contiguously, on as many threads as the pool has.
+//! Decode is memory-bound: each step streams every weight once. candle's GEMM gains nothing from a
+//! second thread on a matrix-vector product (measured on the decode shapes); this kernel reads each
+//! weight row exactly once, contiguously, on as many threads as the pool has.
 
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;

@@ -11,11 +11,11 @@
 //! | `random` | a seeded uniform sample | — |
 //! | `pool` | `k` means over a uniform partition of the patch grid | — |
 //! | `saliency` | top-`k` by [CLS]→patch attention (or [CLS] cosine) | FasterVLM, VisionZip |
-//! | `text` | top-`k` by relevance to the question's pre-LLM embeddings | seed 004 §2.2 |
-//! | `mix` | a fixed split (default ½ / ½) of the two rankings | seed 004 §3 |
-//! | `adaptive` | the self-adaptive split of the two rankings | seed 004 (AdaFV / SACMAM) |
+//! | `text` | top-`k` by relevance to the question's pre-LLM embeddings | AdaFV (text relevance) |
+//! | `mix` | a fixed split (default ½ / ½) of the two rankings | AdaFV (fixed-ratio baseline) |
+//! | `adaptive` | the self-adaptive split of the two rankings | AdaFV (self-adaptive mixture) |
 //! | `fastv` | inside the LLM: after layer `l`, top-`k` by attention from the last row | FastV |
-//! | `hier` | saliency → k-means of important tokens + grid means of the rest | seed 000 §3.1 |
+//! | `hier` | saliency → k-means of important tokens + grid means of the rest | ViSpec (hierarchical) |
 //!
 //! Every policy but `fastv` runs before the LLM ([`Pruner`]); `fastv` is a prefill strategy
 //! ([`fastv::prefill`]). [`prefill_llava`] does the whole job for a LLaVA model: select, splice the

@@ -4,7 +4,7 @@
 //!   numbers allow ([`grid_windows`]: row bands, each cut into equal column cells; a band count
 //!   dividing `k` with near-square windows is preferred, so 576 → 144 is 2×2 pooling), and each
 //!   window becomes the mean of its projected tokens.
-//! * **`hier`** (seed 000 §3.1, hierarchical compression): the `m = 2⌈k/2⌉` most salient tokens are
+//! * **`hier`** (ViSpec's hierarchical compression): the `m = 2⌈k/2⌉` most salient tokens are
 //!   clustered by k-means (in the projected space, initialised at the most salient tokens,
 //!   deterministic) and each cluster becomes its mean; the remaining tokens are mean-pooled inside
 //!   the `⌊k/2⌋` windows of [`grid_windows`]; windows that hold none of them are dropped and the
@@ -32,7 +32,7 @@ impl Pruner for Pool {
     }
 }
 
-/// Seed 000's hierarchical compression (module docs).
+/// ViSpec's hierarchical compression (module docs).
 #[derive(Debug, Clone)]
 pub struct Hier {
     pub tau: f32,

@@ -1,15 +1,17 @@
 //! Subset policies: `random`, `saliency`, `text`, `mix` and `adaptive` keep `k` of the tokens
 //! unchanged.
 //!
-//! **The self-adaptive split** (seed 004, "SACMAM"). With the saliency ranking `S` and the
-//! relevance ranking `T` (both distributions over the tokens, [`crate::signals`]), the candidate
-//! set for a split `i + j = k` is `U(i) = S[..i] ∪ T[..j]` (duplicates merged). Its objective is
-//! the geometric mean of the two masses it covers, `sqrt(s(U) · t(U))`, where `s(U)` sums the
-//! saliency of *every* token in `U` (also those chosen for relevance) and likewise `t(U)`; the
-//! square root is monotone, so the product is maximised. Counting coverage over the union (rather
-//! than only each list's own prefix) makes duplicated picks cost budget, and makes the split reduce
-//! to pure saliency when relevance is flat (`t(U) = |U| / n` is then the same for every full set,
-//! and the saliency top-`k` maximises `s`) and to pure relevance when saliency is flat.
+//! **The self-adaptive split** (AdaFV, "adaptive visual-token compression with saliency and text
+//! relevance": its self-adaptive cross-modality attention mixture). With the saliency ranking `S`
+//! and the relevance ranking `T` (both distributions over the tokens, [`crate::signals`]), the
+//! candidate set for a split `i + j = k` is `U(i) = S[..i] ∪ T[..j]` (duplicates merged). Its
+//! objective is the geometric mean of the two masses it covers, `sqrt(s(U) · t(U))`, where `s(U)`
+//! sums the saliency of *every* token in `U` (also those chosen for relevance) and likewise `t(U)`;
+//! the square root is monotone, so the product is maximised. Counting coverage over the union
+//! (rather than only each list's own prefix) makes duplicated picks cost budget, and makes the
+//! split reduce to pure saliency when relevance is flat (`t(U) = |U| / n` is then the same for
+//! every full set, and the saliency top-`k` maximises `s`) and to pure relevance when saliency is
+//! flat.
 //!
 //! Search: both rankings are sorted once (O(n log n)); moving from `i` to `i + 1` adds `S[i]` and
 //! drops `T[j - 1]`, which a per-token membership count updates in O(1); so all `k + 1` splits
@@ -103,7 +105,7 @@ impl Pruner for Mix {
     }
 }
 
-/// The self-adaptive split of seed 004 (see the module docs).
+/// AdaFV's self-adaptive split (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Adaptive {
     pub tau: f32,

@@ -1,5 +1,6 @@
-//! The two signals of seed 004, each made a probability distribution over the `n` candidate tokens
-//! so that they are comparable before mixing.
+//! The two signals of AdaFV's adaptive compression (saliency and text relevance), each made a
+//! probability distribution over the `n` candidate tokens so that they are comparable before
+//! mixing.
 //!
 //! * **Saliency** (what the image itself finds important): the vision tower's [CLS]→patch attention
 //!   at the feature layer, averaged over heads and renormalised over the candidates (FasterVLM /

@@ -2,11 +2,14 @@
 //! sliding window + `full` features, i.e. [CLS] among the image tokens; Qwen2 + tied embeddings):
 //! keep-all is exactly the unpruned prefill (identical logits) for every policy, pruned prompts
 //! keep their position ids, the KV cache holds only kept rows, FastV's deeper layers hold fewer
-//! rows, and greedy generation runs end to end.
+//! rows, and greedy generation after pruning is the greedy generation of the kept rows recomputed
+//! without a cache (first token, EOS handling, and token by token for the pre-LLM policies).
 
 use candle_core::Device;
 use glance_core::SamplingParams;
-use glance_decode::{Autoregressive, DecodeStrategy, GenerateConfig, Prefilled, Sampler};
+use glance_decode::{
+    Autoregressive, DecodeStrategy, FinishReason, GenerateConfig, Generation, Prefilled, Sampler,
+};
 use glance_models::llava::{ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PromptFormat};
 use glance_models::processing::image::load_image;
 use glance_nn::CausalLm;
@@ -77,16 +80,28 @@ fn last_logits(c: &Case, s: &Prefilled) -> Vec<f32> {
         .unwrap()
 }
 
-fn greedy(c: &Case, state: Prefilled, n: usize) -> Vec<u32> {
+fn generate(c: &Case, state: Prefilled, n: usize, eos_token_ids: Vec<u32>) -> Generation {
     let config = GenerateConfig {
         max_new_tokens: n,
-        eos_token_ids: vec![],
+        eos_token_ids,
     };
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
     Autoregressive
         .decode(c.model.text(), state, sampler, &config, &mut |_| Ok(false))
         .unwrap()
-        .tokens
+}
+
+fn greedy(c: &Case, state: Prefilled, n: usize) -> Vec<u32> {
+    generate(c, state, n, vec![]).tokens
+}
+
+/// Index of the largest logit (written here, independent of the sampler).
+fn argmax(xs: &[f32]) -> u32 {
+    let best = xs
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > xs[b] { i } else { b });
+    best as u32
 }
 
 #[test]
@@ -166,8 +181,20 @@ fn pruned_generation_runs_end_to_end() {
                         );
                     }
                 }
-                let tokens = greedy(&c, got.state, 5);
-                assert_eq!(tokens.len(), 5, "{} {p} {budget}", c.name);
+                let first = argmax(&last_logits(&c, &got.state));
+                let g = generate(&c, got.state, 5, vec![]);
+                assert_eq!(g.finish, FinishReason::Length, "{} {p} {budget}", c.name);
+                assert_eq!(g.tokens.len(), 5, "{} {p} {budget}", c.name);
+                assert_eq!(g.tokens[0], first, "{} {p} {budget}: first token", c.name);
+                if budget == Budget::Ratio(0.5) {
+                    // The same generation with its third token as EOS stops at that token's
+                    // first occurrence.
+                    let eos = g.tokens[2];
+                    let stop = g.tokens.iter().position(|&t| t == eos).unwrap();
+                    let again = generate(&c, prefill(&c, &spec).state, 5, vec![eos]);
+                    assert_eq!(again.finish, FinishReason::Eos, "{} {p}", c.name);
+                    assert_eq!(again.tokens, g.tokens[..=stop], "{} {p}", c.name);
+                }
             }
         }
     }
@@ -237,5 +264,20 @@ fn pre_llm_pruning_is_the_unpruned_prompt_restricted_to_kept_rows() {
             "{}",
             c.name
         );
+        // Decoding on the pruned cache: each greedy token is the one the kept rows plus the
+        // tokens so far give when recomputed from scratch at their positions.
+        let text = c.model.text();
+        let mut seq = full.index_select(&idx, 0).unwrap();
+        let mut pos = positions.clone();
+        let mut want_tokens = Vec::new();
+        for _ in 0..4 {
+            let s = glance_decode::prefill(text, &seq, &pos).unwrap();
+            let next = argmax(&last_logits(&c, &s));
+            want_tokens.push(next);
+            let x = text.embed_tokens(&[next]).unwrap();
+            seq = candle_core::Tensor::cat(&[&seq, &x], 0).unwrap();
+            pos.push(pos.last().unwrap() + 1);
+        }
+        assert_eq!(greedy(&c, got.state, 4), want_tokens, "{}", c.name);
     }
 }

@@ -1,6 +1,6 @@
 //! Word–patch alignment of the projected visual tokens (an auxiliary loss of the QA stages).
 //!
-//! Text-relevance pruning (`text`, `mix`, `adaptive`; seed 004 §2.2) ranks visual tokens by the
+//! Text-relevance pruning (`text`, `mix`, `adaptive`; after AdaFV) ranks visual tokens by the
 //! cosine between the question's pre-LLM word embeddings and the projected visual tokens. That
 //! only works when the two are aligned: a projected patch of a red star must point towards the
 //! embeddings of "red" and "star", and words that name nothing in the image ("what", "the") must

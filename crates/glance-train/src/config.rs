@@ -70,7 +70,7 @@ impl ModelSpec {
     }
 
     /// glance-tiny: ViT 4L d192, decoder 4L d256 (≈5.5M parameters), the size of the PyTorch
-    /// experiment in ENGINEERING §6.
+    /// prototype of this recipe.
     pub fn base() -> Self {
         Self {
             patch_size: 14,
@@ -237,7 +237,7 @@ pub struct OptimSpec {
 }
 
 impl OptimSpec {
-    /// AdamW (0.9, 0.95), wd 0.05, clip 1.0, cosine to 10% (the §6 experiment's settings).
+    /// AdamW (0.9, 0.95), wd 0.05, clip 1.0, cosine to 10% (the PyTorch prototype's settings).
     pub fn with_lr(lr: f64, warmup: u64) -> Self {
         Self {
             lr,

@@ -15,6 +15,7 @@
 //! `VarMap` under HF hub names, so export is a rename-free dump ([`export`]).
 //!
 //! Modules: [`config`] (sizes, presets, stages), [`params`] (init, parameter groups),
+//! [`metrics`] (the typed `metrics.jsonl` records),
 //! [`optim`] (AdamW + warm-up/cosine + global-norm clipping), [`data`] (world stream),
 //! [`step`] (losses), [`token_drop`] (training on pruned visual tokens), [`align`] (word–patch
 //! alignment of the projected tokens), [`trainer`] (the loop, checkpoints, resume; validation
@@ -28,6 +29,7 @@ pub mod data;
 mod error;
 pub mod export;
 pub mod heads;
+pub mod metrics;
 pub mod optim;
 pub mod packing;
 pub mod params;

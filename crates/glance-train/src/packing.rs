@@ -1,12 +1,12 @@
 //! Packing several QA turns about one image into one training sequence.
 //!
-//! Layout: one shared prefix (`<s> USER : <image>×N`), then each turn as an *independent*
-//! segment (`question ASSISTANT : answer </s>`). The mask is block-diagonal over the segments:
-//! every row sees the prefix and, causally, its own segment only; positions restart at the end of
-//! the prefix for every segment. Each segment is therefore exactly the single-turn prompt the
-//! model sees at inference (`USER: <image>\n{q} ASSISTANT:`), and the answer rows are trained as
-//! if the turn were asked cold (ENGINEERING §6: plain causal multi-turn packing taught the model
-//! that a description only follows other turns).
+//! Layout: one shared prefix (`<s> USER : <image>×N`), then each turn as an *independent* segment
+//! (`question ASSISTANT : answer </s>`). The mask is block-diagonal over the segments: every row
+//! sees the prefix and, causally, its own segment only; positions restart at the end of the prefix
+//! for every segment. Each segment is therefore exactly the single-turn prompt the model sees at
+//! inference (`USER: <image>\n{q} ASSISTANT:`), and the answer rows are trained as if the turn were
+//! asked cold (in the PyTorch prototype, plain causal multi-turn packing taught the model that a
+//! description only follows other turns).
 
 use crate::{Result, TrainError};
 use candle_core::{Device, Tensor};

@@ -4,7 +4,7 @@
 //! * `model/` — the HF LLaVA directory (config and tokenizer written at the start; weights after
 //!   every stage and at the end);
 //! * `checkpoint.safetensors` — the latest checkpoint ([`crate::checkpoint`]);
-//! * `metrics.jsonl` — one JSON line per step and per validation.
+//! * `metrics.jsonl` — one JSON line per step and per validation ([`crate::metrics::Record`]).
 //!
 //! Determinism: initial weights are a function of the seed; the data stream of the train-split
 //! cursor; everything else (curriculum, schedule) of the step. A run stopped after step k and
@@ -14,6 +14,7 @@ use crate::checkpoint::{self, TrainState};
 use crate::config::{Budget, Stage, StageSpec, TrainConfig};
 use crate::data::WorldData;
 use crate::export::{write_model_files, write_weights};
+use crate::metrics::{EvalRecord, Record, StepRecord};
 use crate::optim::AdamW;
 use crate::params::TrainModel;
 use crate::step::{batch_grads, drop_plans, image_turns, AlignBatch, Batch};
@@ -22,7 +23,6 @@ use candle_core::Device;
 use glance_engine::eval::{evaluate, EvalOptions, EvalReport, SHORT_MAX_NEW_TOKENS};
 use glance_engine::{Engine, EngineOptions};
 use glance_world::Split;
-use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -171,9 +171,10 @@ impl Trainer {
         )
     }
 
-    fn log(&mut self, v: serde_json::Value) -> Result<()> {
+    fn log(&mut self, record: &Record) -> Result<()> {
+        let line = serde_json::to_string(record)?;
         let path = self.out.join("metrics.jsonl");
-        writeln!(self.metrics, "{v}").map_err(|e| TrainError::io(path, e))
+        writeln!(self.metrics, "{line}").map_err(|e| TrainError::io(path, e))
     }
 
     /// Writes the checkpoint of the current state.
@@ -230,7 +231,7 @@ impl Trainer {
         }
         let r = self.evaluate()?;
         obs.eval(stage, step, &r);
-        self.log(json!({"kind": "eval", "stage": stage, "step": step, "report": r}))
+        self.log(&Record::Eval(EvalRecord::new(stage, step, &r)?))
     }
 
     /// Trains until every stage is done (then exports) or until `stop_after` steps were taken in
@@ -384,15 +385,21 @@ impl Trainer {
             seconds,
             metrics: batch.metrics.iter().map(|m| (m.name, m.value())).collect(),
         };
-        let m: serde_json::Map<String, serde_json::Value> = report
-            .metrics
-            .iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect();
-        self.log(json!({
-            "kind": "step", "stage": spec.stage, "step": report.step, "loss": loss, "lr": stats.lr,
-            "grad_norm": stats.grad_norm, "images": report.images, "units": report.units,
-            "seconds": seconds, "max_objects": max_objects, "metrics": m,
+        self.log(&Record::Step(StepRecord {
+            stage: spec.stage,
+            step: report.step,
+            loss,
+            lr: stats.lr,
+            grad_norm: stats.grad_norm,
+            images: report.images,
+            units: report.units,
+            seconds,
+            max_objects,
+            metrics: report
+                .metrics
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
         }))?;
         Ok(report)
     }

@@ -54,11 +54,6 @@ impl WorldRng {
         lo + self.below((hi - lo + 1) as usize) as i64
     }
 
-    /// Uniform float in `[0, 1)` with 24 random bits.
-    pub fn unit_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
     /// `true` with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
         ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p

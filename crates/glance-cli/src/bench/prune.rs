@@ -21,7 +21,7 @@
 //! At 100% every policy is the unpruned prefill (tested exactly), so that row is run once.
 //! Writes `prune.json`, `prune-ttft.svg` and (with accuracy) `prune-accuracy.svg` under `--out`.
 
-use crate::plot::{line_plot, write_svg, Axes, Series};
+use crate::plot::{write_line_plot, Axes, Series};
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Args;
@@ -440,9 +440,10 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
             x_ticks: &ticks,
             log2_x: true,
         };
-        write_svg(
+        write_line_plot(
             &args.out.join("prune-ttft.svg"),
-            &line_plot(&axes, &series(&policies, &cells, |i| speed[i])),
+            &axes,
+            &series(&policies, &cells, |i| speed[i]),
         )?;
         report["shape_ttft"] = v;
     }
@@ -490,12 +491,10 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
                 x_ticks: &ticks,
                 log2_x: true,
             };
-            write_svg(
+            write_line_plot(
                 &args.out.join("prune-accuracy.svg"),
-                &line_plot(
-                    &axes,
-                    &series(&policies, &cells, |i| mean_accuracy(&scores[i])),
-                ),
+                &axes,
+                &series(&policies, &cells, |i| mean_accuracy(&scores[i])),
             )?;
         }
     } else {

@@ -63,17 +63,6 @@ impl Filter {
         }
     }
 
-    /// The PIL code of this filter.
-    pub fn pil_code(self) -> i64 {
-        match self {
-            Filter::Lanczos => 1,
-            Filter::Bilinear => 2,
-            Filter::Bicubic => 3,
-            Filter::Box => 4,
-            Filter::Hamming => 5,
-        }
-    }
-
     fn support(self) -> f64 {
         match self {
             Filter::Box => 0.5,
