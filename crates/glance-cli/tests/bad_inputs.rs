@@ -266,6 +266,12 @@ fn invalid_configs() {
             "num_hidden_layers",
         ),
         (
+            "layers-fewer-than-the-checkpoint",
+            MODEL,
+            |v| v["text_config"]["num_hidden_layers"] = json!(1),
+            "more decoder layers",
+        ),
+        (
             "hidden-0",
             MODEL,
             |v| v["text_config"]["hidden_size"] = json!(0),

@@ -147,6 +147,17 @@ impl TextModel {
             (c.vocab_size, c.hidden_size),
             "weight",
         )?;
+        // A config that declares fewer layers than the checkpoint holds would silently run a
+        // truncated model.
+        let extra = format!("layers.{}.input_layernorm.weight", c.num_layers);
+        if vb.contains_tensor(&extra) {
+            return Err(Error::Config(format!(
+                "the checkpoint holds more decoder layers than num_hidden_layers = {} in \
+                 config.json (it has `{}`)",
+                c.num_layers,
+                vb.pp(&extra).prefix()
+            )));
+        }
         let layers = (0..c.num_layers)
             .map(|i| {
                 let lv = vb.pp(format!("layers.{i}"));
