@@ -9,6 +9,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
+use glance_models::processing::image::png_header_only;
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -116,43 +117,6 @@ fn sparse_file(path: &Path, head: &[u8], len: u64) {
     f.set_len(len).unwrap();
 }
 
-/// A PNG declaring a `w` × `h` RGB image: signature, IHDR, an IDAT far too short for it, IEND.
-fn png_header(w: u32, h: u32) -> Vec<u8> {
-    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
-        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let body: Vec<u8> = kind.iter().chain(data).copied().collect();
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&crc32(&body).to_be_bytes());
-    }
-    let mut ihdr = Vec::new();
-    ihdr.extend_from_slice(&w.to_be_bytes());
-    ihdr.extend_from_slice(&h.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    chunk(&mut out, b"IHDR", &ihdr);
-    let empty_zlib = [
-        0x78, 0x01, 0x01, 0x00, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
-    ];
-    chunk(&mut out, b"IDAT", &empty_zlib);
-    chunk(&mut out, b"IEND", &[]);
-    out
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
 #[test]
 fn bad_images() {
     let d = scratch("bad-images");
@@ -179,7 +143,7 @@ fn bad_images() {
         ),
         (
             "huge-dims.png",
-            png_header(200_000, 200_000),
+            png_header_only(200_000, 200_000),
             "over the limit",
         ),
     ];
@@ -190,7 +154,7 @@ fn bad_images() {
     }
     // A 3 GB file named .png (sparse): refused from its size, never read.
     let big = d.join("big.png");
-    sparse_file(&big, &png_header(64, 64), 3 << 30);
+    sparse_file(&big, &png_header_only(64, 64), 3 << 30);
     let err = expect_failure("3 GB png", &run_args(s(&model), s(&big), &[]), "limit");
     assert!(err.contains("big.png") && err.contains("MiB"), "{err}");
     // Endless and odd files.

@@ -40,7 +40,8 @@ use glance_core::{Error, Result};
 
 pub use config::{CropSize, PreprocessorConfig, ResizeTo, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD};
 pub use decode::{
-    decode_image, decode_image_with_limit, load_image, read_image_bytes, DEFAULT_MAX_PIXELS,
+    decode_image, decode_image_with_limit, load_image, png_header_only, read_image_bytes,
+    DEFAULT_MAX_PIXELS,
 };
 pub use resample::{resize_u8, vertical_first, Filter, PRECISION_BITS};
 

@@ -63,47 +63,6 @@ fn bad_bytes_are_clear_errors() {
     assert!(decode_image(&padded).is_ok());
 }
 
-/// A PNG claiming `w x h` RGB 8-bit: signature, IHDR, a tiny IDAT (one empty stored zlib
-/// block: far too little data) and IEND, all with valid CRCs.
-fn png_header_only(w: u32, h: u32) -> Vec<u8> {
-    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
-        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let body: Vec<u8> = kind.iter().chain(data).copied().collect();
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&crc32(&body).to_be_bytes());
-    }
-    let mut ihdr = Vec::new();
-    ihdr.extend_from_slice(&w.to_be_bytes());
-    ihdr.extend_from_slice(&h.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    chunk(&mut out, b"IHDR", &ihdr);
-    chunk(
-        &mut out,
-        b"IDAT",
-        &[
-            0x78, 0x01, 0x01, 0x00, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
-        ],
-    );
-    chunk(&mut out, b"IEND", &[]);
-    out
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
 #[test]
 fn zero_sized_and_oversized_images_are_rejected() {
     for (w, h) in [(0, 10), (10, 0)] {
