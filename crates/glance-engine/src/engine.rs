@@ -33,6 +33,7 @@ use glance_models::llava::{
 use glance_models::processing::chat::{ChatMessage, ContentPart};
 use glance_models::processing::image::decode_image_with_limit;
 use glance_nn::{AttnMask, CausalLm};
+use glance_prune::PruneSpec;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,6 +67,24 @@ struct Rendered<'a> {
     /// The text query pruning policies read (every message's text).
     query: String,
     images: Vec<&'a ImageInput>,
+}
+
+/// What the prefill step did.
+struct PrefillOutcome {
+    state: Prefilled,
+    /// Visual tokens kept by pruning (`None`: every one).
+    kept_visual: Option<usize>,
+    select: Duration,
+    /// Rows reused from the prefix cache and what computing them first cost.
+    prefix_rows: usize,
+    prefix_cost: Duration,
+}
+
+/// The decoded answer.
+struct Streamed {
+    generation: glance_decode::Generation,
+    text: String,
+    finish: FinishReason,
 }
 
 /// An image after the encoding step.
@@ -220,37 +239,91 @@ impl Engine {
                 vision += e.entry.vision;
             }
         }
-        let ids = &rendered.prompt.ids;
-        let plan = self.plan(ids, &encoded)?;
+        let plan = self.plan(&rendered.prompt.ids, &encoded)?;
         let visual_tokens = plan.visual_tokens();
+        let prefilled = self.prefill(plan, &encoded, &rendered.query, prune)?;
+        saved += prefilled.prefix_cost;
+        let prompt_rows = prefilled.state.prompt_len();
+        let before_prefill = start.elapsed() - prefilled.state.elapsed;
+        let streamed = self.decode(request, prefilled.state, on_event)?;
+        let generation = streamed.generation;
+        let prefill = generation.prefill;
+        let select = prefilled.select;
+        Ok(Response {
+            text: streamed.text,
+            usage: Usage {
+                prompt_tokens: rendered.prompt.ids.len(),
+                visual_tokens,
+                kept_visual_tokens: prefilled.kept_visual.unwrap_or(visual_tokens),
+                prompt_rows,
+                completion_tokens: generation.tokens.len(),
+            },
+            timings: Timings {
+                preprocess_s: before_prefill.saturating_sub(vision + select).as_secs_f64(),
+                vision_s: vision.as_secs_f64(),
+                prune_select_s: select.as_secs_f64(),
+                prefill_s: prefill.as_secs_f64(),
+                time_to_first_token_s: (before_prefill + prefill).as_secs_f64(),
+                decode_s: generation.decode.as_secs_f64(),
+                decode_tokens_per_s: generation.decode_tokens_per_sec(),
+                cache_saved_s: saved.as_secs_f64(),
+            },
+            cache: CacheUse {
+                image_hits,
+                prefix_rows: prefilled.prefix_rows,
+            },
+            token_ids: generation.tokens,
+            finish_reason: streamed.finish,
+            decode: generation.stats,
+        })
+    }
 
-        // Prefill: the plain path never touches the pruning crate.
-        let (state, kept_visual, select, prefix_rows) = match prune {
-            None => {
-                let image_rows = plan.image_rows();
-                let (mut state, reused) = self.prefill_plain(&plan, &encoded)?;
-                attach_images(&mut state, &encoded, Some(image_rows));
-                let (rows, cost) = reused.unwrap_or_default();
-                saved += cost;
-                (state, visual_tokens, Duration::ZERO, rows)
-            }
-            Some(spec) => {
-                let encodings: Vec<&ImageEncoding> =
-                    encoded.iter().map(|e| &e.entry.encoding).collect();
-                let query = self.processor.query_ids(&rendered.query)?;
-                let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
-                let mut state = glance_prune::prefill(&self.model, &pruned)?;
-                // FastV drops rows inside the decoder: which ones is not known here.
-                let image_rows = pruned.fastv.is_none().then(|| pruned.plan.image_rows());
-                attach_images(&mut state, &encoded, image_rows);
-                let kept = pruned.stats.kept_visual_tokens;
-                (state, kept, pruned.stats.select_time, 0)
-            }
+    /// Prefills the plan: unpruned through the prefix cache (the plain path never touches the
+    /// pruning crate), or pruned as `prune` says.
+    fn prefill(
+        &self,
+        plan: PromptPlan,
+        encoded: &[Encoded],
+        query: &str,
+        prune: Option<&PruneSpec>,
+    ) -> Result<PrefillOutcome> {
+        let Some(spec) = prune else {
+            let image_rows = plan.image_rows();
+            let (mut state, reused) = self.prefill_plain(&plan, encoded)?;
+            attach_images(&mut state, encoded, Some(image_rows));
+            let (prefix_rows, prefix_cost) = reused.unwrap_or_default();
+            return Ok(PrefillOutcome {
+                state,
+                kept_visual: None,
+                select: Duration::ZERO,
+                prefix_rows,
+                prefix_cost,
+            });
         };
-        let prompt_rows = state.prompt_len();
-        let before_prefill = start.elapsed() - state.elapsed;
+        let encodings: Vec<&ImageEncoding> = encoded.iter().map(|e| &e.entry.encoding).collect();
+        let query = self.processor.query_ids(query)?;
+        let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
+        let mut state = glance_prune::prefill(&self.model, &pruned)?;
+        // FastV drops rows inside the decoder: which ones is not known here.
+        let image_rows = pruned.fastv.is_none().then(|| pruned.plan.image_rows());
+        attach_images(&mut state, encoded, image_rows);
+        Ok(PrefillOutcome {
+            state,
+            kept_visual: Some(pruned.stats.kept_visual_tokens),
+            select: pruned.stats.select_time,
+            prefix_rows: 0,
+            prefix_cost: Duration::ZERO,
+        })
+    }
 
-        let strategy = strategy(request.decode);
+    /// Runs the request's strategy after `state`, detokenising, holding back and cutting at stop
+    /// strings, and streaming the released text through `on_event`.
+    fn decode(
+        &self,
+        request: &Request,
+        state: Prefilled,
+        on_event: &mut (dyn FnMut(Event) -> Flow + Send),
+    ) -> Result<Streamed> {
         let sampler = Sampler::new(request.sampling.clone())?;
         let config = GenerateConfig {
             max_new_tokens: request.max_new_tokens,
@@ -267,6 +340,7 @@ impl Engine {
             text.push_str(piece);
             on_event(Event::Text(piece))
         };
+        let strategy = strategy(request.decode);
         let generation =
             strategy.decode(self.model.text(), state, sampler, &config, &mut |id| {
                 let piece = stream.push(id)?;
@@ -297,39 +371,15 @@ impl Engine {
                 ended = Some(FinishReason::Cancelled);
             }
         }
-        let finish_reason = ended.unwrap_or(match generation.finish {
+        let finish = ended.unwrap_or(match generation.finish {
             glance_decode::FinishReason::Eos => FinishReason::Eos,
             glance_decode::FinishReason::Length => FinishReason::Length,
             glance_decode::FinishReason::Stop => FinishReason::Stop,
         });
-        let prefill = generation.prefill;
-        let preprocess = before_prefill.saturating_sub(vision + select);
-        Ok(Response {
+        Ok(Streamed {
+            generation,
             text,
-            usage: Usage {
-                prompt_tokens: ids.len(),
-                visual_tokens,
-                kept_visual_tokens: kept_visual,
-                prompt_rows,
-                completion_tokens: generation.tokens.len(),
-            },
-            timings: Timings {
-                preprocess_s: preprocess.as_secs_f64(),
-                vision_s: vision.as_secs_f64(),
-                prune_select_s: select.as_secs_f64(),
-                prefill_s: prefill.as_secs_f64(),
-                time_to_first_token_s: (before_prefill + prefill).as_secs_f64(),
-                decode_s: generation.decode.as_secs_f64(),
-                decode_tokens_per_s: generation.decode_tokens_per_sec(),
-                cache_saved_s: saved.as_secs_f64(),
-            },
-            cache: CacheUse {
-                image_hits,
-                prefix_rows,
-            },
-            token_ids: generation.tokens,
-            finish_reason,
-            decode: generation.stats,
+            finish,
         })
     }
 
