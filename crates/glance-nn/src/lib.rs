@@ -1,6 +1,7 @@
 //! Layers shared by every glance model: linear, norms, activations, rotary embeddings, attention with
-//! arbitrary masks and explicit positions, and a KV cache built for rollback (append, truncate,
-//! fork, compact).
+//! masks described relative to the new rows (causal, bidirectional block, tree, boolean) and
+//! explicit positions, and a KV cache built for rollback (append, mark / rollback in O(layers),
+//! keep an accepted speculative path in O(k × layers), fork, compact).
 //!
 //! Shapes: glance runs batch 1 at this level. Token rows are `(t, hidden)`; attention works on
 //! `(1, heads, t, head_dim)`.
@@ -22,8 +23,8 @@ pub mod runtime;
 pub mod weights;
 
 pub use activation::Activation;
-pub use attention::{attention, AttnMask};
-pub use kv_cache::{KvCache, LayerCache};
+pub use attention::{attention, AttnMask, TreeMask, VisibleMask};
+pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
 pub use lm::CausalLm;
 pub use norm::{LayerNorm, RmsNorm};
