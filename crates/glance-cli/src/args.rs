@@ -105,7 +105,7 @@ impl PromptArgs {
         let images = self
             .image
             .iter()
-            .map(|p| read_image_file(p).with_context(|| format!("--image {}", p.display())))
+            .map(|p| read_image_file(p).context("--image"))
             .collect::<Result<Vec<_>>>()?;
         Ok(if self.raw {
             Prompt::Raw { text, images }
