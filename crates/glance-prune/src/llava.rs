@@ -27,8 +27,6 @@ pub struct PruneStats {
     pub visual_tokens: usize,
     /// Visual tokens kept (for FastV: in the layers after its pruning layer).
     pub kept_visual_tokens: usize,
-    /// Prompt rows the LLM runs (for FastV: in the layers after its pruning layer).
-    pub prompt_rows: usize,
     /// Time to score, select and splice (pre-LLM policies; FastV selects inside the prefill).
     pub select_time: Duration,
 }
@@ -135,11 +133,10 @@ pub fn transform(
             images.len()
         )));
     }
-    let stats = |kept: usize, rows: usize, select_time| PruneStats {
+    let stats = |kept: usize, select_time| PruneStats {
         policy: spec.policy,
         visual_tokens,
         kept_visual_tokens: kept,
-        prompt_rows: rows,
         select_time,
     };
     let stage = if spec.is_noop() || images.is_empty() {
@@ -148,14 +145,11 @@ pub fn transform(
         spec.policy.stage()
     };
     match stage {
-        Stage::Off => {
-            let rows = plan.len();
-            Ok(Pruned {
-                plan,
-                fastv: None,
-                stats: stats(visual_tokens, rows, Duration::ZERO),
-            })
-        }
+        Stage::Off => Ok(Pruned {
+            plan,
+            fastv: None,
+            stats: stats(visual_tokens, Duration::ZERO),
+        }),
         Stage::InLlm => {
             let text = model.text();
             let keep: usize = image_rows
@@ -170,11 +164,10 @@ pub fn transform(
                 keep,
                 layer,
             };
-            let rows = plan.len() - cut.visual.len() + keep.min(cut.visual.len());
             Ok(Pruned {
                 plan,
                 fastv: Some(cut),
-                stats: stats(keep.min(visual_tokens), rows, Duration::ZERO),
+                stats: stats(keep.min(visual_tokens), Duration::ZERO),
             })
         }
         Stage::PreLlm => {
@@ -208,11 +201,10 @@ pub fn transform(
                 kept_total += positions.len();
                 seg.positions = positions;
             }
-            let rows = plan.len();
             Ok(Pruned {
                 plan,
                 fastv: None,
-                stats: stats(kept_total, rows, start.elapsed()),
+                stats: stats(kept_total, start.elapsed()),
             })
         }
     }
@@ -249,7 +241,8 @@ pub fn prefill_llava(
     let plan = model.plan(ids, &features)?;
     let pruned = transform(model, plan, images, query_ids, spec)?;
     let state = prefill(model, &pruned)?;
-    let mut stats = pruned.stats;
-    stats.prompt_rows = state.prompt_len();
-    Ok(PrunedPrefill { state, stats })
+    Ok(PrunedPrefill {
+        state,
+        stats: pruned.stats,
+    })
 }

@@ -156,7 +156,7 @@ fn pruned_generation_runs_end_to_end() {
                     assert_eq!(kept, want, "{} {p} {budget}", c.name);
                 }
                 assert_eq!(
-                    got.stats.prompt_rows,
+                    got.state.prompt_len(),
                     t - n + kept,
                     "{} {p} {budget}",
                     c.name

@@ -192,7 +192,7 @@ fn measure_ttft(
             if total < r.select_s + r.prefill_s {
                 (r.select_s, r.prefill_s) = (select, total - select);
             }
-            (r.kept, r.rows) = (p.stats.kept_visual_tokens, p.stats.prompt_rows);
+            (r.kept, r.rows) = (p.stats.kept_visual_tokens, p.state.prompt_len());
         }
     }
     Ok((vision, rows))

@@ -79,11 +79,6 @@ impl PromptPlan {
             .sum()
     }
 
-    /// Visual rows the decoder will run (after pruning, if any).
-    pub fn visual_rows(&self) -> usize {
-        self.image_rows().iter().map(Vec::len).sum()
-    }
-
     /// For each image, in prompt order, the indices of its rows among [`rows`](Self::rows).
     pub fn image_rows(&self) -> Vec<Vec<usize>> {
         let mut out = Vec::new();
