@@ -70,6 +70,9 @@ pub struct PrefilledImage {
 /// build it themselves; then deeper layers of `cache` hold fewer rows than the first.
 pub struct Prefilled {
     pub cache: KvCache,
+    /// The prompt rows as the first layer saw them `(t, hidden)` (token embeddings and projected
+    /// visual tokens), for strategies that build their own rows from them (a draft head).
+    pub inputs: Tensor,
     /// Final (normed) hidden state of every prompt row the last decoder layer ran, `(t, hidden)`.
     pub hidden: Tensor,
     /// Position id of each of those rows (pruned prompts keep their original positions).
@@ -135,6 +138,7 @@ pub fn prefill<M: CausalLm + ?Sized>(
     let hidden = model.forward(prompt, positions, &AttnMask::causal(), &mut cache)?;
     Ok(Prefilled {
         cache,
+        inputs: prompt.clone(),
         hidden,
         positions: positions.to_vec(),
         images: Vec::new(),

@@ -288,9 +288,8 @@ impl Engine {
         prune: Option<&PruneSpec>,
     ) -> Result<PrefillOutcome> {
         let Some(spec) = prune else {
-            let image_rows = plan.image_rows();
             let (mut state, reused) = self.prefill_plain(&plan, encoded)?;
-            attach_images(&mut state, encoded, Some(image_rows));
+            attach_images(&mut state, encoded, &plan);
             let (prefix_rows, prefix_cost) = reused.unwrap_or_default();
             return Ok(PrefillOutcome {
                 state,
@@ -304,9 +303,7 @@ impl Engine {
         let query = self.processor.query_ids(query)?;
         let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
         let mut state = glance_prune::prefill(&self.model, &pruned)?;
-        // FastV drops rows inside the decoder: which ones is not known here.
-        let image_rows = pruned.fastv.is_none().then(|| pruned.plan.image_rows());
-        attach_images(&mut state, encoded, image_rows);
+        attach_images(&mut state, encoded, &pruned.plan);
         Ok(PrefillOutcome {
             state,
             kept_visual: Some(pruned.stats.kept_visual_tokens),
@@ -540,6 +537,7 @@ impl Engine {
         Ok((
             Prefilled {
                 cache,
+                inputs: rows,
                 hidden: Tensor::cat(&[&head.hidden, &hidden], 0)?,
                 positions,
                 images: Vec::new(),
@@ -558,9 +556,26 @@ fn cache_bytes(c: &LlavaConfig, rows: usize) -> usize {
     2 * t.num_layers * capacity * t.num_kv_heads * t.head_dim * 4
 }
 
-/// Records the prompt's images in the prefill state for strategies that read them.
-fn attach_images(state: &mut Prefilled, encoded: &[Encoded], rows: Option<Vec<Vec<usize>>>) {
-    let rows = rows.unwrap_or_else(|| vec![Vec::new(); encoded.len()]);
+/// Records the prompt's images in the prefill state for strategies that read them. An image's
+/// rows are found by position, since every prefill keeps each row's position: this covers plans
+/// rewritten by pruning and FastV, which drops rows inside the decoder.
+fn attach_images(state: &mut Prefilled, encoded: &[Encoded], plan: &PromptPlan) {
+    let plan_positions = plan.positions();
+    let owner: std::collections::HashMap<u32, usize> = plan
+        .image_rows()
+        .iter()
+        .enumerate()
+        .flat_map(|(j, rows)| rows.iter().map(move |&r| (r, j)))
+        .map(|(r, j)| (plan_positions[r], j))
+        .collect();
+    let mut rows = vec![Vec::new(); encoded.len()];
+    for (i, p) in state.positions.iter().enumerate() {
+        if let Some(&j) = owner.get(p) {
+            if let Some(r) = rows.get_mut(j) {
+                r.push(i);
+            }
+        }
+    }
     state.images = encoded
         .iter()
         .zip(rows)

@@ -9,6 +9,7 @@
 //! Models return hidden states and logits; they never sample and never know about requests.
 
 pub mod checkpoint;
+pub mod draft;
 pub mod llava;
 pub mod presets;
 pub mod processing;

@@ -26,7 +26,7 @@ pub use activation::Activation;
 pub use attention::{attention, AttnMask, TreeMask, VisibleMask};
 pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
-pub use lm::CausalLm;
+pub use lm::{CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart};
 pub use norm::{LayerNorm, RmsNorm};
 pub use rope::{RopeScaling, RotaryEmbedding};
 

@@ -42,3 +42,64 @@ pub trait CausalLm {
         KvCache::new(self.num_layers())
     }
 }
+
+/// What a draft head reads of the target's prefill to build its own prompt rows.
+pub struct DraftPrompt<'a> {
+    /// The prompt rows as the target's first layer saw them `(t, hidden)`: token embeddings, and
+    /// projected visual tokens (after any pruning) in the image rows.
+    pub inputs: &'a Tensor,
+    /// The target's final hidden state of every row `(t, hidden)`.
+    pub hidden: &'a Tensor,
+    /// Position id of every row (length `t`).
+    pub positions: &'a [u32],
+    /// Per image, the rows (indices into `inputs`) that hold its visual tokens, increasing.
+    pub images: &'a [Vec<usize>],
+}
+
+/// The draft's rows for a prompt, ready for [`DraftLm::forward`], and the request's conditioning.
+pub struct DraftStart {
+    /// `(n, hidden)`
+    pub rows: Tensor,
+    /// Position of each row (length `n`).
+    pub positions: Vec<u32>,
+    pub context: DraftContext,
+}
+
+/// Per-request conditioning every draft step sees (e.g. ViSpec's global visual feature).
+#[derive(Clone, Default)]
+pub struct DraftContext {
+    /// `(1, hidden)`, or `None` when the head does not inject one or the prompt has no image.
+    pub global: Option<Tensor>,
+}
+
+/// A speculative draft head as a decoding strategy sees it (EAGLE; ViSpec): it predicts the
+/// target's next final hidden state from (the token's embedding, the previous hidden state), one
+/// decoder layer over its own cache; the target's LM head turns its output into draft logits.
+///
+/// Draft row `r` reads token `x_r` and the hidden state `h_{r-1}` that predicted it, sits at
+/// `x_r`'s position, and predicts `h_r` (hence `x_{r+1}`).
+pub trait DraftLm: Send + Sync {
+    /// `vispec` when the head has a vision adaptor or a global visual feature, else `eagle`.
+    fn kind(&self) -> &'static str;
+
+    /// An empty cache for the head.
+    fn new_cache(&self) -> KvCache;
+
+    /// The draft rows for prompt rows `1..t` (each row with its predecessor's hidden state), with
+    /// each image's rows replaced by the head's compressed image tokens if it has an adaptor.
+    fn start(&self, prompt: &DraftPrompt<'_>) -> Result<DraftStart>;
+
+    /// Rows for tokens with embeddings `emb` `(n, hidden)` and predecessor hidden states `prev`
+    /// `(n, hidden)`: `(n, hidden)`.
+    fn fuse(&self, emb: &Tensor, prev: &Tensor, context: &DraftContext) -> Result<Tensor>;
+
+    /// Runs rows `(n, hidden)` at `positions` after those in `cache` under `mask`, appending to
+    /// the cache; returns the predicted hidden states `(n, hidden)`.
+    fn forward(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor>;
+}

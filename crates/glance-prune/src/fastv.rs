@@ -88,6 +88,7 @@ pub fn prefill(
     let hidden = model.final_norm(&x)?;
     Ok(Prefilled {
         cache,
+        inputs: rows.index_select(&ids, 0)?,
         hidden,
         positions: kept_positions,
         images: Vec::new(),

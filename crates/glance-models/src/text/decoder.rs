@@ -45,9 +45,9 @@ impl Attention {
         x: &Tensor,
         step: &Step,
         mask: Option<&Tensor>,
-        cache: Option<&mut LayerCache>,
+        keys: Keys<'_>,
         want_probs: bool,
-    ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+    ) -> candle_core::Result<AttnResult> {
         let Step {
             rope,
             positions,
@@ -62,25 +62,52 @@ impl Attention {
         let k = split(self.k.forward(x)?, self.num_kv_heads)?;
         let v = split(self.v.forward(x)?, self.num_kv_heads)?;
         let (q, k) = rope.apply(&q, &k, positions)?;
-        let (k, v) = match cache {
-            Some(c) => c.append(&k, &v)?,
-            None => (k, v),
+        // (1, kv_heads, s, hd): the keys and values these rows attend over.
+        let (all_k, all_v) = match keys {
+            Keys::Cache(c) => c.append(&k, &v)?,
+            Keys::Own => (k.clone(), v.clone()),
+            Keys::After(pk, pv) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let att = attention(&q, &k, &v, mask, scale, mode, want_probs)?;
+        let att = attention(&q, &all_k, &all_v, mask, scale, mode, want_probs)?;
         // (1, heads, t, hd) -> (t, heads * hd)
         let out = att.out.transpose(1, 2)?.reshape((t, self.num_heads * hd))?;
-        Ok((self.o.forward(&out)?, att.probs))
+        Ok(AttnResult {
+            out: self.o.forward(&out)?,
+            probs: att.probs,
+            k,
+            v,
+        })
     }
+}
+
+/// Which keys and values the new rows attend over, after their own are computed.
+pub(crate) enum Keys<'a> {
+    /// Appended to a layer cache: cached rows, then the new ones.
+    Cache(&'a mut LayerCache),
+    /// The new rows only.
+    Own,
+    /// Given keys / values `(1, kv_heads, s, head_dim)` (RoPE applied), then the new rows: a
+    /// differentiable stand-in for a cache (its in-place writes have no backward pass).
+    After(&'a Tensor, &'a Tensor),
+}
+
+/// One attention call's output `(t, hidden)`, probabilities if asked for, and the new rows' keys
+/// and values `(1, kv_heads, t, head_dim)` (RoPE applied).
+pub(crate) struct AttnResult {
+    pub out: Tensor,
+    pub probs: Option<Tensor>,
+    pub k: Tensor,
+    pub v: Tensor,
 }
 
 /// What every layer of one forward pass shares.
 #[derive(Clone, Copy)]
-struct Step<'a> {
-    rope: &'a RotaryEmbedding,
+pub(crate) struct Step<'a> {
+    pub rope: &'a RotaryEmbedding,
     /// `(t,)` u32
-    positions: &'a Tensor,
-    mode: Mode,
+    pub positions: &'a Tensor,
+    pub mode: Mode,
 }
 
 /// Materialised masks of one forward pass, keyed by (sliding window, keys): the mask is described
@@ -112,12 +139,58 @@ impl Mlp {
     }
 }
 
-struct Layer {
+/// One pre-norm decoder block.
+pub(crate) struct Layer {
     input_norm: RmsNorm,
     attn: Attention,
     post_norm: RmsNorm,
     mlp: Mlp,
-    window: Option<usize>,
+    pub window: Option<usize>,
+}
+
+impl Layer {
+    /// The block under `vb` (`input_layernorm`, `self_attn`, `post_attention_layernorm`, `mlp`).
+    pub(crate) fn load(
+        vb: &VarBuilder,
+        c: &TextConfig,
+        window: Option<usize>,
+        mode: Mode,
+    ) -> Result<Self> {
+        Ok(Layer {
+            input_norm: rms_norm(
+                &vb.pp("input_layernorm"),
+                c.hidden_size,
+                c.rms_norm_eps,
+                mode,
+            )?,
+            attn: Attention::load(&vb.pp("self_attn"), c)?,
+            post_norm: rms_norm(
+                &vb.pp("post_attention_layernorm"),
+                c.hidden_size,
+                c.rms_norm_eps,
+                mode,
+            )?,
+            mlp: Mlp::load(&vb.pp("mlp"), c)?,
+            window,
+        })
+    }
+
+    /// `x` `(t, hidden)` → the block's output `(t, hidden)`; the attention result carries the
+    /// probabilities (if `want_probs`) and the new rows' keys and values.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        step: &Step,
+        mask: Option<&Tensor>,
+        keys: Keys<'_>,
+        want_probs: bool,
+    ) -> candle_core::Result<(Tensor, AttnResult)> {
+        let h = self.input_norm.forward(x)?;
+        let att = self.attn.forward(&h, step, mask, keys, want_probs)?;
+        let x = (x + &att.out)?;
+        let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        Ok(((x + h)?, att))
+    }
 }
 
 /// A Llama-family decoder with its LM head.
@@ -159,26 +232,7 @@ impl TextModel {
             )));
         }
         let layers = (0..c.num_layers)
-            .map(|i| {
-                let lv = vb.pp(format!("layers.{i}"));
-                Ok(Layer {
-                    input_norm: rms_norm(
-                        &lv.pp("input_layernorm"),
-                        c.hidden_size,
-                        c.rms_norm_eps,
-                        mode,
-                    )?,
-                    attn: Attention::load(&lv.pp("self_attn"), c)?,
-                    post_norm: rms_norm(
-                        &lv.pp("post_attention_layernorm"),
-                        c.hidden_size,
-                        c.rms_norm_eps,
-                        mode,
-                    )?,
-                    mlp: Mlp::load(&lv.pp("mlp"), c)?,
-                    window: c.layer_windows[i],
-                })
-            })
+            .map(|i| Layer::load(&vb.pp(format!("layers.{i}")), c, c.layer_windows[i], mode))
             .collect::<Result<Vec<_>>>()?;
         let lm_head = if c.tie_word_embeddings {
             Linear::new(embed_w.clone(), None)
@@ -301,22 +355,22 @@ impl TextModel {
                 .iter()
                 .find(|(k, _)| *k == key)
                 .and_then(|(_, m)| m.as_ref());
-            let h = layer.input_norm.forward(&x)?;
-            let lc = cache.as_mut().map(|c| c.layer_mut(i));
+            let keys = match cache.as_mut() {
+                Some(c) => Keys::Cache(c.layer_mut(i)),
+                None => Keys::Own,
+            };
             let want = probe == Some(i);
             let step = Step {
                 rope: &self.rope,
                 positions: &pos,
                 mode: self.mode,
             };
-            let (h, probs) = layer.attn.forward(&h, &step, m, lc, want)?;
-            if let Some(p) = probs {
+            let (out, att) = layer.forward(&x, &step, m, keys, want)?;
+            if let Some(p) = att.probs {
                 // (1, heads, t, kv_len) -> last query row (heads, kv_len)
                 probed = Some(p.squeeze(0)?.narrow(1, t - 1, 1)?.squeeze(1)?);
             }
-            x = (x + h)?;
-            let h = layer.mlp.forward(&layer.post_norm.forward(&x)?)?;
-            x = (x + h)?;
+            x = out;
         }
         Ok((x, probed))
     }
