@@ -6,6 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use glance_core::SamplingParams;
+use glance_decode::TreeSettings;
 use glance_engine::messages::{read_image_file, read_messages_file, ImageSources};
 use glance_engine::{
     Budget, DecodeSpec, Engine, EngineOptions, Message, Policy, Prompt, PruneSpec, Request,
@@ -167,14 +168,78 @@ impl GenArgs {
 /// The decoding strategy.
 #[derive(Args, Clone, Debug, Default)]
 pub struct DecodeArgs {
-    /// Decoding strategy: `ar` (autoregressive, one token per forward pass).
+    /// Decoding strategy: `ar` (autoregressive, one token per forward pass), `vispec`
+    /// (speculative decoding with the vision-aware ViSpec draft head) or `eagle` (the same with
+    /// the text-only head). Speculative output is identical to `ar` under greedy decoding.
     #[arg(long, value_name = "STRATEGY", default_value = "ar")]
     pub decode: String,
+    /// Draft head directory for vispec / eagle (repeatable; each serves the kind its config
+    /// names). Default: the model directory's draft-vispec/ or draft-eagle/.
+    #[arg(long, value_name = "DIR")]
+    pub draft: Vec<PathBuf>,
+    /// Speculative decoding: most draft tokens on one path of the tree [default: 6].
+    #[arg(long, value_name = "N")]
+    pub draft_depth: Option<usize>,
+    /// Speculative decoding: children per expanded node and nodes expanded per depth
+    /// [default: 4].
+    #[arg(long, value_name = "K")]
+    pub draft_top_k: Option<usize>,
+    /// Speculative decoding: most draft tokens verified per target pass [default: 32].
+    #[arg(long, value_name = "N")]
+    pub draft_budget: Option<usize>,
+    /// Speculative decoding: draft a chain (the most likely token at each depth) instead of a
+    /// tree.
+    #[arg(long)]
+    pub chain: bool,
 }
 
 impl DecodeArgs {
+    /// The strategy; draft options without a speculative strategy are refused.
     pub fn spec(&self) -> Result<DecodeSpec> {
-        Ok(self.decode.parse::<DecodeSpec>()?)
+        let spec = self.decode.parse::<DecodeSpec>()?;
+        let tree_flags = self.draft_depth.is_some()
+            || self.draft_top_k.is_some()
+            || self.draft_budget.is_some()
+            || self.chain;
+        if spec.draft_kind().is_none() && (tree_flags || !self.draft.is_empty()) {
+            bail!(
+                "--draft, --draft-depth, --draft-top-k, --draft-budget and --chain apply to \
+                 --decode vispec or eagle, not `{spec}`"
+            );
+        }
+        Ok(spec)
+    }
+
+    /// The draft tree the flags describe.
+    pub fn tree(&self) -> Result<TreeSettings> {
+        let base = TreeSettings::default();
+        let depth = self.draft_depth.unwrap_or(base.depth);
+        let mut tree = if self.chain {
+            if self.draft_top_k.is_some_and(|k| k != 1) {
+                bail!("--chain drafts one token per depth: --draft-top-k must be 1 or absent");
+            }
+            TreeSettings::chain(depth)
+        } else {
+            TreeSettings {
+                depth,
+                top_k: self.draft_top_k.unwrap_or(base.top_k),
+                ..base
+            }
+        };
+        if let Some(b) = self.draft_budget {
+            tree.budget = b;
+        }
+        tree.validate()?;
+        Ok(tree)
+    }
+
+    /// `base` with the draft heads and tree of the flags.
+    pub fn engine_options(&self, base: EngineOptions) -> Result<EngineOptions> {
+        Ok(EngineOptions {
+            drafts: self.draft.clone(),
+            tree: self.tree()?,
+            ..base
+        })
     }
 }
 

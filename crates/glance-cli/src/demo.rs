@@ -32,7 +32,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let decode = args.decode.spec()?;
     let ex = glance_world::sample(Split::Test, args.seed)
         .with_context(|| format!("--seed {} is not a test-split image", args.seed))?;
-    let (dir, engine) = args.model.engine(EngineOptions::default())?;
+    let (dir, engine) = args
+        .model
+        .engine(args.decode.engine_options(EngineOptions::default())?)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let png = args.out.join(format!("world-test-{}.png", args.seed));

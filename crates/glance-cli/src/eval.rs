@@ -95,7 +95,9 @@ pub fn run(args: EvalArgs) -> Result<()> {
     if let Some(path) = &args.json {
         check_writable(path)?;
     }
-    let (dir, engine) = args.model.engine(EngineOptions::default())?;
+    let (dir, engine) = args
+        .model
+        .engine(args.decode.engine_options(EngineOptions::default())?)?;
     let options = EvalOptions {
         start: args.start,
         max_new_tokens: args.max_new_tokens,

@@ -28,7 +28,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     let request = args
         .gen
         .request(args.input.prompt()?, args.prune.request_spec()?)?;
-    let (dir, engine) = args.model.engine(EngineOptions::single_request())?;
+    let (dir, engine) = args.model.engine(
+        args.gen
+            .decode
+            .engine_options(EngineOptions::single_request())?,
+    )?;
     let streaming = !args.json;
     let stdout = std::io::stdout();
     let response = engine.generate(&request, &mut |event| match event {

@@ -11,6 +11,7 @@
 
 pub mod autoregressive;
 pub mod sampler;
+pub mod speculative;
 pub mod stop;
 pub mod strategy;
 
@@ -19,5 +20,6 @@ pub use autoregressive::{
     Prefilled, PrefilledImage,
 };
 pub use sampler::Sampler;
+pub use speculative::{Speculative, TreeSettings};
 pub use stop::StopStrings;
 pub use strategy::{DecodeSpec, DecodeStats, DecodeStrategy, TokenSink};

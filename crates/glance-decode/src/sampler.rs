@@ -34,18 +34,38 @@ impl Sampler {
             return Ok(argmax(logits));
         }
         let probs = self.distribution(logits);
+        self.draw(&probs)
+    }
+
+    /// [`distribution`](Self::distribution) of a row that passes the checks of
+    /// [`sample`](Self::sample).
+    pub fn checked_distribution(&self, logits: &[f32]) -> Result<Vec<(TokenId, f32)>> {
+        check_logits(logits)?;
+        Ok(self.distribution(logits))
+    }
+
+    /// A token drawn from `probs` (`(token, probability)`, summing to 1) with the sampler's
+    /// random stream.
+    pub fn draw(&mut self, probs: &[(TokenId, f32)]) -> Result<TokenId> {
         let u = self.rng.next_f64() as f32;
         let mut acc = 0.0;
-        for &(id, p) in &probs {
+        for &(id, p) in probs {
             acc += p;
             if u < acc {
                 return Ok(id);
             }
         }
         probs
-            .last()
+            .iter()
+            .rev()
+            .find(|p| p.1 > 0.0)
             .map(|&(id, _)| id)
             .ok_or_else(|| Error::NonFinite("no token has a finite probability".into()))
+    }
+
+    /// A uniform draw in `[0, 1)` from the sampler's random stream.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
     }
 
     /// The warped distribution as `(token, probability)` in descending probability (ties by id),

@@ -47,15 +47,31 @@ pub enum DecodeSpec {
     #[default]
     #[serde(alias = "autoregressive")]
     Ar,
+    /// Speculative decoding with a ViSpec draft head (vision adaptor, global visual feature):
+    /// [`crate::Speculative`].
+    Vispec,
+    /// Speculative decoding with the text-only EAGLE-style head: the same head without the
+    /// vision parts, the baseline ViSpec is measured against.
+    Eagle,
 }
 
 impl DecodeSpec {
     /// Every strategy glance can run.
-    pub const ALL: [DecodeSpec; 1] = [DecodeSpec::Ar];
+    pub const ALL: [DecodeSpec; 3] = [DecodeSpec::Ar, DecodeSpec::Vispec, DecodeSpec::Eagle];
 
     pub fn name(self) -> &'static str {
         match self {
             DecodeSpec::Ar => "ar",
+            DecodeSpec::Vispec => "vispec",
+            DecodeSpec::Eagle => "eagle",
+        }
+    }
+
+    /// The kind of draft head the strategy needs (`vispec`, `eagle`), if any.
+    pub fn draft_kind(self) -> Option<&'static str> {
+        match self {
+            DecodeSpec::Ar => None,
+            DecodeSpec::Vispec | DecodeSpec::Eagle => Some(self.name()),
         }
     }
 }
@@ -72,6 +88,8 @@ impl FromStr for DecodeSpec {
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "ar" | "autoregressive" => Ok(DecodeSpec::Ar),
+            "vispec" => Ok(DecodeSpec::Vispec),
+            "eagle" => Ok(DecodeSpec::Eagle),
             _ => {
                 let known: Vec<&str> = Self::ALL.iter().map(|d| d.name()).collect();
                 Err(Error::InvalidParam(format!(

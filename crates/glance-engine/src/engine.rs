@@ -24,18 +24,20 @@ use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_decode::stop::StopStatus;
 use glance_decode::{
-    Autoregressive, DecodeSpec, DecodeStrategy, GenerateConfig, Prefilled, PrefilledImage, Sampler,
-    StopStrings,
+    Autoregressive, DecodeStrategy, GenerateConfig, Prefilled, PrefilledImage, Sampler,
+    Speculative, StopStrings,
 };
+use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::{
     ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
 };
 use glance_models::processing::chat::{ChatMessage, ContentPart};
 use glance_models::processing::image::decode_image_with_limit;
-use glance_nn::{AttnMask, CausalLm};
+use glance_nn::{AttnMask, CausalLm, DraftLm};
 use glance_prune::PruneSpec;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Entries and bytes held by the engine's caches.
@@ -58,6 +60,8 @@ pub struct Engine {
     hasher: ContentHasher,
     encodings: EncodingCache,
     prefixes: PrefixCache,
+    /// Draft heads loaded so far, by kind.
+    drafts: Mutex<HashMap<&'static str, Arc<dyn DraftLm>>>,
     load_time: Duration,
 }
 
@@ -140,6 +144,7 @@ impl Engine {
             hasher: ContentHasher::new(),
             encodings: EncodingCache::new(options.image_cache_bytes),
             prefixes: PrefixCache::new(options.prefix_cache_bytes),
+            drafts: Mutex::new(HashMap::new()),
             options,
             load_time: Duration::ZERO,
         }
@@ -177,6 +182,69 @@ impl Engine {
             prefixes,
             prefix_bytes,
         }
+    }
+
+    /// Makes `head` the draft of its kind (`vispec` or `eagle`) for later requests, replacing
+    /// any loaded before. The head must fit the model (see [`DraftConfig::check_target`]).
+    pub fn set_draft(&self, head: Arc<dyn DraftLm>) {
+        let kind = head.kind();
+        self.drafts.lock().expect("not poisoned").insert(kind, head);
+    }
+
+    /// The draft head of `kind`: loaded before, else from the first of
+    /// [`EngineOptions::drafts`] of that kind, else from the model directory's `draft-{kind}/`.
+    pub fn draft(&self, kind: &'static str) -> Result<Arc<dyn DraftLm>> {
+        if let Some(h) = self.drafts.lock().expect("not poisoned").get(kind) {
+            return Ok(h.clone());
+        }
+        let mut looked = Vec::new();
+        for dir in &self.options.drafts {
+            if DraftConfig::load(dir)?.kind() == kind {
+                return self.load_draft(dir);
+            }
+            looked.push(dir.display().to_string());
+        }
+        if let Some(dir) = &self.dir {
+            let default = dir.join(format!("draft-{kind}"));
+            if default.join("config.json").is_file() {
+                return self.load_draft(&default);
+            }
+            looked.push(default.display().to_string());
+        }
+        Err(Error::Config(format!(
+            "--decode {kind} needs a {kind} draft head, and none was found (looked in: {}); \
+             train one with `glance train draft --target MODEL_DIR` or pass --draft DIR",
+            if looked.is_empty() {
+                "nowhere: the engine has no model directory".to_string()
+            } else {
+                looked.join(", ")
+            }
+        )))
+    }
+
+    fn load_draft(&self, dir: &Path) -> Result<Arc<dyn DraftLm>> {
+        let head = self.pool.install(|| DraftHead::load(dir, &Device::Cpu))?;
+        let t = self.model.text();
+        head.config()
+            .check_target(t.hidden_size(), t.vocab_size())
+            .map_err(|e| Error::Config(format!("draft head {}: {e}", dir.display())))?;
+        let head: Arc<dyn DraftLm> = Arc::new(head);
+        self.set_draft(head.clone());
+        Ok(head)
+    }
+
+    /// The strategy `request` names, with what it needs loaded.
+    fn strategy(&self, request: &Request) -> Result<Box<dyn DecodeStrategy>> {
+        Ok(match request.decode.draft_kind() {
+            None => Box::new(Autoregressive),
+            Some(kind) => {
+                let tree = request
+                    .tree
+                    .clone()
+                    .unwrap_or_else(|| self.options.tree.clone());
+                Box::new(Speculative::new(self.draft(kind)?, tree)?)
+            }
+        })
     }
 
     /// Time [`Engine::load`] took.
@@ -337,7 +405,7 @@ impl Engine {
             text.push_str(piece);
             on_event(Event::Text(piece))
         };
-        let strategy = strategy(request.decode);
+        let strategy = self.strategy(request)?;
         let generation =
             strategy.decode(self.model.text(), state, sampler, &config, &mut |id| {
                 let piece = stream.push(id)?;
@@ -584,13 +652,6 @@ fn attach_images(state: &mut Prefilled, encoded: &[Encoded], plan: &PromptPlan) 
             rows,
         })
         .collect();
-}
-
-/// The strategy a spec names.
-fn strategy(spec: DecodeSpec) -> Box<dyn DecodeStrategy> {
-    match spec {
-        DecodeSpec::Ar => Box::new(Autoregressive),
-    }
 }
 
 /// A message in the processor's form (images as placeholders; the pixels travel separately).

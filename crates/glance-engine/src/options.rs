@@ -6,7 +6,9 @@
 //! one. (candle's element-wise kernels keep their own small spin pool, sized once per process.)
 
 use glance_core::{Error, Result};
+use glance_decode::TreeSettings;
 use glance_models::processing::image::DEFAULT_MAX_PIXELS;
+use std::path::PathBuf;
 
 /// Settings of an [`crate::Engine`].
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +27,12 @@ pub struct EngineOptions {
     pub max_image_pixels: u64,
     /// Most images in one request.
     pub max_images: usize,
+    /// Draft head directories for speculative decoding, each serving the kind its config names
+    /// (`vispec` or `eagle`); a kind not given here is looked for in the model directory's
+    /// `draft-vispec/` or `draft-eagle/`.
+    pub drafts: Vec<PathBuf>,
+    /// How speculative decoding grows its draft tree unless a request says otherwise.
+    pub tree: TreeSettings,
 }
 
 impl Default for EngineOptions {
@@ -35,6 +43,8 @@ impl Default for EngineOptions {
             prefix_cache_bytes: 256 << 20,
             max_image_pixels: DEFAULT_MAX_PIXELS,
             max_images: 16,
+            drafts: Vec::new(),
+            tree: TreeSettings::default(),
         }
     }
 }
@@ -61,6 +71,7 @@ impl EngineOptions {
                 "the image pixel limit and the image count limit must be at least 1".into(),
             ));
         }
+        self.tree.validate()?;
         resolve_threads(self.threads)
     }
 }

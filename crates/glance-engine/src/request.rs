@@ -5,7 +5,7 @@
 //! glance's own per-request options: visual-token pruning and the decoding strategy.
 
 use glance_core::{Error, Result, SamplingParams, TokenId};
-use glance_decode::{DecodeSpec, DecodeStats};
+use glance_decode::{DecodeSpec, DecodeStats, TreeSettings};
 use glance_prune::PruneSpec;
 use serde::Serialize;
 use std::sync::Arc;
@@ -165,6 +165,8 @@ pub struct Request {
     pub prune: Option<PruneSpec>,
     /// The decoding strategy.
     pub decode: DecodeSpec,
+    /// The draft tree of speculative strategies (`None`: the engine's setting).
+    pub tree: Option<TreeSettings>,
 }
 
 impl Request {
@@ -177,6 +179,7 @@ impl Request {
             stop: Vec::new(),
             prune: None,
             decode: DecodeSpec::default(),
+            tree: None,
         }
     }
 
@@ -211,6 +214,9 @@ impl Request {
         }
         if let Some(p) = &self.prune {
             p.validate()?;
+        }
+        if let Some(t) = &self.tree {
+            t.validate()?;
         }
         if let Prompt::Chat(messages) = &self.prompt {
             if messages.is_empty() {

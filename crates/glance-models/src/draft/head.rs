@@ -269,8 +269,8 @@ impl DraftLm for DraftHead {
         let mut positions = Vec::new();
         let mut open = 0;
         let mut emitted = vec![false; visual.len()];
-        for r in 1..t {
-            match owner[r] {
+        for (r, owner) in owner.iter().enumerate().skip(1) {
+            match *owner {
                 None => {
                     token_rows.push(r as u32);
                     positions.push(prompt.positions[r]);

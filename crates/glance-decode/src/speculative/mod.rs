@@ -1,0 +1,305 @@
+//! Speculative decoding with a draft head (EAGLE; ViSpec): each round the head proposes a tree
+//! of tokens ([`tree`]), the target scores the whole tree in one forward pass under a tree
+//! attention mask, and the longest accepted path plus the target's own next token are emitted
+//! ([`verify`]). Lossless: under greedy sampling the tokens are exactly
+//! [`crate::Autoregressive`]'s; at temperature > 0 each token follows the target's distribution.
+//!
+//! # The round
+//!
+//! State between rounds: the target's cache holds every emitted token but the last one, `x`;
+//! `h` is the target's hidden state that predicted `x`. The draft's cache holds its rows for the
+//! tokens before the *pending* ones (tokens emitted since the last round whose predecessors'
+//! target hidden states are now known).
+//!
+//! 1. The pending rows (ending with `x`'s) run through the draft with the target's real hidden
+//!    states and stay in its cache; the output of `x`'s row is the tree's root.
+//! 2. The tree grows in speculative draft rows, rolled back afterwards (O(1)).
+//! 3. The target runs `[x, tree…]` at positions `pos(x) + depth` under the tree mask.
+//! 4. Verification picks the accepted path and the next token. The target's cache keeps `x`'s
+//!    row and the accepted nodes' rows ([`glance_nn::KvCache::keep_speculative`]); the accepted
+//!    tokens and the next token become the pending rows of the next round, each paired with the
+//!    target hidden state (from this pass) that predicted it.
+
+pub mod tree;
+pub mod verify;
+
+use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
+use crate::sampler::Sampler;
+use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
+use candle_core::Tensor;
+use glance_core::{Result, TokenId};
+use glance_nn::{AttnMask, CausalLm, DraftLm, DraftPrompt, TreeMask};
+use std::sync::Arc;
+use std::time::Instant;
+pub use tree::{DraftTree, TreeSettings};
+pub use verify::{verify, Verdict};
+
+/// Width in tokens of the response-position buckets of the position histograms.
+pub const POSITION_BUCKET: usize = 16;
+
+/// Speculative decoding with a draft head.
+pub struct Speculative {
+    draft: Arc<dyn DraftLm>,
+    settings: TreeSettings,
+}
+
+impl Speculative {
+    pub fn new(draft: Arc<dyn DraftLm>, settings: TreeSettings) -> Result<Self> {
+        settings.validate()?;
+        Ok(Self { draft, settings })
+    }
+
+    pub fn settings(&self) -> &TreeSettings {
+        &self.settings
+    }
+}
+
+/// Counters of a run, turned into [`DecodeStats`] at the end.
+#[derive(Default)]
+struct Tally {
+    rounds: u64,
+    draft_tokens: u64,
+    accepted: u64,
+    draft_forwards: u64,
+    recovered: u64,
+    /// Rounds whose tree reached depth `d` (index `d - 1`), and those that accepted it.
+    offered_by_depth: Vec<u64>,
+    accepted_by_depth: Vec<u64>,
+    /// Per response-position bucket: rounds started there and tokens they emitted.
+    rounds_by_position: Vec<u64>,
+    emitted_by_position: Vec<u64>,
+}
+
+fn bump(h: &mut Vec<u64>, i: usize, by: u64) {
+    if h.len() <= i {
+        h.resize(i + 1, 0);
+    }
+    h[i] += by;
+}
+
+impl DecodeStrategy for Speculative {
+    fn name(&self) -> &'static str {
+        self.draft.kind()
+    }
+
+    fn decode(
+        &self,
+        model: &dyn CausalLm,
+        state: Prefilled,
+        mut sampler: Sampler,
+        config: &GenerateConfig,
+        on_token: TokenSink<'_>,
+    ) -> Result<Generation> {
+        let max = model.max_positions();
+        let start = Instant::now();
+        let last_hidden = state.last_hidden()?;
+        let logits: Vec<f32> = model.logits(&last_hidden)?.squeeze(0)?.to_vec1()?;
+        let mut x = sampler.sample(&logits)?;
+        let prefill = state.elapsed + start.elapsed();
+        let start = Instant::now();
+        let (prompt_len, mut pos) = (state.prompt_len(), state.last_pos());
+        let mut tokens: Vec<TokenId> = Vec::new();
+        let mut tally = Tally::default();
+        let mut forwards = 0u64;
+
+        // Emits `t`; `Some(reason)` when generation ends with it.
+        let mut emit =
+            |t: TokenId, tokens: &mut Vec<TokenId>, pos: u32| -> Result<Option<FinishReason>> {
+                tokens.push(t);
+                let stop = on_token(t)?;
+                if config.eos_token_ids.contains(&t) {
+                    return Ok(Some(FinishReason::Eos));
+                }
+                if stop {
+                    return Ok(Some(FinishReason::Stop));
+                }
+                if tokens.len() >= config.max_new_tokens || pos as usize + 2 >= max {
+                    return Ok(Some(FinishReason::Length));
+                }
+                Ok(None)
+            };
+        if config.max_new_tokens == 0 {
+            return Ok(finish(
+                self,
+                Vec::new(),
+                FinishReason::Length,
+                prompt_len,
+                prefill,
+                start,
+                forwards,
+                tally,
+            ));
+        }
+        if let Some(reason) = emit(x, &mut tokens, pos)? {
+            return Ok(finish(
+                self, tokens, reason, prompt_len, prefill, start, forwards, tally,
+            ));
+        }
+
+        // The draft's prompt rows, then `x`'s row: all pending.
+        let image_rows: Vec<Vec<usize>> = state.images.iter().map(|i| i.rows.clone()).collect();
+        let draft_start = self.draft.start(&DraftPrompt {
+            inputs: &state.inputs,
+            hidden: &state.hidden,
+            positions: &state.positions,
+            images: &image_rows,
+        })?;
+        let context = draft_start.context;
+        let mut target_cache = state.cache;
+        let mut draft_cache = self.draft.new_cache();
+        let x_row = self
+            .draft
+            .fuse(&model.embed_tokens(&[x])?, &last_hidden, &context)?;
+        let mut pending_rows = Tensor::cat(&[&draft_start.rows, &x_row], 0)?;
+        let mut pending_pos = draft_start.positions;
+        pending_pos.push(pos + 1);
+        pos += 1; // x's position
+
+        let reason = loop {
+            // 1. Pending rows with real hidden states: committed in the draft's cache.
+            let out = self.draft.forward(
+                &pending_rows,
+                &pending_pos,
+                &AttnMask::causal(),
+                &mut draft_cache,
+            )?;
+            let n = out.dim(0)?;
+            let root = out.narrow(0, n - 1, 1)?;
+            let mark = draft_cache.mark();
+            // 2. The tree, as deep as the answer and the context leave room for.
+            // (Beyond the answer's last token a draft cannot be used; the verified rows must fit
+            // the context after the cached ones.)
+            let room_answer = (config.max_new_tokens - tokens.len()).saturating_sub(1);
+            let room_context = max.saturating_sub(pos as usize + 2);
+            let mut settings = self.settings.clone();
+            settings.budget = settings
+                .budget
+                .min(max.saturating_sub(target_cache.len() + 1));
+            let depth = settings
+                .depth
+                .min(room_answer)
+                .min(room_context)
+                .min(settings.budget);
+            let tree = tree::grow(
+                model,
+                self.draft.as_ref(),
+                &context,
+                &mut draft_cache,
+                &root,
+                pos,
+                &settings,
+                depth,
+                &config.eos_token_ids,
+            )?;
+            draft_cache.rollback(&mark)?;
+            // 3. One target pass over [x, tree…].
+            let mut ids = Vec::with_capacity(tree.len() + 1);
+            ids.push(x);
+            ids.extend(&tree.tokens);
+            let mask = TreeMask::new(tree.verify_parents())?;
+            let positions = mask.positions(pos);
+            let hidden = model.forward(
+                &model.embed_tokens(&ids)?,
+                &positions,
+                &AttnMask::Tree(mask),
+                &mut target_cache,
+            )?;
+            forwards += 1;
+            let logits: Vec<Vec<f32>> = model.logits(&hidden)?.to_vec2()?;
+            // 4. Accept, emit, keep the accepted rows.
+            let verdict = verify(&tree, &logits, &mut sampler)?;
+            record(&mut tally, &tree, &verdict, tokens.len());
+            let mut keep = vec![0];
+            keep.extend(verdict.accepted.iter().map(|&i| i + 1));
+            target_cache.keep_speculative(ids.len(), &keep)?;
+            let mut ended = None;
+            let mut emitted = Vec::new();
+            for t in verdict
+                .accepted
+                .iter()
+                .map(|&i| tree.tokens[i])
+                .chain(std::iter::once(verdict.next))
+            {
+                pos += 1;
+                emitted.push(t);
+                if let Some(r) = emit(t, &mut tokens, pos - 1)? {
+                    ended = Some(r);
+                    break;
+                }
+            }
+            if let Some(r) = ended {
+                break r;
+            }
+            // The next round's pending rows: each emitted token with the hidden state before it.
+            let idx: Vec<u32> = keep.iter().map(|&r| r as u32).collect();
+            let idx = Tensor::from_vec(idx, keep.len(), hidden.device())?;
+            // (k + 1, hidden): the target's hidden states of x and the accepted nodes.
+            let prev = hidden.index_select(&idx, 0)?;
+            pending_rows = self
+                .draft
+                .fuse(&model.embed_tokens(&emitted)?, &prev, &context)?;
+            pending_pos = (0..emitted.len() as u32)
+                .map(|i| pos - emitted.len() as u32 + 1 + i)
+                .collect();
+            x = verdict.next;
+        };
+        Ok(finish(
+            self, tokens, reason, prompt_len, prefill, start, forwards, tally,
+        ))
+    }
+}
+
+fn record(tally: &mut Tally, tree: &DraftTree, verdict: &Verdict, emitted_before: usize) {
+    tally.rounds += 1;
+    tally.draft_tokens += tree.len() as u64;
+    tally.accepted += verdict.accepted.len() as u64;
+    tally.draft_forwards += tree.forwards;
+    tally.recovered += u64::from(verdict.recovered);
+    let deepest = (0..tree.len()).map(|i| tree.depth(i)).max().unwrap_or(0);
+    for d in 0..deepest {
+        bump(&mut tally.offered_by_depth, d, 1);
+    }
+    for d in 0..verdict.accepted.len() {
+        bump(&mut tally.accepted_by_depth, d, 1);
+    }
+    let bucket = emitted_before / POSITION_BUCKET;
+    bump(&mut tally.rounds_by_position, bucket, 1);
+    bump(
+        &mut tally.emitted_by_position,
+        bucket,
+        verdict.accepted.len() as u64 + 1,
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    strategy: &Speculative,
+    tokens: Vec<TokenId>,
+    finish: FinishReason,
+    prompt_len: usize,
+    prefill: std::time::Duration,
+    start: Instant,
+    forwards: u64,
+    tally: Tally,
+) -> Generation {
+    let mut stats = DecodeStats::new(strategy.name(), forwards);
+    let c = &mut stats.counters;
+    c.insert("drafts".into(), tally.rounds);
+    c.insert("draft_tokens".into(), tally.draft_tokens);
+    c.insert("accepted_tokens".into(), tally.accepted);
+    c.insert("draft_forwards".into(), tally.draft_forwards);
+    c.insert("recovered_tokens".into(), tally.recovered);
+    let h = &mut stats.histograms;
+    h.insert("accepted_by_depth".into(), tally.accepted_by_depth);
+    h.insert("offered_by_depth".into(), tally.offered_by_depth);
+    h.insert("rounds_by_position".into(), tally.rounds_by_position);
+    h.insert("emitted_by_position".into(), tally.emitted_by_position);
+    Generation {
+        tokens,
+        finish,
+        prompt_len,
+        prefill,
+        decode: start.elapsed(),
+        stats,
+    }
+}

@@ -1,0 +1,402 @@
+//! The draft tree: proposing it with the draft head (EAGLE-2's dynamic tree, or a chain) and its
+//! layout for verification.
+//!
+//! Nodes are draft tokens below a root, the last emitted token (already sampled, not yet run
+//! through the target). Growing the tree, depth by depth:
+//!
+//! 1. the root's draft distribution gives the first level: its `top_k` tokens;
+//! 2. at each depth, the `top_k` frontier nodes of highest cumulative draft log-probability are
+//!    expanded — one draft forward over all of them, each attending to the committed rows and its
+//!    own ancestors — and each gets its `top_k` most likely tokens as children;
+//! 3. after `depth` levels the `budget` nodes of highest cumulative score are kept (closed under
+//!    ancestors), parents before children, for one verification pass of the target.
+//!
+//! A node whose draft probability and whose parent's are both below `min_confidence` is not
+//! expanded (early stop of a branch after consecutive low-confidence steps); drafting ends when no
+//! frontier node is worth expanding. An end-of-sequence token is never expanded. Chain mode is
+//! `top_k = 1`.
+
+use crate::sampler::argmax;
+use candle_core::Tensor;
+use glance_core::{Error, Result, TokenId};
+use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, KvCache};
+use serde::{Deserialize, Serialize};
+
+/// How the draft tree grows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TreeSettings {
+    /// Most draft tokens on one path (draft forwards per round, at most).
+    pub depth: usize,
+    /// Children per expanded node, and nodes expanded per depth; 1 drafts a chain.
+    pub top_k: usize,
+    /// Most draft tokens verified per round.
+    pub budget: usize,
+    /// A node below this draft probability whose parent was too is not expanded.
+    pub min_confidence: f32,
+}
+
+impl Default for TreeSettings {
+    fn default() -> Self {
+        Self {
+            depth: 6,
+            top_k: 4,
+            budget: 32,
+            min_confidence: 0.05,
+        }
+    }
+}
+
+/// Largest depth / top-k / budget accepted: far beyond any useful tree, small enough that a
+/// request cannot ask for a gigantic verification pass.
+const MAX_TREE: usize = 256;
+
+impl TreeSettings {
+    /// A chain of `depth` tokens.
+    pub fn chain(depth: usize) -> Self {
+        Self {
+            depth,
+            top_k: 1,
+            budget: depth,
+            ..Self::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("depth", self.depth),
+            ("top-k", self.top_k),
+            ("budget", self.budget),
+        ] {
+            if v == 0 || v > MAX_TREE {
+                return Err(Error::InvalidParam(format!(
+                    "draft tree {name} must be in 1..={MAX_TREE}, got {v}"
+                )));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.min_confidence) {
+            return Err(Error::InvalidParam(format!(
+                "draft min-confidence must be in [0, 1], got {}",
+                self.min_confidence
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A proposed tree, parents before children.
+#[derive(Debug, Clone, Default)]
+pub struct DraftTree {
+    pub tokens: Vec<TokenId>,
+    /// `None`: a child of the root.
+    pub parents: Vec<Option<usize>>,
+    /// Draft probability of each node's token given its parent.
+    pub probs: Vec<f32>,
+    /// Draft forwards spent growing it.
+    pub forwards: u64,
+}
+
+impl DraftTree {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Depth of node `i`, counting the root's children as 1.
+    pub fn depth(&self, i: usize) -> usize {
+        let mut d = 1;
+        let mut n = i;
+        while let Some(p) = self.parents[n] {
+            d += 1;
+            n = p;
+        }
+        d
+    }
+
+    /// Children of `parent` (`None`: the root), most likely first.
+    pub fn children(&self, parent: Option<usize>) -> Vec<usize> {
+        let mut c: Vec<usize> = (0..self.len())
+            .filter(|&i| self.parents[i] == parent)
+            .collect();
+        c.sort_by(|&a, &b| self.probs[b].total_cmp(&self.probs[a]).then(a.cmp(&b)));
+        c
+    }
+
+    /// Parents for the verification pass over `[root, nodes…]`: the root is row 0.
+    pub fn verify_parents(&self) -> Vec<Option<usize>> {
+        std::iter::once(None)
+            .chain(self.parents.iter().map(|p| Some(p.map_or(0, |j| j + 1))))
+            .collect()
+    }
+}
+
+/// One node while growing.
+struct Grown {
+    token: TokenId,
+    parent: Option<usize>,
+    prob: f32,
+    /// Cumulative log-probability from the root.
+    score: f32,
+    depth: usize,
+    /// The draft's predicted hidden state after this node `(1, hidden)`, once expanded.
+    hidden: Option<Tensor>,
+    /// Row of the node in the draft cache's speculative region, once expanded.
+    row: Option<usize>,
+}
+
+/// Grows a tree below the root whose draft output is `root_hidden` `(1, hidden)`. The root's
+/// draft row is committed in `cache` (its `len()` rows, all visible to every node); the
+/// speculative rows appended while growing are left in `cache` for the caller to roll back.
+/// `depth` is the caller's cap (room left in the answer and the context).
+#[allow(clippy::too_many_arguments)]
+pub fn grow(
+    target: &dyn CausalLm,
+    draft: &dyn DraftLm,
+    context: &DraftContext,
+    cache: &mut KvCache,
+    root_hidden: &Tensor,
+    root_pos: u32,
+    settings: &TreeSettings,
+    depth: usize,
+    eos: &[TokenId],
+) -> Result<DraftTree> {
+    let mut nodes: Vec<Grown> = Vec::new();
+    if depth == 0 {
+        return Ok(DraftTree::default());
+    }
+    let committed = cache.len();
+    let mut forwards = 0;
+    // The root's children.
+    let probs = draft_probs(target, root_hidden)?;
+    for (token, p) in top_k(&probs[0], settings.top_k) {
+        nodes.push(Grown {
+            token,
+            parent: None,
+            prob: p,
+            score: p.max(f32::MIN_POSITIVE).ln(),
+            depth: 1,
+            hidden: None,
+            row: None,
+        });
+    }
+    let mut frontier: Vec<usize> = (0..nodes.len()).collect();
+    let mut spec_rows = 0;
+    for d in 1..depth {
+        // The best frontier nodes worth expanding.
+        let low = |i: usize| nodes[i].prob < settings.min_confidence;
+        let mut pick: Vec<usize> = frontier
+            .iter()
+            .copied()
+            .filter(|&i| !eos.contains(&nodes[i].token))
+            .filter(|&i| !(low(i) && nodes[i].parent.is_none_or(low)))
+            .collect();
+        pick.sort_by(|&a, &b| nodes[b].score.total_cmp(&nodes[a].score).then(a.cmp(&b)));
+        pick.truncate(settings.top_k);
+        if pick.is_empty() {
+            break;
+        }
+        // Rows: (this node's token, its parent's predicted hidden state).
+        let ids: Vec<TokenId> = pick.iter().map(|&i| nodes[i].token).collect();
+        let prev =
+            pick.iter()
+                .map(|&i| match nodes[i].parent {
+                    None => Ok(root_hidden.clone()),
+                    Some(p) => nodes[p].hidden.clone().ok_or_else(|| {
+                        Error::Input("draft tree: a parent was never expanded".into())
+                    }),
+                })
+                .collect::<Result<Vec<_>>>()?;
+        // (n, hidden)
+        let prev = Tensor::cat(&prev, 0)?;
+        let rows = draft.fuse(&target.embed_tokens(&ids)?, &prev, context)?;
+        let positions: Vec<u32> = vec![root_pos + d as u32; pick.len()];
+        // Each row sees the committed rows, its expanded ancestors and itself.
+        let kv_len = committed + spec_rows + pick.len();
+        let mut visible = vec![false; pick.len() * kv_len];
+        for (m, &i) in pick.iter().enumerate() {
+            let row = &mut visible[m * kv_len..(m + 1) * kv_len];
+            row[..committed].fill(true);
+            row[committed + spec_rows + m] = true;
+            let mut a = nodes[i].parent;
+            while let Some(j) = a {
+                let r = nodes[j]
+                    .row
+                    .ok_or_else(|| Error::Input("draft tree: an ancestor has no row".into()))?;
+                row[committed + r] = true;
+                a = nodes[j].parent;
+            }
+        }
+        let mask = AttnMask::visible(pick.len(), kv_len, visible)?;
+        // (n, hidden)
+        let hidden = draft.forward(&rows, &positions, &mask, cache)?;
+        forwards += 1;
+        let probs = draft_probs(target, &hidden)?;
+        let mut next = Vec::new();
+        for (m, &i) in pick.iter().enumerate() {
+            nodes[i].hidden = Some(hidden.narrow(0, m, 1)?);
+            nodes[i].row = Some(spec_rows + m);
+            for (token, p) in top_k(&probs[m], settings.top_k) {
+                next.push(nodes.len());
+                nodes.push(Grown {
+                    token,
+                    parent: Some(i),
+                    prob: p,
+                    score: nodes[i].score + p.max(f32::MIN_POSITIVE).ln(),
+                    depth: d + 1,
+                    hidden: None,
+                    row: None,
+                });
+            }
+        }
+        spec_rows += pick.len();
+        frontier = next;
+    }
+    Ok(select(&nodes, settings.budget, forwards))
+}
+
+/// The `budget` best nodes, closed under ancestors, parents first.
+fn select(nodes: &[Grown], budget: usize, forwards: u64) -> DraftTree {
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.sort_by(|&a, &b| nodes[b].score.total_cmp(&nodes[a].score).then(a.cmp(&b)));
+    let mut keep = vec![false; nodes.len()];
+    let mut kept = 0;
+    for &i in &order {
+        // The node and its ancestors not yet kept.
+        let mut chain = Vec::new();
+        let mut n = Some(i);
+        while let Some(j) = n {
+            if keep[j] {
+                break;
+            }
+            chain.push(j);
+            n = nodes[j].parent;
+        }
+        if kept + chain.len() > budget {
+            continue;
+        }
+        kept += chain.len();
+        chain.iter().for_each(|&j| keep[j] = true);
+        if kept == budget {
+            break;
+        }
+    }
+    // Parents before children: by depth, then by creation.
+    let mut chosen: Vec<usize> = (0..nodes.len()).filter(|&i| keep[i]).collect();
+    chosen.sort_by_key(|&i| (nodes[i].depth, i));
+    let mut index = vec![usize::MAX; nodes.len()];
+    chosen.iter().enumerate().for_each(|(k, &i)| index[i] = k);
+    DraftTree {
+        tokens: chosen.iter().map(|&i| nodes[i].token).collect(),
+        parents: chosen
+            .iter()
+            .map(|&i| nodes[i].parent.map(|p| index[p]))
+            .collect(),
+        probs: chosen.iter().map(|&i| nodes[i].prob).collect(),
+        forwards,
+    }
+}
+
+/// Draft probabilities `(n, vocab)` of predicted hidden states `(n, hidden)` through the
+/// target's LM head (softmax at temperature 1: the tree ranks by the draft's own confidence).
+fn draft_probs(target: &dyn CausalLm, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
+    let logits: Vec<Vec<f32>> = target.logits(hidden)?.to_vec2()?;
+    Ok(logits
+        .into_iter()
+        .map(|mut row| {
+            let max = row[argmax(&row) as usize];
+            let mut sum = 0.0;
+            for x in row.iter_mut() {
+                *x = if x.is_finite() { (*x - max).exp() } else { 0.0 };
+                sum += *x;
+            }
+            if sum > 0.0 && sum.is_finite() {
+                row.iter_mut().for_each(|x| *x /= sum);
+            }
+            row
+        })
+        .collect())
+}
+
+/// The `k` most likely tokens with their probabilities, most likely first (ties by id).
+fn top_k(probs: &[f32], k: usize) -> Vec<(TokenId, f32)> {
+    let mut idx: Vec<usize> = (0..probs.len()).collect();
+    let k = k.min(idx.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    idx.select_nth_unstable_by(k - 1, |&a, &b| {
+        probs[b].total_cmp(&probs[a]).then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    idx.into_iter().map(|i| (i as TokenId, probs[i])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(token: TokenId, parent: Option<usize>, score: f32, depth: usize) -> Grown {
+        Grown {
+            token,
+            parent,
+            prob: score.exp(),
+            score,
+            depth,
+            hidden: None,
+            row: None,
+        }
+    }
+
+    #[test]
+    fn selection_keeps_the_best_nodes_with_their_ancestors_parents_first() {
+        // root ─ 0 (-0.1) ─ 2 (-0.2) ─ 4 (-0.3)
+        //      └ 1 (-1.0) ─ 3 (-1.1)
+        //                 └ 5 (-1.05)
+        let nodes = vec![
+            node(10, None, -0.1, 1),
+            node(11, None, -1.0, 1),
+            node(12, Some(0), -0.2, 2),
+            node(13, Some(1), -1.1, 2),
+            node(14, Some(2), -0.3, 3),
+            node(15, Some(1), -1.05, 2),
+        ];
+        let t = select(&nodes, 3, 0);
+        assert_eq!(t.tokens, vec![10, 12, 14]);
+        assert_eq!(t.parents, vec![None, Some(0), Some(1)]);
+        // Budget 5: node 5 comes with its parent 1.
+        let t = select(&nodes, 5, 0);
+        assert_eq!(t.tokens, vec![10, 11, 12, 15, 14]);
+        assert_eq!(t.parents, vec![None, None, Some(0), Some(1), Some(2)]);
+        assert_eq!(
+            t.verify_parents(),
+            vec![None, Some(0), Some(0), Some(1), Some(2), Some(3)]
+        );
+        assert_eq!(t.depth(4), 3);
+        assert_eq!(t.children(None), vec![0, 1]);
+    }
+
+    #[test]
+    fn top_k_is_sorted_and_bounded() {
+        let p = [0.1, 0.4, 0.1, 0.3, 0.1];
+        assert_eq!(
+            top_k(&p, 3).iter().map(|x| x.0).collect::<Vec<_>>(),
+            vec![1, 3, 0]
+        );
+        assert_eq!(top_k(&p, 10).len(), 5);
+    }
+
+    #[test]
+    fn settings_are_validated() {
+        assert!(TreeSettings::default().validate().is_ok());
+        assert!(TreeSettings::chain(5).validate().is_ok());
+        let bad = TreeSettings {
+            budget: 0,
+            ..TreeSettings::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("budget"));
+    }
+}

@@ -1,0 +1,349 @@
+//! Speculative decoding (EAGLE / ViSpec draft heads) through the engine on the committed
+//! fixtures (Llama with grouped-query attention, Mistral with a sliding window, Qwen2): the
+//! lossless contract with untrained heads, a perfect head's acceptance, tree verification against
+//! sequential decoding, and the cache after an accepted path against recomputation.
+
+use candle_core::{Device, Tensor};
+use glance_core::{Result, SamplingParams};
+use glance_decode::TreeSettings;
+use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Prompt, Request};
+use glance_models::draft::{DraftConfig, DraftHead};
+use glance_models::llava::Llava;
+use glance_models::random::random_var_builder;
+use glance_nn::{
+    AttnMask, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, KvCache, Mode, TreeMask,
+};
+use glance_prune::{Budget, Policy, PruneSpec};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const MODELS: [&str; 3] = ["llama-gqa", "mistral", "qwen2"];
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn engine(model: &str) -> Engine {
+    Engine::load(
+        &fixtures().join("models").join(model),
+        EngineOptions::default(),
+    )
+    .unwrap()
+}
+
+fn image(name: &str) -> ImageInput {
+    ImageInput::bytes(std::fs::read(fixtures().join("images").join(name)).unwrap())
+}
+
+/// A randomly initialised head shaped for `model`.
+fn random_head(model: &str, adaptor: Option<usize>, injection: bool, seed: u64) -> DraftHead {
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("models").join(model).join("config.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let config = DraftConfig::for_target(&config["text_config"], adaptor, injection).unwrap();
+    DraftHead::from_var_builder(&random_var_builder(seed, &Device::Cpu), config, Mode::Infer)
+        .unwrap()
+}
+
+/// A "draft" that is the target itself: its rows are the token embeddings and it runs the whole
+/// target over its own cache, so it predicts exactly the target's next hidden state. With it every
+/// greedy draft token should be accepted — the acceptance path, the kept cache rows and the
+/// positions of later rounds are all exercised.
+struct Oracle(Arc<Llava>);
+
+impl DraftLm for Oracle {
+    fn kind(&self) -> &'static str {
+        "vispec"
+    }
+
+    fn new_cache(&self) -> KvCache {
+        self.0.text().new_cache()
+    }
+
+    fn start(&self, p: &DraftPrompt<'_>) -> Result<DraftStart> {
+        // Every prompt row (row 0 included, unlike a real head): the cache then matches the
+        // target's.
+        Ok(DraftStart {
+            rows: p.inputs.clone(),
+            positions: p.positions.to_vec(),
+            context: DraftContext::default(),
+        })
+    }
+
+    fn fuse(&self, emb: &Tensor, _prev: &Tensor, _: &DraftContext) -> Result<Tensor> {
+        Ok(emb.clone())
+    }
+
+    fn forward(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        self.0.text().forward(xs, positions, mask, cache)
+    }
+}
+
+fn request(image_names: &[&str], text: &str, n: usize, decode: DecodeSpec) -> Request {
+    Request {
+        max_new_tokens: n,
+        decode,
+        ..Request::chat(text, image_names.iter().map(|i| image(i)).collect())
+    }
+}
+
+fn run(e: &Engine, r: &Request) -> glance_engine::Response {
+    e.generate(r, &mut |_| Flow::Continue).unwrap()
+}
+
+fn prunings() -> Vec<Option<PruneSpec>> {
+    vec![
+        None,
+        Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.5))),
+        Some(PruneSpec::new(Policy::FastV, Budget::Ratio(0.5))),
+    ]
+}
+
+/// Untrained heads accept little, and the output must still be autoregressive decoding's, token
+/// for token: every fixture, ViSpec and EAGLE heads, tree and chain, with and without pruning.
+#[test]
+fn greedy_speculative_output_equals_autoregressive_with_untrained_heads() {
+    let trees = [TreeSettings::default(), TreeSettings::chain(4)];
+    for model in MODELS {
+        let e = engine(model);
+        e.set_draft(Arc::new(random_head(model, Some(4), true, 1)));
+        e.set_draft(Arc::new(random_head(model, None, false, 2)));
+        for prune in prunings() {
+            for (images, text) in [
+                (&["astronaut.png"][..], "Describe the image."),
+                (&["chelsea.jpg", "cup_rgba.png"][..], "Compare them."),
+            ] {
+                let mut ar = request(images, text, 24, DecodeSpec::Ar);
+                ar.prune = prune.clone();
+                let want = run(&e, &ar);
+                for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+                    for tree in &trees {
+                        let r = Request {
+                            decode: spec,
+                            tree: Some(tree.clone()),
+                            ..ar.clone()
+                        };
+                        let got = run(&e, &r);
+                        assert_eq!(
+                            got.token_ids, want.token_ids,
+                            "{model} {spec} {tree:?} prune {prune:?}"
+                        );
+                        assert_eq!(got.finish_reason, want.finish_reason);
+                        let c = &got.decode.counters;
+                        assert_eq!(got.decode.strategy, spec.name());
+                        assert!(c["drafts"] >= 1 && c["draft_tokens"] >= c["accepted_tokens"]);
+                        // Every round emits its accepted tokens and one more.
+                        assert!(
+                            got.decode.forward_passes + c["accepted_tokens"]
+                                >= got.token_ids.len() as u64 - 1
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A perfect draft: greedy chains of depth 4 are accepted whole (up to floating-point near-ties),
+/// so the strategy's bookkeeping across many accepted rounds is exercised — and the output is
+/// still exactly autoregressive decoding's.
+#[test]
+fn a_perfect_draft_is_accepted_and_changes_nothing() {
+    for model in MODELS {
+        let e = engine(model);
+        e.set_draft(Arc::new(Oracle(Arc::new(
+            Llava::load(&fixtures().join("models").join(model), &Device::Cpu).unwrap(),
+        ))));
+        for prune in prunings() {
+            let mut ar = request(
+                &["astronaut.png"],
+                "Describe the image.",
+                40,
+                DecodeSpec::Ar,
+            );
+            ar.prune = prune.clone();
+            let want = run(&e, &ar);
+            // The random fixtures' distributions are flat: no early stop on low confidence.
+            for tree in [TreeSettings::chain(4), TreeSettings::default()] {
+                let tree = TreeSettings {
+                    min_confidence: 0.0,
+                    ..tree
+                };
+                let r = Request {
+                    decode: DecodeSpec::Vispec,
+                    tree: Some(tree.clone()),
+                    ..ar.clone()
+                };
+                let got = run(&e, &r);
+                assert_eq!(got.token_ids, want.token_ids, "{model} {tree:?} {prune:?}");
+                let passes = got.decode.forward_passes as f64;
+                let per_pass = (got.token_ids.len() - 1) as f64 / passes;
+                // FastV's target drops rows the oracle keeps: its hidden states differ a little.
+                let floor = if prune.as_ref().is_some_and(|p| p.policy == Policy::FastV) {
+                    1.0
+                } else {
+                    3.5
+                };
+                assert!(
+                    per_pass >= floor,
+                    "{model} {tree:?} {prune:?}: {per_pass} tokens per pass, {:?}",
+                    got.decode
+                );
+            }
+        }
+    }
+}
+
+/// A fixed seed at temperature 1 gives the same speculative answer twice.
+#[test]
+fn sampled_speculative_decoding_is_deterministic_per_seed() {
+    let e = engine("llama-gqa");
+    e.set_draft(Arc::new(random_head("llama-gqa", Some(4), true, 1)));
+    let mut r = request(
+        &["astronaut.png"],
+        "Describe the image.",
+        30,
+        DecodeSpec::Vispec,
+    );
+    r.sampling = SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 0.95,
+        seed: 5,
+    };
+    let a = run(&e, &r);
+    let b = run(&e, &r);
+    assert_eq!(a.token_ids, b.token_ids);
+    assert!(!a.token_ids.is_empty());
+}
+
+/// The rows of a draft tree verified in one pass under the tree mask equal each root-to-node path
+/// decoded on its own; and keeping an accepted path in the cache equals having decoded it.
+#[test]
+fn tree_verification_equals_sequential_decoding_and_kept_rows_equal_recomputation() {
+    for model in MODELS {
+        let llava = Llava::load(&fixtures().join("models").join(model), &Device::Cpu).unwrap();
+        let lm = llava.text();
+        let prompt: Vec<u32> = (3..40).collect();
+        let pos: Vec<u32> = (0..prompt.len() as u32).collect();
+        let mut base = lm.new_cache();
+        lm.forward(
+            &lm.embed_tokens(&prompt).unwrap(),
+            &pos,
+            &AttnMask::causal(),
+            &mut base,
+        )
+        .unwrap();
+        let start = prompt.len() as u32;
+        // root ─ a ─ c ─ e
+        //      │   └ d
+        //      └ b ─ f
+        let tokens = [7u32, 8, 9, 10, 11, 12, 13];
+        let parents = vec![None, Some(0), Some(0), Some(1), Some(1), Some(3), Some(2)];
+        let tree = TreeMask::new(parents).unwrap();
+        let mut cache = base.fork().unwrap();
+        let positions = tree.positions(start);
+        let hidden = lm
+            .forward(
+                &lm.embed_tokens(&tokens).unwrap(),
+                &positions,
+                &AttnMask::Tree(tree.clone()),
+                &mut cache,
+            )
+            .unwrap();
+        for node in 0..tokens.len() {
+            let path = tree.path(node);
+            let ids: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
+            let pos: Vec<u32> = (0..ids.len() as u32).map(|i| start + i).collect();
+            let mut c = base.fork().unwrap();
+            let h = lm
+                .forward(
+                    &lm.embed_tokens(&ids).unwrap(),
+                    &pos,
+                    &AttnMask::causal(),
+                    &mut c,
+                )
+                .unwrap();
+            let want = h.narrow(0, ids.len() - 1, 1).unwrap();
+            let got = hidden.narrow(0, node, 1).unwrap();
+            let diff: f32 = (got - &want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar()
+                .unwrap();
+            assert!(diff < 1e-4, "{model} node {node}: {diff}");
+            if node == 5 {
+                // Keep the path root ─ a ─ c ─ e (rows 0, 1, 3, 5) and decode one more token:
+                // the same as after decoding the path itself.
+                let mut kept = cache.fork().unwrap();
+                kept.keep_speculative(tokens.len(), &path).unwrap();
+                assert_eq!(kept.len(), c.len());
+                let next_pos = [start + path.len() as u32];
+                let x = lm.embed_tokens(&[20]).unwrap();
+                let a = lm
+                    .forward(&x, &next_pos, &AttnMask::causal(), &mut kept)
+                    .unwrap();
+                let b = lm
+                    .forward(&x, &next_pos, &AttnMask::causal(), &mut c)
+                    .unwrap();
+                let diff: f32 = (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap();
+                assert!(diff < 1e-4, "{model} kept path: {diff}");
+            }
+        }
+    }
+}
+
+/// Missing heads, mismatched heads and bad tree settings are clear errors, not panics.
+#[test]
+fn missing_or_mismatched_heads_and_bad_trees_are_errors() {
+    let e = engine("llama-gqa");
+    let r = request(&["astronaut.png"], "Hi", 8, DecodeSpec::Eagle);
+    let err = e
+        .generate(&r, &mut |_| Flow::Continue)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("eagle draft head") && err.contains("draft-eagle"),
+        "{err}"
+    );
+    let mut r = request(&["astronaut.png"], "Hi", 8, DecodeSpec::Vispec);
+    r.tree = Some(TreeSettings {
+        depth: 0,
+        ..TreeSettings::default()
+    });
+    let err = e
+        .generate(&r, &mut |_| Flow::Continue)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("depth"), "{err}");
+    let head = random_head("qwen2", None, false, 3);
+    let llama = Llava::load(&fixtures().join("models/llama-gqa"), &Device::Cpu).unwrap();
+    let t = llama.text();
+    let err = head
+        .config()
+        .check_target(t.hidden_size() + 1, t.vocab_size());
+    assert!(err.is_err());
+    let _ = Prompt::Raw {
+        text: String::new(),
+        images: vec![],
+    };
+}
