@@ -454,3 +454,40 @@ fn bad_flags() {
         expect_failure(&flags.join(" "), &args, keyword);
     }
 }
+
+/// Speculative-decoding flags: a missing or foreign draft head, bad tree settings, tree flags
+/// without a speculative strategy.
+#[test]
+fn bad_draft_heads_and_tree_flags() {
+    let (m, img) = (fixture(MODEL), fixture("images/astronaut.png"));
+    let root = scratch("bad-draft");
+    // A "head" that is a target model, and a directory with no config at all.
+    let not_a_head = model_copy(&root, "not-a-head", MODEL);
+    let empty = root.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    for (flags, keyword) in [
+        (&["--decode", "vispec"][..], "draft-vispec"),
+        (&["--decode", "eagle"][..], "draft-eagle"),
+        (
+            &["--decode", "vispec", "--draft", s(&empty)][..],
+            "config.json",
+        ),
+        (
+            &["--decode", "vispec", "--draft", s(&not_a_head)][..],
+            "model_type",
+        ),
+        (&["--decode", "vispec", "--draft-depth", "0"][..], "depth"),
+        (
+            &["--decode", "vispec", "--draft-budget", "100000"][..],
+            "budget",
+        ),
+        (
+            &["--decode", "vispec", "--chain", "--draft-top-k", "3"][..],
+            "--chain",
+        ),
+        (&["--draft-depth", "3"][..], "vispec or eagle"),
+        (&["--decode", "medusa"][..], "vispec"),
+    ] {
+        expect_failure(&flags.join(" "), &run_args(s(&m), s(&img), flags), keyword);
+    }
+}

@@ -6,8 +6,8 @@
 //! * [`DraftHead`]: the head itself, behind [`glance_nn::DraftLm`] for the decoders, with the
 //!   differentiable pieces training needs ([`DraftHead::step_after`]).
 //!
-//! The ViSpec parts (Kelly et al., "ViSpec: Accelerating Vision-Language Models with
-//! Vision-Aware Speculative Decoding"):
+//! The ViSpec parts (the ViSpec paper, "Accelerating Vision-Language Models with Vision-Aware
+//! Speculative Decoding"; design notes in `docs/speculative.md`):
 //!
 //! * a **vision adaptor**: learnable queries cross-attend over an image's visual rows, and the
 //!   resulting few tokens replace the image's rows in the draft's sequence, spread over the
