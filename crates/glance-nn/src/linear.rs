@@ -25,9 +25,10 @@ impl Linear {
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let out_dim = self.weight.dim(0)?;
         let x2 = xs.reshape((rows, in_dim))?;
-        // One row of frozen f32 weights on CPU (batch-1 decode): the bandwidth-bound kernel.
-        // Anything in an autograd graph (trainable weights or inputs) takes the differentiable matmul.
-        let fast = rows == 1
+        // A few rows of frozen f32 weights on CPU (decode, draft trees): the bandwidth-bound
+        // kernels. Anything in an autograd graph (trainable weights or inputs) takes the
+        // differentiable matmul.
+        let fast = rows <= crate::matvec::MAX_SMALL_ROWS
             && self.weight.device().is_cpu()
             && self.weight.dtype() == candle_core::DType::F32
             && xs.dtype() == candle_core::DType::F32
@@ -35,8 +36,10 @@ impl Linear {
             && !self.weight.track_op()
             && !xs.track_op();
         // (rows, in) x (in, out) -> (rows, out)
-        let y = if fast {
+        let y = if fast && rows == 1 {
             crate::matvec::matvec(&self.weight, &x2)?
+        } else if fast {
+            crate::matvec::matmul_rows(&self.weight, &x2)?
         } else {
             x2.matmul(&self.weight.t()?)?
         };

@@ -1,9 +1,17 @@
-//! Batch-1 decode kernel: `y = W x` for one row, split over output rows across the current rayon
-//! pool, with an AVX2 + FMA dot product when the CPU has it.
+//! Decode kernels: `y = W x` for one row ([`matvec`]) or a few ([`matmul_rows`]), split over
+//! output rows across the current rayon pool, with AVX2 + FMA register-blocked kernels when the
+//! CPU has them.
 //!
-//! Decode is memory-bound: each step streams every weight once. candle's GEMM gains nothing from a
-//! second thread on a matrix-vector product (measured on the decode shapes); this kernel reads each
-//! weight row exactly once, contiguously, on as many threads as the pool has.
+//! Decode is memory-bound at real sizes: each step streams every weight once. candle's GEMM gains
+//! nothing from a second thread on a matrix-vector product (measured on the decode shapes) and
+//! pays milliseconds of dispatch on a few rows; these kernels read each weight row once,
+//! contiguously, for all input rows at once, on as many threads as the pool has.
+//!
+//! **One summation order.** Every output is computed in the same order whatever the kernel: one
+//! 8-lane accumulator over the row's 8-element chunks in order, its lanes summed in a fixed tree,
+//! then the tail elements in order. So a row computed among others (a draft tree verified in one
+//! pass) gets bit for bit the linear outputs it gets alone (one decode step) — part of why greedy
+//! speculative decoding reproduces autoregressive decoding token for token.
 
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
@@ -11,99 +19,197 @@ use rayon::prelude::*;
 /// Output rows per rayon task.
 const ROWS_PER_TASK: usize = 64;
 
+/// Most rows [`matmul_rows`] is meant for: beyond, a GEMM's blocking wins.
+pub const MAX_SMALL_ROWS: usize = 64;
+
 /// `x` `(1, in)` or `(in,)`, `w` `(out, in)` contiguous f32 → `(1, out)`.
 pub fn matvec(w: &Tensor, x: &Tensor) -> Result<Tensor> {
     let (out_dim, in_dim) = w.dims2()?;
+    let x = x.flatten_all()?.reshape((1, x.elem_count()))?;
+    if x.dim(1)? != in_dim {
+        candle_core::bail!(
+            "matvec: x has {} values for a ({out_dim}, {in_dim}) matrix",
+            x.dim(1)?
+        )
+    }
+    matmul_rows(w, &x)
+}
+
+/// `x` `(m, in)`, `w` `(out, in)` contiguous f32 → `(m, out)`, every output in the one summation
+/// order (see the module documentation).
+pub fn matmul_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let (out_dim, in_dim) = w.dims2()?;
+    let (m, x_in) = x.dims2()?;
+    if x_in != in_dim {
+        candle_core::bail!("matmul_rows: x is ({m}, {x_in}) for a ({out_dim}, {in_dim}) matrix")
+    }
+    let x = x.contiguous()?;
     let w_data = w.storage_and_layout();
-    let x_flat = x.flatten_all()?.contiguous()?;
-    let x_data = x_flat.storage_and_layout();
+    let x_data = x.storage_and_layout();
     let (candle_core::Storage::Cpu(ws), candle_core::Storage::Cpu(xs)) = (&*w_data.0, &*x_data.0)
     else {
-        candle_core::bail!("matvec: CPU tensors only")
+        candle_core::bail!("matmul_rows: CPU tensors only")
     };
     let (Some((wa, wb)), Some((xa, xb))) =
         (w_data.1.contiguous_offsets(), x_data.1.contiguous_offsets())
     else {
-        candle_core::bail!("matvec: contiguous inputs only")
+        candle_core::bail!("matmul_rows: contiguous inputs only")
     };
     let w_slice = &ws.as_slice::<f32>()?[wa..wb];
     let x_slice = &xs.as_slice::<f32>()?[xa..xb];
-    if x_slice.len() != in_dim {
-        candle_core::bail!(
-            "matvec: x has {} values for a ({out_dim}, {in_dim}) matrix",
-            x_slice.len()
-        )
-    }
-    let mut y = vec![0f32; out_dim];
-    y.par_chunks_mut(ROWS_PER_TASK)
+    // (out, m): each task fills whole weight rows' outputs.
+    let mut yt = vec![0f32; out_dim * m];
+    yt.par_chunks_mut(ROWS_PER_TASK * m)
         .enumerate()
         .for_each(|(c, ys)| {
             let first = c * ROWS_PER_TASK;
-            for (r, yr) in ys.iter_mut().enumerate() {
-                let row = &w_slice[(first + r) * in_dim..(first + r + 1) * in_dim];
-                *yr = dot(row, x_slice);
-            }
+            let rows = ys.len() / m;
+            let w_rows = &w_slice[first * in_dim..(first + rows) * in_dim];
+            block(w_rows, x_slice, in_dim, m, ys);
         });
     drop((w_data, x_data));
-    Tensor::from_vec(y, (1, out_dim), w.device())
+    if m == 1 {
+        return Tensor::from_vec(yt, (1, out_dim), w.device());
+    }
+    // (out, m) -> (m, out)
+    let mut y = vec![0f32; m * out_dim];
+    for (r, yr) in yt.chunks_exact(m).enumerate() {
+        for (i, &v) in yr.iter().enumerate() {
+            y[i * out_dim + r] = v;
+        }
+    }
+    Tensor::from_vec(y, (m, out_dim), w.device())
 }
 
-/// Dot product, vectorised.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// `out[r * m + i] = w_r · x_i` for the weight rows in `w` and the `m` input rows in `x`.
+fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if has_avx2_fma() {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            return unsafe { dot_avx2(a, b) };
+            unsafe { avx2::block(w, x, n, m, out) };
+            return;
         }
     }
-    dot_portable(a, b)
-}
-
-/// Sixteen independent accumulators so the compiler vectorises without reassociating.
-fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
+    for (r, wr) in w.chunks_exact(n).enumerate() {
+        for (i, xi) in x.chunks_exact(n).enumerate() {
+            out[r * m + i] = dot_portable(wr, xi);
         }
     }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
+fn has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Dot product in the kernels' summation order.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (k, acc_k) in acc.iter_mut().enumerate() {
-            let va = _mm256_loadu_ps(pa.add(i + 8 * k));
-            let vb = _mm256_loadu_ps(pb.add(i + 8 * k));
-            *acc_k = _mm256_fmadd_ps(va, vb, *acc_k);
+    let mut out = [0f32];
+    block(&a[..n], &b[..n], n, 1, &mut out);
+    out[0]
+}
+
+/// The portable order: eight lanes over 8-element chunks, lanes summed, then the tail.
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
         }
-        i += 32;
     }
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
-    let mut total: f32 = lanes.iter().sum();
-    while i < n {
-        total += a[i] * b[i];
-        i += 1;
+    let mut total =
+        ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (x, y) in ta.iter().zip(tb) {
+        total += x * y;
     }
     total
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// See [`super::block`]. Register blocks: 8 weight rows × 1 input row (decode), 2 × 4
+    /// (a few rows), and their remainders; every output gets the same sequence of operations.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
+        let rows = w.len() / n;
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let mut r = 0;
+        if m == 1 {
+            while r + 8 <= rows {
+                tile::<8, 1>(wp, xp, n, r, 0, m, out);
+                r += 8;
+            }
+        }
+        while r + 2 <= rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                tile::<2, 4>(wp, xp, n, r, i, m, out);
+                i += 4;
+            }
+            while i < m {
+                tile::<2, 1>(wp, xp, n, r, i, m, out);
+                i += 1;
+            }
+            r += 2;
+        }
+        while r < rows {
+            for i in 0..m {
+                tile::<1, 1>(wp, xp, n, r, i, m, out);
+            }
+            r += 1;
+        }
+    }
+
+    /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`.
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const M: usize>(
+        wp: *const f32,
+        xp: *const f32,
+        n: usize,
+        r0: usize,
+        i0: usize,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); M]; R];
+        let chunks = n / 8;
+        for c in 0..chunks {
+            let mut xv = [_mm256_setzero_ps(); M];
+            for (i, v) in xv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(xp.add((i0 + i) * n + 8 * c));
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let wv = _mm256_loadu_ps(wp.add((r0 + r) * n + 8 * c));
+                for (a, v) in acc_r.iter_mut().zip(&xv) {
+                    *a = _mm256_fmadd_ps(wv, *v, *a);
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (i, a) in acc_r.iter().enumerate() {
+                let mut total = hsum(*a);
+                for k in 8 * chunks..n {
+                    total += *wp.add((r0 + r) * n + k) * *xp.add((i0 + i) * n + k);
+                }
+                out[(r0 + r) * m + i0 + i] = total;
+            }
+        }
+    }
+
+    /// Lanes summed in a fixed tree.
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +227,20 @@ mod tests {
             let got = matvec(&w, &x)?;
             let d: f32 = (got - want)?.abs()?.max_all()?.to_scalar()?;
             assert!(d < 1e-4, "({out}, {inp}): {d}");
+        }
+        for (m, out, inp) in [(2, 7, 33), (5, 129, 100), (17, 300, 768)] {
+            let w = Tensor::randn(0f32, 1.0, (out, inp), &dev)?;
+            let x = Tensor::randn(0f32, 1.0, (m, inp), &dev)?;
+            let want = x.matmul(&w.t()?)?;
+            let got = matmul_rows(&w, &x)?;
+            let d: f32 = (&got - want)?.abs()?.max_all()?.to_scalar()?;
+            assert!(d < 1e-4, "({m}, {out}, {inp}): {d}");
+            // Each row bit for bit what it gets alone.
+            for i in 0..m {
+                let alone = matvec(&w, &x.narrow(0, i, 1)?)?;
+                let row = got.narrow(0, i, 1)?;
+                assert_eq!(alone.to_vec2::<f32>()?, row.to_vec2::<f32>()?);
+            }
         }
         let a: Vec<f32> = (0..1000).map(|i| (i % 13) as f32 - 6.0).collect();
         let b: Vec<f32> = (0..1000).map(|i| (i % 7) as f32 * 0.5).collect();

@@ -68,6 +68,17 @@ struct Tally {
     /// Per response-position bucket: rounds started there and tokens they emitted.
     rounds_by_position: Vec<u64>,
     emitted_by_position: Vec<u64>,
+    /// Where the time went: the draft's prompt rows, pending rows + tree growth, the target's
+    /// verification pass (forward and logits), acceptance and bookkeeping.
+    time: Phases,
+}
+
+#[derive(Default)]
+struct Phases {
+    start: std::time::Duration,
+    draft: std::time::Duration,
+    verify: std::time::Duration,
+    accept: std::time::Duration,
 }
 
 fn bump(h: &mut Vec<u64>, i: usize, by: u64) {
@@ -137,6 +148,7 @@ impl DecodeStrategy for Speculative {
         }
 
         // The draft's prompt rows, then `x`'s row: all pending.
+        let clock = Instant::now();
         let image_rows: Vec<Vec<usize>> = state.images.iter().map(|i| i.rows.clone()).collect();
         let draft_start = self.draft.start(&DraftPrompt {
             inputs: &state.inputs,
@@ -154,9 +166,11 @@ impl DecodeStrategy for Speculative {
         let mut pending_pos = draft_start.positions;
         pending_pos.push(pos + 1);
         pos += 1; // x's position
+        tally.time.start += clock.elapsed();
 
         let reason = loop {
             // 1. Pending rows with real hidden states: committed in the draft's cache.
+            let clock = Instant::now();
             let out = self.draft.forward(
                 &pending_rows,
                 &pending_pos,
@@ -192,6 +206,8 @@ impl DecodeStrategy for Speculative {
                 &config.eos_token_ids,
             )?;
             draft_cache.rollback(&mark)?;
+            tally.time.draft += clock.elapsed();
+            let clock = Instant::now();
             // 3. One target pass over [x, tree…].
             let mut ids = Vec::with_capacity(tree.len() + 1);
             ids.push(x);
@@ -206,6 +222,8 @@ impl DecodeStrategy for Speculative {
             )?;
             forwards += 1;
             let logits: Vec<Vec<f32>> = model.logits(&hidden)?.to_vec2()?;
+            tally.time.verify += clock.elapsed();
+            let clock = Instant::now();
             // 4. Accept, emit, keep the accepted rows.
             let verdict = verify(&tree, &logits, &mut sampler)?;
             record(&mut tally, &tree, &verdict, tokens.len());
@@ -228,6 +246,7 @@ impl DecodeStrategy for Speculative {
                 }
             }
             if let Some(r) = ended {
+                tally.time.accept += clock.elapsed();
                 break r;
             }
             // The next round's pending rows: each emitted token with the hidden state before it.
@@ -242,6 +261,7 @@ impl DecodeStrategy for Speculative {
                 .map(|i| pos - emitted.len() as u32 + 1 + i)
                 .collect();
             x = verdict.next;
+            tally.time.accept += clock.elapsed();
         };
         Ok(finish(
             self, tokens, reason, prompt_len, prefill, start, forwards, tally,
@@ -289,6 +309,11 @@ fn finish(
     c.insert("accepted_tokens".into(), tally.accepted);
     c.insert("draft_forwards".into(), tally.draft_forwards);
     c.insert("recovered_tokens".into(), tally.recovered);
+    let us = |d: std::time::Duration| d.as_micros() as u64;
+    c.insert("time_start_us".into(), us(tally.time.start));
+    c.insert("time_draft_us".into(), us(tally.time.draft));
+    c.insert("time_verify_us".into(), us(tally.time.verify));
+    c.insert("time_accept_us".into(), us(tally.time.accept));
     let h = &mut stats.histograms;
     h.insert("accepted_by_depth".into(), tally.accepted_by_depth);
     h.insert("offered_by_depth".into(), tally.offered_by_depth);
