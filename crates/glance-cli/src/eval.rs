@@ -164,10 +164,12 @@ fn print_report(dir: &std::path::Path, r: &EvalReport) {
         None => println!("{:<22} {:>9}", "description (objects)", 0),
     }
     println!(
-        "speed: mean time to first token {:.1} ms, decode {:.0} tokens/s, {} tokens generated, {:.1} s",
+        "speed: mean time to first token {:.1} ms, decode {:.0} tokens/s, {} tokens generated, \
+         {:.2} tokens per forward pass, {:.1} s",
         r.timing.mean_ttft_s * 1e3,
         r.timing.decode_tokens_per_s,
         r.timing.generated_tokens,
+        r.timing.tokens_per_forward,
         r.seconds
     );
 }

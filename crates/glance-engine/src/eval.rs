@@ -137,6 +137,11 @@ pub struct EvalTiming {
     /// Tokens after the first per second of decoding, over all answers.
     pub decode_tokens_per_s: f64,
     pub generated_tokens: usize,
+    /// Forward passes of the model after the prefills, and the tokens after each answer's first
+    /// per pass (1 for autoregressive decoding; the mean accepted length plus one for
+    /// speculative decoding).
+    pub forward_passes: u64,
+    pub tokens_per_forward: f64,
 }
 
 /// One answered question.
@@ -325,6 +330,7 @@ struct Acc {
     /// Tokens after the first, and the time decoding them took.
     decoded: usize,
     decode_s: f64,
+    forwards: u64,
     examples: Vec<ExampleAnswer>,
     answers: Vec<Answer>,
 }
@@ -358,6 +364,7 @@ impl Acc {
         self.tokens += tokens;
         self.decoded += tokens.saturating_sub(1);
         self.decode_s += timings.decode_s;
+        self.forwards += response.decode.forward_passes;
         if self.examples.len() < options.examples {
             self.examples.push(ExampleAnswer {
                 question: qa.question.clone(),
@@ -433,6 +440,12 @@ impl Acc {
                     0.0
                 },
                 generated_tokens: self.tokens,
+                forward_passes: self.forwards,
+                tokens_per_forward: if self.forwards > 0 {
+                    self.decoded as f64 / self.forwards as f64
+                } else {
+                    0.0
+                },
             },
             seconds,
             examples: self.examples,
