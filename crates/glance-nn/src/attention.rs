@@ -304,6 +304,10 @@ pub struct AttnOutput {
     pub probs: Option<Tensor>,
 }
 
+/// Most new rows the row-wise kernel takes (decode steps, draft trees); longer runs (prefills)
+/// take the GEMM path.
+pub const MAX_ROWWISE_ROWS: usize = 64;
+
 /// `softmax(q kᵀ · scale + mask) v` with grouped-query heads.
 ///
 /// * `q`: `(1, h, t, d)`; `k`, `v`: `(1, kv_h, s, d)` with `h` a multiple of `kv_h` (query head
@@ -311,7 +315,11 @@ pub struct AttnOutput {
 /// * `mask`: additive `(t, s)`.
 ///
 /// GQA is done without copying K/V: the query heads sharing a KV head are folded into the row
-/// dimension of one matmul.
+/// dimension of one matmul. Inference on a few rows (f32 on CPU, up to [`MAX_ROWWISE_ROWS`], no
+/// probabilities asked for) takes a row-wise kernel instead: each query row attends over only
+/// its visible keys, in key order, so a row's result depends on nothing but the keys it sees —
+/// a draft-tree node verified among its siblings gets bit for bit what the same token gets
+/// decoded alone, and no GEMM is dispatched for a handful of rows.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -324,6 +332,18 @@ pub fn attention(
     let (b, h, t, d) = q.dims4()?;
     let (_, kv_h, s, _) = k.dims4()?;
     let n_rep = h / kv_h;
+    let rowwise = mode == Mode::Infer
+        && !want_probs
+        && b == 1
+        && t <= MAX_ROWWISE_ROWS
+        && q.device().is_cpu()
+        && [q, k, v].iter().all(|x| x.dtype() == DType::F32);
+    if rowwise {
+        return Ok(AttnOutput {
+            out: attention_rowwise(q, k, v, mask, scale)?,
+            probs: None,
+        });
+    }
     // (b, kv_h, n_rep * t, d), scaled here: t·d multiplies instead of t·s.
     let qg = (q.reshape((b, kv_h, n_rep * t, d))? * scale)?;
     // (b, kv_h, n_rep * t, s)
@@ -344,6 +364,83 @@ pub fn attention(
         None
     };
     Ok(AttnOutput { out, probs })
+}
+
+/// The row-wise kernel of [`attention`] (batch 1, f32, CPU): `(1, h, t, d)`.
+fn attention_rowwise(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let (_, h, t, d) = q.dims4()?;
+    let (_, kv_h, s, _) = k.dims4()?;
+    let n_rep = h / kv_h;
+    let q: Vec<f32> = q.flatten_all()?.to_vec1()?;
+    // (t, s) additive, row-major.
+    let mask: Option<Vec<f32>> = match mask {
+        Some(m) => Some(m.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?),
+        None => None,
+    };
+    // Keys and values as (kv_h, s, d) rows; a cache view is already row-contiguous per head.
+    let (k, v) = (k.squeeze(0)?.contiguous()?, v.squeeze(0)?.contiguous()?);
+    let (k_guard, v_guard) = (k.storage_and_layout(), v.storage_and_layout());
+    let (candle_core::Storage::Cpu(ks), candle_core::Storage::Cpu(vs)) = (&*k_guard.0, &*v_guard.0)
+    else {
+        candle_core::bail!("attention: CPU tensors only")
+    };
+    let (Some((ka, kb)), Some((va, vb))) = (
+        k_guard.1.contiguous_offsets(),
+        v_guard.1.contiguous_offsets(),
+    ) else {
+        candle_core::bail!("attention: contiguous keys and values only")
+    };
+    let (k_all, v_all) = (
+        &ks.as_slice::<f32>()?[ka..kb],
+        &vs.as_slice::<f32>()?[va..vb],
+    );
+    let scale = scale as f32;
+    let mut out = vec![0f32; h * t * d];
+    out.par_chunks_mut(t * d)
+        .enumerate()
+        .for_each(|(head, out_h)| {
+            let g = head / n_rep;
+            let (kh, vh) = (
+                &k_all[g * s * d..(g + 1) * s * d],
+                &v_all[g * s * d..(g + 1) * s * d],
+            );
+            // (s, t): every key against every row of this head, each a canonical-order dot.
+            let mut dots = vec![0f32; s * t];
+            crate::matvec::block(kh, &q[head * t * d..(head + 1) * t * d], d, t, &mut dots);
+            let (mut scores, mut keys, mut probs) = (Vec::new(), Vec::new(), Vec::new());
+            for (r, o) in out_h.chunks_exact_mut(d).enumerate() {
+                scores.clear();
+                keys.clear();
+                for j in 0..s {
+                    let m = mask.as_ref().map_or(0.0, |m| m[r * s + j]);
+                    if m == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    scores.push(dots[j * t + r] * scale + m);
+                    keys.push(j);
+                }
+                probs.resize(scores.len(), 0.0);
+                crate::fused::softmax_row(&scores, &mut probs);
+                if scores.is_empty() {
+                    o.fill(f32::NAN);
+                    continue;
+                }
+                for (&p, &j) in probs.iter().zip(&keys) {
+                    for (o, &x) in o.iter_mut().zip(&vh[j * d..(j + 1) * d]) {
+                        *o += p * x;
+                    }
+                }
+            }
+        });
+    drop((k_guard, v_guard));
+    Tensor::from_vec(out, (1, h, t, d), &Device::Cpu)
 }
 
 #[cfg(test)]
@@ -393,6 +490,46 @@ mod tests {
             .iter()
             .map(|r| r.chars().map(|c| c == 'x').collect())
             .collect()
+    }
+
+    /// A draft-tree node verified among its siblings gets bit for bit what it gets over just the
+    /// keys it sees; and the row-wise kernel agrees with the GEMM path.
+    #[test]
+    fn rowwise_rows_depend_only_on_their_visible_keys() -> Result<()> {
+        let dev = Device::Cpu;
+        let (h, kv_h, past, d) = (4, 2, 9, 16);
+        // root ─ a, root ─ b: rows past, past + 1, past + 2.
+        let tree = AttnMask::tree(vec![None, Some(0), Some(0)])?;
+        let q = Tensor::randn(0f32, 1.0, (1, h, 3, d), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (1, kv_h, past + 3, d), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (1, kv_h, past + 3, d), &dev)?;
+        let m = tree.materialize(None, 3, past + 3, &dev)?;
+        let all = attention(&q, &k, &v, m.as_ref(), 0.25, Mode::Infer, false)?.out;
+        let gemm = attention(&q, &k, &v, m.as_ref(), 0.25, Mode::Train, false)?.out;
+        let diff: f32 = (&all - gemm)?.abs()?.max_all()?.to_scalar()?;
+        assert!(diff < 1e-5, "{diff}");
+        // Node b alone: keys = the past, the root, b.
+        let idx: Vec<u32> = (0..past as u32)
+            .chain([past as u32, past as u32 + 2])
+            .collect();
+        let idx = Tensor::new(idx.as_slice(), &dev)?;
+        let (kb, vb) = (k.index_select(&idx, 2)?, v.index_select(&idx, 2)?);
+        let alone = attention(
+            &q.narrow(2, 2, 1)?,
+            &kb,
+            &vb,
+            None,
+            0.25,
+            Mode::Infer,
+            false,
+        )?
+        .out;
+        let got = all.narrow(2, 2, 1)?;
+        assert_eq!(
+            alone.flatten_all()?.to_vec1::<f32>()?,
+            got.flatten_all()?.to_vec1::<f32>()?
+        );
+        Ok(())
     }
 
     #[test]

@@ -105,7 +105,7 @@ impl CustomOp1 for FastSoftmax {
     }
 }
 
-fn softmax_row(src: &[f32], dst: &mut [f32]) {
+pub(crate) fn softmax_row(src: &[f32], dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")

@@ -81,8 +81,9 @@ pub fn matmul_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(y, (m, out_dim), w.device())
 }
 
-/// `out[r * m + i] = w_r · x_i` for the weight rows in `w` and the `m` input rows in `x`.
-fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
+/// `out[r * m + i] = w_r · x_i` for the weight rows in `w` and the `m` input rows in `x`, each
+/// of length `n`, every output in the one summation order.
+pub(crate) fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx2_fma() {
