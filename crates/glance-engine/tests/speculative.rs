@@ -347,3 +347,52 @@ fn missing_or_mismatched_heads_and_bad_trees_are_errors() {
         images: vec![],
     };
 }
+
+/// glance-tiny with the heads it ships (`models/glance-tiny/draft-vispec`, `draft-eagle`), found
+/// with no flag: on a fixed sample of test images, every question and a long description, ViSpec
+/// and EAGLE (tree and chain) give exactly autoregressive decoding's tokens, also under 12.5%
+/// adaptive pruning — and the trained ViSpec head is accepted deep enough to matter (a floor far
+/// under what it measures, to catch a broken or swapped head).
+#[test]
+fn glance_tiny_with_its_shipped_heads_is_lossless_and_accepts_deep() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/glance-tiny");
+    let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+    let tight = Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.125)));
+    let (mut decoded, mut passes) = (0usize, 0u64);
+    for index in 0..6 {
+        let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
+        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
+        let mut prompts: Vec<(String, usize)> =
+            ex.questions.iter().map(|q| (q.question.clone(), 16)).collect();
+        prompts.push(("Describe the image in detail.".into(), 160));
+        for (text, n) in prompts {
+            for prune in [None, tight.clone()] {
+                let ar = Request {
+                    max_new_tokens: n,
+                    prune: prune.clone(),
+                    ..Request::chat(&text, vec![image.clone()])
+                };
+                let want = run(&e, &ar);
+                for (spec, tree) in [
+                    (DecodeSpec::Vispec, None),
+                    (DecodeSpec::Vispec, Some(TreeSettings::chain(5))),
+                    (DecodeSpec::Eagle, None),
+                ] {
+                    let r = Request {
+                        decode: spec,
+                        tree: tree.clone(),
+                        ..ar.clone()
+                    };
+                    let got = run(&e, &r);
+                    assert_eq!(got.token_ids, want.token_ids, "image {index} {text:?} {spec} {tree:?} {prune:?}");
+                    if spec == DecodeSpec::Vispec && tree.is_none() && prune.is_none() && n > 16 {
+                        decoded += got.token_ids.len() - 1;
+                        passes += got.decode.forward_passes;
+                    }
+                }
+            }
+        }
+    }
+    let per_pass = decoded as f64 / passes as f64;
+    assert!(per_pass >= 3.0, "ViSpec on descriptions: {per_pass:.2} tokens per target pass");
+}
