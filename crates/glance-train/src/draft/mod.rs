@@ -13,6 +13,30 @@
 //!   `OUT/head/` (`config.json` + `model.safetensors`, the names `DraftHead` reads).
 //!
 //! The settings are one serialisable [`DraftTrainConfig`], saved in every checkpoint.
+//!
+//! Choices (defaults of [`DraftTrainConfig::vispec`]):
+//!
+//! * **Curriculum** — the first 15% of the steps short answers only, then 30% mixed (half long),
+//!   then long (90% long answers). Short answers teach the first tokens after a question cheaply;
+//!   long ones are where drafting pays and where the draft must keep the image in mind.
+//! * **Distractors** (last stage, 10% of the samples): the draft's *visual inputs* — the image
+//!   rows it reads, hence the adaptor's compressed tokens and the global feature (and, for the
+//!   text-only head, the image rows' feature inputs) — come from another world image, while the
+//!   target's hidden states and distributions stay those of the real one. The draft thus learns
+//!   that the visual rows are a hint to weigh against the text context and the target's hidden
+//!   states, not a source to copy from (a stale or mismatched image should cost acceptance, not
+//!   derail the draft); the hidden states it reads carry the real image's content.
+//! * **Noise** on the input hidden states: `U(-a, a)` with `a = 0.1 · RMS(h)` per sample —
+//!   EAGLE's `U(-0.1, 0.1)` for hidden states of unit scale, made scale-free (glance-tiny's
+//!   final-normed states are not of unit scale). Targets are never noised.
+//! * **Hidden-state regression**: smooth-L1 with weight 0.2 beside the cross-entropy. The
+//!   cross-entropy against the target's distribution is what acceptance measures and, with the
+//!   multi-pass forward, also trains the fed-back states (EAGLE-3 drops the regression for that
+//!   reason); a small weight keeps the predicted states near the target's, which is what `fc`
+//!   reads at deeper drafts, without letting directions that do not move the logits dominate
+//!   (per element, smooth-L1 runs at about half the cross-entropy per row in practice).
+//! * **Passes**: 3 (draft depths 1–3), pass `k` weighted `0.8^(k-1)`: deeper rows are harder and
+//!   matter less (a chain stops at the first rejection), but must not be ignored.
 
 pub mod passes;
 pub mod samples;
@@ -144,13 +168,13 @@ impl DraftTrainConfig {
                 final_long: 0.9,
                 distractor: 0.1,
             },
-            long_pool: 800,
+            long_pool: 1000,
             short_pool: 300,
             max_new_long: 160,
             max_new_short: 24,
             checkpoint_every: 100,
             eval_every: 200,
-            eval_long: 24,
+            eval_long: 40,
             eval_short: 8,
             cache_mib: 1500,
         }
