@@ -10,7 +10,8 @@
 //!   against the target's distribution + smooth-L1 regression on the hidden states) and top-1
 //!   agreement per depth;
 //! * [`trainer`] — the loop: AdamW, checkpoints, resume, validation, `metrics.jsonl`, export of
-//!   `OUT/head/` (`config.json` + `model.safetensors`, the names `DraftHead` reads).
+//!   `OUT/head/` (`config.json` + `model.safetensors`, the names `DraftHead` reads);
+//!   [`state`] — its checkpoints.
 //!
 //! The settings are one serialisable [`DraftTrainConfig`], saved in every checkpoint.
 //!
@@ -40,6 +41,7 @@
 
 pub mod passes;
 pub mod samples;
+pub mod state;
 pub mod trainer;
 
 use crate::config::{Budget, OptimSpec};

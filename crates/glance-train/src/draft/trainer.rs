@@ -5,8 +5,8 @@
 //! * `head/` — the draft head directory `DraftHead::load` reads: `config.json` (the serialised
 //!   [`DraftConfig`]) and `model.safetensors` (`fc.*`, `inject.weight`, `adaptor.*`, `layer.*`,
 //!   `norm.weight`), written at the end;
-//! * `checkpoint.safetensors` — parameters (`param.*`), AdamW moments (`optim.*`) and, in the
-//!   header, the [`DraftState`] (settings, step, schedule length) as JSON; written atomically;
+//! * `checkpoint.safetensors` — parameters, AdamW moments and the [`DraftState`]
+//!   ([`super::state`]); written atomically;
 //! * `metrics.jsonl` — one JSON line per step (`"kind": "step"`) and per validation (`"eval"`).
 //!
 //! Determinism: initial weights are a function of the seed; a step's data (curriculum stage,
@@ -16,9 +16,10 @@
 
 use super::passes::{sample_loss, Agreement, PassSettings, Perturbation};
 use super::samples::{Length, Sample, SampleSource};
+use super::state::{load_checkpoint, save_checkpoint, DraftState, FORMAT};
 use super::DraftTrainConfig;
 use crate::config::Budget;
-use crate::export::{safetensors_bytes, write_atomic, write_weights};
+use crate::export::{write_atomic, write_weights};
 use crate::optim::AdamW;
 use crate::params::{init_params, Param};
 use crate::{Result, TrainError};
@@ -27,7 +28,6 @@ use candle_nn::{VarBuilder, VarMap};
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_nn::Mode;
 use glance_world::{Split, WorldRng};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::HashMap;
 use std::io::Write;
@@ -35,26 +35,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Format tag of draft checkpoints.
-pub const FORMAT: &str = "glance-draft-checkpoint/1";
-const META_KEY: &str = "glance_draft_state";
 /// Steps timed before a time budget fixes the step count (the first is not timed).
 pub const PROBE_STEPS: u64 = 4;
 /// Stream of the per-step data draws.
 const DRAW_STREAM: u64 = 0x6472_6177_7300;
-
-/// Where a run stands: enough to continue it exactly.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DraftState {
-    pub format: String,
-    pub config: DraftTrainConfig,
-    /// Optimiser steps done (also the data cursor).
-    pub step: u64,
-    /// Steps of the run once known (a time budget fixes it after the probe steps).
-    pub total: Option<u64>,
-    /// Seconds spent training so far (informational).
-    pub seconds: f64,
-}
 
 /// What one step did.
 #[derive(Debug, Clone)]
@@ -296,19 +280,11 @@ impl DraftTrainer {
 
     /// Writes the checkpoint of the current state atomically.
     pub fn save_checkpoint(&self) -> Result<()> {
-        let mut tensors: Vec<(String, Tensor)> = self
-            .params
-            .iter()
-            .map(|p| (format!("param.{}", p.name), p.var.as_tensor().clone()))
-            .collect();
-        tensors.extend(self.optim.state_tensors()?);
-        let meta = HashMap::from([
-            (META_KEY.to_string(), serde_json::to_string(&self.state)?),
-            ("format".to_string(), "pt".to_string()),
-        ]);
-        write_atomic(
+        save_checkpoint(
             &Self::checkpoint_path(&self.out),
-            &safetensors_bytes(&tensors, meta)?,
+            &self.state,
+            &self.params,
+            &self.optim,
         )
     }
 
@@ -516,33 +492,6 @@ impl DraftTrainer {
         }))?;
         Ok(report)
     }
-}
-
-/// Reads a checkpoint written by [`DraftTrainer::save_checkpoint`].
-fn load_checkpoint(path: &Path) -> Result<(DraftState, HashMap<String, Tensor>)> {
-    let bad = |reason: String| TrainError::Checkpoint {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
-    let (_, header) =
-        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-    let json = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(META_KEY))
-        .ok_or_else(|| bad("no draft-training state in the header".into()))?;
-    let state: DraftState =
-        serde_json::from_str(json).map_err(|e| bad(format!("training state: {e}")))?;
-    if state.format != FORMAT {
-        return Err(bad(format!(
-            "format {:?}, this build reads {FORMAT:?}",
-            state.format
-        )));
-    }
-    let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
-        .map_err(|e| bad(e.to_string()))?;
-    Ok((state, tensors))
 }
 
 /// The head's parameters sorted by name; weight decay on matrices other than norms and the
