@@ -13,6 +13,7 @@ mod plot;
 mod run;
 mod threads;
 mod train;
+mod train_draft;
 mod world;
 
 use anyhow::Result;

@@ -14,6 +14,9 @@ use std::time::Instant;
 pub enum TrainCommand {
     /// Train a LLaVA checkpoint on the synthetic world (writes OUT/model, an HF LLaVA directory).
     World(WorldArgs),
+    /// Train an EAGLE / ViSpec draft head for a LLaVA target on the target's own answers to
+    /// world prompts (writes OUT/head: config.json + model.safetensors).
+    Draft(crate::train_draft::DraftArgs),
     /// Validation accuracy against training time from training runs' metrics.jsonl: a table,
     /// an SVG plot and JSON.
     Curve(crate::curve::CurveArgs),
@@ -99,6 +102,7 @@ pub struct WorldArgs {
 pub fn run(cmd: TrainCommand) -> Result<()> {
     match cmd {
         TrainCommand::World(a) => world(a),
+        TrainCommand::Draft(a) => crate::train_draft::run(a),
         TrainCommand::Curve(a) => crate::curve::run(a),
     }
 }

@@ -21,11 +21,15 @@
 //! alignment of the projected tokens), [`trainer`] (the loop, checkpoints, resume; validation
 //! through `glance_engine::eval`, the runner `glance eval` uses), [`checkpoint`], [`runtime`]
 //! (thread and allocator settings for CPU training).
+//!
+//! `glance train draft` ([`draft`]): an EAGLE / ViSpec draft head for a frozen LLaVA target,
+//! trained on the target's own answers to world prompts (multi-pass "training-time test").
 
 pub mod align;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod draft;
 mod error;
 pub mod export;
 pub mod heads;
