@@ -67,8 +67,11 @@ fn export_loads_with_llava_load_and_gives_the_same_logits() {
         .zip(&b)
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, f32::max);
+    // The in-memory model's weights are trainable variables, which take the differentiable GEMM
+    // path; the loaded model's frozen weights take the decode kernels on a short prompt: the
+    // same numbers up to summation order.
     assert!(
-        diff == 0.0,
+        diff < 1e-5,
         "loaded model differs from the trained one by {diff}"
     );
 
