@@ -127,6 +127,12 @@ fn bench_spec_reports_every_strategy_and_group_and_greedy_equals_ar() {
                 assert!(r["greedy_mismatches"].is_null(), "{r}");
             }
             let rounds = r["rounds"].as_u64().unwrap();
+            let phases: f64 = ["start", "draft", "verify", "accept"]
+                .iter()
+                .map(|p| f(&r["phase_s"][p]))
+                .sum();
+            assert!(f(&r["phase_s"]["verify"]) > 0.0, "{r}");
+            assert!(phases <= f(&r["decode_s"]) + 1e-3, "{r}");
             assert_eq!(r["forward_passes"].as_u64().unwrap(), rounds, "{r}");
             let decoded =
                 r["completion_tokens"].as_u64().unwrap() - r["questions"].as_u64().unwrap();

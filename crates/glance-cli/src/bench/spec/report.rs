@@ -2,7 +2,7 @@
 //! two plots: acceptance rate by draft depth, and tokens per round by position in the
 //! description (the "middle-forgetting" curve).
 
-use super::tally::{num, Kind, Tally};
+use super::tally::{num, Kind, Tally, PHASES};
 use super::{Column, Measured, SpecBenchArgs};
 use crate::plot::{write_line_plot, Axes, Series};
 use anyhow::Result;
@@ -93,6 +93,32 @@ fn print_group(t: f32, kind: Kind, cols: &[Column], tallies: &[Tally]) {
             mismatch,
             cell(x.accuracy(), 8, 3)
         );
+    }
+    let ar_step = ar.decode_s / ar.forwards as f64;
+    println!(
+        "where the decode time went (share; ms per answer for the draft's prompt pass, per round \
+         for the rest); ar: {} ms per forward",
+        cell(ar_step * 1e3, 0, 2).trim()
+    );
+    for (c, x) in cols.iter().zip(tallies).filter(|(_, x)| x.rounds > 0) {
+        let parts: Vec<String> = PHASES
+            .iter()
+            .zip(x.phase_us)
+            .map(|(p, us)| {
+                let s = us as f64 / 1e6;
+                let per = if *p == "start" {
+                    x.questions as u64
+                } else {
+                    x.rounds
+                };
+                format!(
+                    "{p} {}% {}",
+                    cell(100.0 * s / x.decode_s, 3, 0),
+                    cell(1e3 * s / per as f64, 5, 2)
+                )
+            })
+            .collect();
+        println!("{:<22} {}", c.name, parts.join(" · "));
     }
     if buckets == 0 {
         return;

@@ -55,11 +55,18 @@ pub struct Tally {
     pub offered_by_depth: Vec<u64>,
     pub rounds_by_position: Vec<u64>,
     pub emitted_by_position: Vec<u64>,
+    /// Microseconds of decode time by phase, as [`PHASES`] names them.
+    pub phase_us: [u64; 4],
     /// (sum of scores, questions) per family, in [`Family::ALL`] order.
     pub scores: [(f64, usize); 6],
     /// Greedy answers that differ from autoregressive decoding's (`None`: not compared).
     pub mismatches: Option<usize>,
 }
+
+/// The phases of a speculative decode ([`glance_decode::Speculative`]'s `time_*_us` counters):
+/// the draft's pass over the prompt, drafting (the pending rows and the tree), the target's
+/// verification pass (forward and logits), acceptance and bookkeeping.
+pub const PHASES: [&str; 4] = ["start", "draft", "verify", "accept"];
 
 /// Adds `from` into `into` element-wise, growing it as needed.
 fn add_into(into: &mut Vec<u64>, from: &[u64]) {
@@ -107,6 +114,9 @@ impl Tally {
         self.accepted += c("accepted_tokens");
         self.draft_forwards += c("draft_forwards");
         self.recovered += c("recovered_tokens");
+        for (t, p) in self.phase_us.iter_mut().zip(PHASES) {
+            *t += c(&format!("time_{p}_us"));
+        }
         let h = |k: &str| r.decode.histograms.get(k).map_or(&[][..], Vec::as_slice);
         add_into(&mut self.accepted_by_depth, h("accepted_by_depth"));
         add_into(&mut self.offered_by_depth, h("offered_by_depth"));
@@ -206,6 +216,7 @@ impl Tally {
             "rounds_by_position": self.rounds_by_position,
             "emitted_by_position": self.emitted_by_position,
             "tokens_per_round_by_position": vec(self.tokens_per_round_by_position()),
+            "phase_s": PHASES.iter().zip(self.phase_us).map(|(p, us)| (p.to_string(), json!(us as f64 / 1e6))).collect::<serde_json::Map<_, _>>(),
             "accuracy": num(self.accuracy()),
             "families": families,
             "greedy_mismatches": self.mismatches,
