@@ -96,8 +96,8 @@ fn print_group(t: f32, kind: Kind, cols: &[Column], tallies: &[Tally]) {
     }
     let ar_step = ar.decode_s / ar.forwards as f64;
     println!(
-        "where the decode time went (share; ms per answer for the draft's prompt pass, per round \
-         for the rest); ar: {} ms per forward",
+        "where the decode time went (share of decode time; ms per answer for start, per round for \
+         the rest); ar: {} ms per forward",
         cell(ar_step * 1e3, 0, 2).trim()
     );
     for (c, x) in cols.iter().zip(tallies).filter(|(_, x)| x.rounds > 0) {

@@ -64,7 +64,8 @@ pub struct Tally {
 }
 
 /// The phases of a speculative decode ([`glance_decode::Speculative`]'s `time_*_us` counters):
-/// the draft's pass over the prompt, drafting (the pending rows and the tree), the target's
+/// building the draft's prompt rows (`fc`, adaptor, global feature), drafting (the draft layer
+/// over the pending rows — in the first round the whole prompt — and the tree), the target's
 /// verification pass (forward and logits), acceptance and bookkeeping.
 pub const PHASES: [&str; 4] = ["start", "draft", "verify", "accept"];
 
