@@ -46,7 +46,7 @@ pub struct SpecBenchArgs {
     pub model: ModelArgs,
     /// World test-split images; each brings one question per family (sign reading only when the
     /// image has a sign), as `glance eval --n` does.
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 60)]
     pub n: usize,
     /// Index of the first image in the test split.
     #[arg(long, default_value_t = 0)]
