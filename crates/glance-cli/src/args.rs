@@ -177,6 +177,36 @@ pub struct DecodeArgs {
     /// names). Default: the model directory's draft-vispec/ or draft-eagle/.
     #[arg(long, value_name = "DIR")]
     pub draft: Vec<PathBuf>,
+    #[command(flatten)]
+    pub tree: TreeArgs,
+}
+
+impl DecodeArgs {
+    /// The strategy; draft options without a speculative strategy are refused.
+    pub fn spec(&self) -> Result<DecodeSpec> {
+        let spec = self.decode.parse::<DecodeSpec>()?;
+        if spec.draft_kind().is_none() && (self.tree.any() || !self.draft.is_empty()) {
+            bail!(
+                "--draft, --draft-depth, --draft-top-k, --draft-budget and --chain apply to \
+                 --decode vispec or eagle, not `{spec}`"
+            );
+        }
+        Ok(spec)
+    }
+
+    /// `base` with the draft heads and tree of the flags.
+    pub fn engine_options(&self, base: EngineOptions) -> Result<EngineOptions> {
+        Ok(EngineOptions {
+            drafts: self.draft.clone(),
+            tree: self.tree.settings()?,
+            ..base
+        })
+    }
+}
+
+/// The draft tree of speculative decoding.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TreeArgs {
     /// Speculative decoding: most draft tokens on one path of the tree [default: 6].
     #[arg(long, value_name = "N")]
     pub draft_depth: Option<usize>,
@@ -193,25 +223,17 @@ pub struct DecodeArgs {
     pub chain: bool,
 }
 
-impl DecodeArgs {
-    /// The strategy; draft options without a speculative strategy are refused.
-    pub fn spec(&self) -> Result<DecodeSpec> {
-        let spec = self.decode.parse::<DecodeSpec>()?;
-        let tree_flags = self.draft_depth.is_some()
+impl TreeArgs {
+    /// Whether any tree flag is given.
+    pub fn any(&self) -> bool {
+        self.draft_depth.is_some()
             || self.draft_top_k.is_some()
             || self.draft_budget.is_some()
-            || self.chain;
-        if spec.draft_kind().is_none() && (tree_flags || !self.draft.is_empty()) {
-            bail!(
-                "--draft, --draft-depth, --draft-top-k, --draft-budget and --chain apply to \
-                 --decode vispec or eagle, not `{spec}`"
-            );
-        }
-        Ok(spec)
+            || self.chain
     }
 
     /// The draft tree the flags describe.
-    pub fn tree(&self) -> Result<TreeSettings> {
+    pub fn settings(&self) -> Result<TreeSettings> {
         let base = TreeSettings::default();
         let depth = self.draft_depth.unwrap_or(base.depth);
         let mut tree = if self.chain {
@@ -231,15 +253,6 @@ impl DecodeArgs {
         }
         tree.validate()?;
         Ok(tree)
-    }
-
-    /// `base` with the draft heads and tree of the flags.
-    pub fn engine_options(&self, base: EngineOptions) -> Result<EngineOptions> {
-        Ok(EngineOptions {
-            drafts: self.draft.clone(),
-            tree: self.tree()?,
-            ..base
-        })
     }
 }
 

@@ -33,7 +33,18 @@ pub const LIMIT: f64 = 1e100;
 /// Most ticks on an axis.
 const MAX_TICKS: usize = 12;
 const SIZE: (u32, u32) = (760, 440);
+/// The narrowest legend; it widens for long series names, up to half the plot.
 const LEGEND_WIDTH: u32 = 180;
+
+/// Legend width for `series`' names (about 8 px per character of the 15 px font).
+fn legend_width(series: &[Series]) -> u32 {
+    let chars = series
+        .iter()
+        .map(|s| s.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    (44 + 8 * chars as u32).clamp(LEGEND_WIDTH, SIZE.0 / 2)
+}
 
 /// Renders `series` and writes the SVG document to `path`, creating parent directories.
 pub fn write_line_plot(path: &Path, axes: &Axes, series: &[Series]) -> Result<()> {
@@ -96,7 +107,7 @@ pub fn line_plot(axes: &Axes, series: &[Series]) -> Result<String> {
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(draw_err)?;
-        let (plot_area, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+        let (plot_area, legend_area) = root.split_horizontally(SIZE.0 - legend_width(series));
         let mut chart = ChartBuilder::on(&plot_area)
             .caption(axes.title, ("sans-serif", 22))
             .margin(12)

@@ -9,11 +9,14 @@ use candle_core::{DType, Device, Result, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+/// Every tensor drawn so far, by name.
+type Drawn = Arc<Mutex<HashMap<String, Tensor>>>;
 
 struct RandomBackend {
     seed: u64,
-    made: Mutex<HashMap<String, Tensor>>,
+    made: Drawn,
 }
 
 impl SimpleBackend for RandomBackend {
@@ -65,9 +68,28 @@ impl SimpleBackend for RandomBackend {
 
 /// A `VarBuilder` that makes seeded random f32 weights of whatever shape is asked for.
 pub fn random_var_builder(seed: u64, device: &Device) -> VarBuilder<'static> {
+    recording_var_builder(seed, device).0
+}
+
+fn recording_var_builder(seed: u64, device: &Device) -> (VarBuilder<'static>, Drawn) {
+    let made = Drawn::default();
     let backend = RandomBackend {
         seed,
-        made: Mutex::new(HashMap::new()),
+        made: made.clone(),
     };
-    VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone())
+    let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone());
+    (vb, made)
+}
+
+/// Builds something from [`random_var_builder`] weights and returns it with every tensor it
+/// asked for, by name (to write a random checkpoint of it).
+pub fn with_random_weights<T>(
+    seed: u64,
+    device: &Device,
+    build: impl FnOnce(&VarBuilder) -> glance_core::Result<T>,
+) -> glance_core::Result<(T, HashMap<String, Tensor>)> {
+    let (vb, made) = recording_var_builder(seed, device);
+    let built = build(&vb)?;
+    let tensors = std::mem::take(&mut *made.lock().expect("not poisoned"));
+    Ok((built, tensors))
 }

@@ -4,6 +4,7 @@
 mod decode;
 mod machine;
 mod prune;
+mod spec;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -16,12 +17,18 @@ pub enum BenchCommand {
     /// Every visual-token pruning policy × budget: time to first token (on a random-weight model
     /// at LLaVA-1.5-7B's 576-token shape, and on --model) and world test accuracy (with --model).
     Prune(prune::PruneBenchArgs),
+    /// Autoregressive vs speculative decoding (ViSpec, EAGLE, ablation heads) on the world test
+    /// split at each temperature: tokens per target forward, acceptance by draft depth and by
+    /// position in the answer, decode speed side by side, greedy equality, accuracy; and the
+    /// speedup projected at a memory-bound ≥ 1B shape.
+    Spec(spec::SpecBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(a) => decode::run(a),
         BenchCommand::Prune(a) => prune::run(a),
+        BenchCommand::Spec(a) => spec::run(a),
     }
 }
 

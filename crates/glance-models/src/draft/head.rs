@@ -4,6 +4,7 @@
 
 use super::config::DraftConfig;
 use crate::checkpoint::var_builder;
+use crate::random::with_random_weights;
 use crate::text::{Keys, Layer, Step, TextConfig};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -121,6 +122,21 @@ impl DraftHead {
             mode,
             device: vb.device().clone(),
         })
+    }
+
+    /// A head of `config` with seeded random weights (drawn as [`crate::random`] does), also
+    /// written to `dir` as a head directory (`config.json`, `model.safetensors`): an untrained
+    /// head for tests and benchmarks of the decoding machinery.
+    pub fn write_random(dir: &Path, config: DraftConfig, seed: u64) -> Result<Self> {
+        let (head, tensors) = with_random_weights(seed, &Device::Cpu, |vb| {
+            Self::from_var_builder(vb, config.clone(), Mode::Infer)
+        })?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let path = dir.join("config.json");
+        let json = serde_json::to_string_pretty(&config).map_err(|e| Error::json(&path, e))?;
+        std::fs::write(&path, json + "\n").map_err(|e| Error::io(&path, e))?;
+        candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+        Ok(head)
     }
 
     pub fn config(&self) -> &DraftConfig {
@@ -376,5 +392,40 @@ impl DraftLm for DraftHead {
             false,
         )?;
         Ok(self.norm.forward(&x)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A random head written to a directory loads back with the same weights.
+    #[test]
+    fn a_written_random_head_loads_back_identically() {
+        let text = serde_json::json!({"model_type": "llama", "vocab_size": 50, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 128});
+        let dir = std::env::temp_dir().join(format!("glance-random-head-{}", std::process::id()));
+        let config = DraftConfig::for_target(&text, Some(3), true).unwrap();
+        let written = DraftHead::write_random(&dir, config.clone(), 7).unwrap();
+        let loaded = DraftHead::load(&dir, &Device::Cpu).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(loaded.config(), &config);
+        assert_eq!(loaded.kind(), "vispec");
+        let x = Tensor::arange(0f32, 64.0, &Device::Cpu)
+            .unwrap()
+            .reshape((2, 32))
+            .unwrap();
+        let x = (x / 64.0).unwrap();
+        let global = x.narrow(0, 0, 1).unwrap();
+        let run = |h: &DraftHead| -> Vec<Vec<f32>> {
+            let rows = h.fuse_rows(&x, &x, Some(&global)).unwrap();
+            let mut cache = h.new_cache();
+            h.forward(&rows, &[0, 1], &AttnMask::causal(), &mut cache)
+                .unwrap()
+                .to_vec2()
+                .unwrap()
+        };
+        assert_eq!(run(&written), run(&loaded));
     }
 }

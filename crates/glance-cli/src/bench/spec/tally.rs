@@ -1,0 +1,226 @@
+//! What one strategy did on one group of answers (a temperature × an answer kind), summed over
+//! the questions, and the rates derived from the sums. Every rate is total / total, so a long
+//! answer weighs by its tokens, not as one question.
+
+use glance_engine::Response;
+use glance_world::Family;
+use serde_json::{json, Value};
+
+/// The answer kinds reported apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Every family but descriptions: a few tokens each.
+    Short,
+    /// Descriptions: the long answers, where a draft may forget the image.
+    Description,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 2] = [Kind::Short, Kind::Description];
+
+    pub fn of(family: Family) -> Self {
+        if family == Family::Description {
+            Kind::Description
+        } else {
+            Kind::Short
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Short => "short",
+            Kind::Description => "description",
+        }
+    }
+}
+
+/// Sums over the answers of one strategy in one group.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    pub questions: usize,
+    /// Completion tokens.
+    pub tokens: u64,
+    /// Target forward passes after the prefill.
+    pub forwards: u64,
+    /// Decode wall time (after the first token), seconds.
+    pub decode_s: f64,
+    /// Speculative rounds (one target forward each) and their draft tokens, accepted tokens,
+    /// draft forwards and recovered tokens.
+    pub rounds: u64,
+    pub draft_tokens: u64,
+    pub accepted: u64,
+    pub draft_forwards: u64,
+    pub recovered: u64,
+    pub accepted_by_depth: Vec<u64>,
+    pub offered_by_depth: Vec<u64>,
+    pub rounds_by_position: Vec<u64>,
+    pub emitted_by_position: Vec<u64>,
+    /// Microseconds of decode time by phase, as [`PHASES`] names them.
+    pub phase_us: [u64; 4],
+    /// (sum of scores, questions) per family, in [`Family::ALL`] order.
+    pub scores: [(f64, usize); 6],
+    /// Greedy answers that differ from autoregressive decoding's (`None`: not compared).
+    pub mismatches: Option<usize>,
+}
+
+/// The phases of a speculative decode ([`glance_decode::Speculative`]'s `time_*_us` counters):
+/// building the draft's prompt rows (`fc`, adaptor, global feature), drafting (the draft layer
+/// over the pending rows — in the first round the whole prompt — and the tree), the target's
+/// verification pass (forward and logits), acceptance and bookkeeping.
+pub const PHASES: [&str; 4] = ["start", "draft", "verify", "accept"];
+
+/// Adds `from` into `into` element-wise, growing it as needed.
+fn add_into(into: &mut Vec<u64>, from: &[u64]) {
+    if into.len() < from.len() {
+        into.resize(from.len(), 0);
+    }
+    into.iter_mut().zip(from).for_each(|(a, b)| *a += b);
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+/// `num[i] / den[i]` for every `i` with `den[i] > 0`, else NaN.
+fn rates(num: &[u64], den: &[u64]) -> Vec<f64> {
+    den.iter()
+        .enumerate()
+        .map(|(i, &d)| ratio(num.get(i).copied().unwrap_or(0) as f64, d as f64))
+        .collect()
+}
+
+/// `x` as JSON, `null` when not finite.
+pub fn num(x: f64) -> Value {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        Value::Null
+    }
+}
+
+impl Tally {
+    /// Adds one answer of `family` that scored `score`.
+    pub fn add(&mut self, r: &Response, family: Family, score: f64) {
+        self.questions += 1;
+        self.tokens += r.token_ids.len() as u64;
+        self.forwards += r.decode.forward_passes;
+        self.decode_s += r.timings.decode_s;
+        let c = |k: &str| r.decode.counters.get(k).copied().unwrap_or(0);
+        self.rounds += c("drafts");
+        self.draft_tokens += c("draft_tokens");
+        self.accepted += c("accepted_tokens");
+        self.draft_forwards += c("draft_forwards");
+        self.recovered += c("recovered_tokens");
+        for (t, p) in self.phase_us.iter_mut().zip(PHASES) {
+            *t += c(&format!("time_{p}_us"));
+        }
+        let h = |k: &str| r.decode.histograms.get(k).map_or(&[][..], Vec::as_slice);
+        add_into(&mut self.accepted_by_depth, h("accepted_by_depth"));
+        add_into(&mut self.offered_by_depth, h("offered_by_depth"));
+        add_into(&mut self.rounds_by_position, h("rounds_by_position"));
+        add_into(&mut self.emitted_by_position, h("emitted_by_position"));
+        let i = Family::ALL
+            .iter()
+            .position(|&f| f == family)
+            .expect("every family is in Family::ALL");
+        self.scores[i].0 += score;
+        self.scores[i].1 += 1;
+    }
+
+    /// Tokens after the first: the ones decoding produced.
+    pub fn decoded(&self) -> u64 {
+        self.tokens.saturating_sub(self.questions as u64)
+    }
+
+    /// Mean tokens per target forward, `(completion − 1) / forward passes` over all answers:
+    /// 1 for autoregressive decoding, τ (mean tokens per round) for a speculative one.
+    pub fn tokens_per_forward(&self) -> f64 {
+        ratio(self.decoded() as f64, self.forwards as f64)
+    }
+
+    /// Decode tokens per second (tokens after the first over the decode time).
+    pub fn tokens_per_s(&self) -> f64 {
+        ratio(self.decoded() as f64, self.decode_s)
+    }
+
+    /// Mean rows of a verification pass: the last token plus the tree.
+    pub fn mean_tree_rows(&self) -> f64 {
+        1.0 + ratio(self.draft_tokens as f64, self.rounds as f64)
+    }
+
+    /// Mean draft forwards per round spent growing the tree (the round's first draft pass over
+    /// the newly emitted tokens comes on top).
+    pub fn draft_forwards_per_round(&self) -> f64 {
+        ratio(self.draft_forwards as f64, self.rounds as f64)
+    }
+
+    /// Acceptance rate at draft depth `d + 1`: rounds that accepted a token at that depth over
+    /// rounds whose tree reached it.
+    pub fn acceptance_by_depth(&self) -> Vec<f64> {
+        rates(&self.accepted_by_depth, &self.offered_by_depth)
+    }
+
+    /// Mean tokens emitted per round, per response-position bucket.
+    pub fn tokens_per_round_by_position(&self) -> Vec<f64> {
+        rates(&self.emitted_by_position, &self.rounds_by_position)
+    }
+
+    /// The evaluation's score: the mean over families of their exact-match accuracy (short
+    /// answers, as `glance eval`'s mean) or the mean object F1 (descriptions).
+    pub fn accuracy(&self) -> f64 {
+        let per_family: Vec<f64> = self
+            .scores
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(s, n)| s / *n as f64)
+            .collect();
+        ratio(per_family.iter().sum(), per_family.len() as f64)
+    }
+
+    /// Everything, with the derived rates; `ar_tokens_per_s` gives the speedup.
+    pub fn to_json(&self, name: &str, ar_tokens_per_s: f64) -> Value {
+        let vec = |v: Vec<f64>| Value::Array(v.into_iter().map(num).collect());
+        let families: serde_json::Map<String, Value> = Family::ALL
+            .iter()
+            .zip(&self.scores)
+            .filter(|(_, (_, n))| *n > 0)
+            .map(|(f, (s, n))| {
+                (
+                    f.name().to_string(),
+                    json!({"questions": n, "score": s / *n as f64}),
+                )
+            })
+            .collect();
+        json!({
+            "strategy": name,
+            "questions": self.questions,
+            "completion_tokens": self.tokens,
+            "forward_passes": self.forwards,
+            "tokens_per_forward": num(self.tokens_per_forward()),
+            "decode_s": self.decode_s,
+            "decode_tokens_per_s": num(self.tokens_per_s()),
+            "speedup": num(self.tokens_per_s() / ar_tokens_per_s),
+            "rounds": self.rounds,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted,
+            "draft_forwards": self.draft_forwards,
+            "recovered_tokens": self.recovered,
+            "mean_tree_rows": num(self.mean_tree_rows()),
+            "draft_forwards_per_round": num(self.draft_forwards_per_round()),
+            "accepted_by_depth": self.accepted_by_depth,
+            "offered_by_depth": self.offered_by_depth,
+            "acceptance_by_depth": vec(self.acceptance_by_depth()),
+            "rounds_by_position": self.rounds_by_position,
+            "emitted_by_position": self.emitted_by_position,
+            "tokens_per_round_by_position": vec(self.tokens_per_round_by_position()),
+            "phase_s": PHASES.iter().zip(self.phase_us).map(|(p, us)| (p.to_string(), json!(us as f64 / 1e6))).collect::<serde_json::Map<_, _>>(),
+            "accuracy": num(self.accuracy()),
+            "families": families,
+            "greedy_mismatches": self.mismatches,
+        })
+    }
+}
