@@ -362,8 +362,11 @@ fn glance_tiny_with_its_shipped_heads_is_lossless_and_accepts_deep() {
     for index in 0..6 {
         let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
         let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
-        let mut prompts: Vec<(String, usize)> =
-            ex.questions.iter().map(|q| (q.question.clone(), 16)).collect();
+        let mut prompts: Vec<(String, usize)> = ex
+            .questions
+            .iter()
+            .map(|q| (q.question.clone(), 16))
+            .collect();
         prompts.push(("Describe the image in detail.".into(), 160));
         for (text, n) in prompts {
             for prune in [None, tight.clone()] {
@@ -384,7 +387,10 @@ fn glance_tiny_with_its_shipped_heads_is_lossless_and_accepts_deep() {
                         ..ar.clone()
                     };
                     let got = run(&e, &r);
-                    assert_eq!(got.token_ids, want.token_ids, "image {index} {text:?} {spec} {tree:?} {prune:?}");
+                    assert_eq!(
+                        got.token_ids, want.token_ids,
+                        "image {index} {text:?} {spec} {tree:?} {prune:?}"
+                    );
                     if spec == DecodeSpec::Vispec && tree.is_none() && prune.is_none() && n > 16 {
                         decoded += got.token_ids.len() - 1;
                         passes += got.decode.forward_passes;
@@ -394,5 +400,8 @@ fn glance_tiny_with_its_shipped_heads_is_lossless_and_accepts_deep() {
         }
     }
     let per_pass = decoded as f64 / passes as f64;
-    assert!(per_pass >= 3.0, "ViSpec on descriptions: {per_pass:.2} tokens per target pass");
+    assert!(
+        per_pass >= 3.0,
+        "ViSpec on descriptions: {per_pass:.2} tokens per target pass"
+    );
 }
