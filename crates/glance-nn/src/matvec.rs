@@ -86,6 +86,11 @@ pub fn matmul_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
 pub(crate) fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        if has_avx512() {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            unsafe { avx512::block(w, x, n, m, out) };
+            return;
+        }
         if has_avx2_fma() {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
             unsafe { avx2::block(w, x, n, m, out) };
@@ -97,6 +102,11 @@ pub(crate) fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
             out[r * m + i] = dot_portable(wr, xi);
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -130,6 +140,96 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     total
 }
 
+/// AVX-512 kernels: 16-lane accumulators, 4 × 4 register tiles (16 accumulators of 32 registers)
+/// for a few rows, 8 × 1 for one; the same per-output order in every tile.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// See [`super::block`].
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
+        let rows = w.len() / n;
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let mut r = 0;
+        if m == 1 {
+            while r + 8 <= rows {
+                tile::<8, 1>(wp, xp, n, r, 0, m, out);
+                r += 8;
+            }
+        }
+        while r + 4 <= rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                tile::<4, 4>(wp, xp, n, r, i, m, out);
+                i += 4;
+            }
+            // The last 1–3 input rows in one tile: each weight row is read once.
+            match m - i {
+                3 => tile::<4, 3>(wp, xp, n, r, i, m, out),
+                2 => tile::<4, 2>(wp, xp, n, r, i, m, out),
+                1 => tile::<4, 1>(wp, xp, n, r, i, m, out),
+                _ => {}
+            }
+            r += 4;
+        }
+        while r < rows {
+            for i in 0..m {
+                tile::<1, 1>(wp, xp, n, r, i, m, out);
+            }
+            r += 1;
+        }
+    }
+
+    /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`.
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const M: usize>(
+        wp: *const f32,
+        xp: *const f32,
+        n: usize,
+        r0: usize,
+        i0: usize,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); M]; R];
+        let chunks = n / 16;
+        for c in 0..chunks {
+            let mut xv = [_mm512_setzero_ps(); M];
+            for (i, v) in xv.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(xp.add((i0 + i) * n + 16 * c));
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let wv = _mm512_loadu_ps(wp.add((r0 + r) * n + 16 * c));
+                for (a, v) in acc_r.iter_mut().zip(&xv) {
+                    *a = _mm512_fmadd_ps(wv, *v, *a);
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (i, a) in acc_r.iter().enumerate() {
+                let mut total = hsum(*a);
+                for k in 16 * chunks..n {
+                    total += *wp.add((r0 + r) * n + k) * *xp.add((i0 + i) * n + k);
+                }
+                out[(r0 + r) * m + i0 + i] = total;
+            }
+        }
+    }
+
+    /// Lanes summed in a fixed tree: halves, then the 8-lane tree.
+    #[inline(always)]
+    unsafe fn hsum(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        let s = _mm256_add_ps(lo, hi);
+        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -153,9 +253,11 @@ mod avx2 {
                 tile::<2, 4>(wp, xp, n, r, i, m, out);
                 i += 4;
             }
-            while i < m {
-                tile::<2, 1>(wp, xp, n, r, i, m, out);
-                i += 1;
+            match m - i {
+                3 => tile::<2, 3>(wp, xp, n, r, i, m, out),
+                2 => tile::<2, 2>(wp, xp, n, r, i, m, out),
+                1 => tile::<2, 1>(wp, xp, n, r, i, m, out),
+                _ => {}
             }
             r += 2;
         }
@@ -229,7 +331,7 @@ mod tests {
             let d: f32 = (got - want)?.abs()?.max_all()?.to_scalar()?;
             assert!(d < 1e-4, "({out}, {inp}): {d}");
         }
-        for (m, out, inp) in [(2, 7, 33), (5, 129, 100), (17, 300, 768)] {
+        for (m, out, inp) in [(2, 7, 33), (3, 9, 47), (5, 129, 100), (17, 300, 768)] {
             let w = Tensor::randn(0f32, 1.0, (out, inp), &dev)?;
             let x = Tensor::randn(0f32, 1.0, (m, inp), &dev)?;
             let want = x.matmul(&w.t()?)?;
