@@ -211,10 +211,10 @@ pub struct TreeArgs {
     #[arg(long, value_name = "N")]
     pub draft_depth: Option<usize>,
     /// Speculative decoding: children per expanded node and nodes expanded per depth
-    /// [default: 4].
+    /// [default: 2].
     #[arg(long, value_name = "K")]
     pub draft_top_k: Option<usize>,
-    /// Speculative decoding: most draft tokens verified per target pass [default: 32].
+    /// Speculative decoding: most draft tokens verified per target pass [default: 8].
     #[arg(long, value_name = "N")]
     pub draft_budget: Option<usize>,
     /// Speculative decoding: draft a chain (the most likely token at each depth) instead of a

@@ -40,8 +40,8 @@ impl Default for TreeSettings {
     fn default() -> Self {
         Self {
             depth: 6,
-            top_k: 4,
-            budget: 32,
+            top_k: 2,
+            budget: 8,
             min_confidence: 0.05,
         }
     }
