@@ -1,0 +1,170 @@
+//! glance's OpenAI-compatible HTTP server (`glance serve`), on axum and tokio.
+//!
+//! Routes: `POST /v1/chat/completions` (JSON or SSE streaming), `GET /v1/models`, `GET /health`,
+//! `GET /metrics` (Prometheus text). Every generation runs on a blocking thread, never on the
+//! async runtime; at most `max_batch` run at once and at most `max_queue` wait ([`slots`]);
+//! a client that disconnects cancels its generation. Bad input is a 4xx with an OpenAI-style
+//! error body ([`error`]); the server keeps serving.
+
+pub mod chat;
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod slots;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::openai::Defaults;
+use crate::slots::Slots;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use glance_engine::messages::ImageSources;
+use glance_engine::Engine;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings of a server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name clients put in `model` (the model directory's name by default).
+    pub model_name: String,
+    /// Generations running at once.
+    pub max_batch: usize,
+    /// Requests waiting for a slot before new ones get 503.
+    pub max_queue: usize,
+    /// Largest request body, in bytes (413 above it).
+    pub max_body_bytes: usize,
+    /// Time a client has to send its whole body (408 after it).
+    pub body_timeout: Duration,
+    /// Where image parts may come from (`data:` URLs, files under `--allow-local-files`).
+    pub image_sources: ImageSources,
+    /// What a request does not say.
+    pub defaults: Defaults,
+}
+
+/// Errors starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {cause}")]
+    Bind { addr: String, cause: std::io::Error },
+    #[error("invalid server setting: {0}")]
+    Config(String),
+    #[error("the server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What every handler shares.
+pub struct App {
+    pub engine: Arc<Engine>,
+    pub config: ServerConfig,
+    pub metrics: Arc<Metrics>,
+    pub slots: Arc<Slots>,
+}
+
+impl App {
+    pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Result<Arc<Self>, ServeError> {
+        if config.max_batch == 0 {
+            return Err(ServeError::Config("--max-batch must be at least 1".into()));
+        }
+        if config.max_body_bytes == 0 || config.body_timeout.is_zero() {
+            return Err(ServeError::Config(
+                "the body size limit and the body timeout must be positive".into(),
+            ));
+        }
+        let metrics = Arc::new(Metrics::new(&config.model_name));
+        let slots = Arc::new(Slots::new(
+            config.max_batch,
+            config.max_queue,
+            metrics.clone(),
+        ));
+        Ok(Arc::new(Self {
+            engine,
+            config,
+            metrics,
+            slots,
+        }))
+    }
+}
+
+/// The routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+async fn models(State(app): State<Arc<App>>) -> impl IntoResponse {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.config.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "glance",
+        }],
+    }))
+}
+
+async fn health(State(app): State<Arc<App>>) -> impl IntoResponse {
+    use std::sync::atomic::Ordering;
+    Json(json!({
+        "status": "ok",
+        "model": app.config.model_name,
+        "running": app.metrics.running.load(Ordering::Relaxed),
+        "waiting": app.metrics.waiting.load(Ordering::Relaxed),
+        "max_batch": app.config.max_batch,
+        "max_queue": app.config.max_queue,
+    }))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found(
+        "no such route: the API has POST /v1/chat/completions, GET /v1/models, GET /health and \
+         GET /metrics",
+        "not_found",
+    )
+}
+
+/// Binds `addr` (port 0 picks a free port), calls `on_bound` with the bound address, and serves
+/// until the process ends. Builds its own tokio runtime; the calling thread blocks.
+pub fn serve_blocking(
+    engine: Arc<Engine>,
+    config: ServerConfig,
+    addr: &str,
+    on_bound: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let app = App::new(engine, config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("glance-http")
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|cause| ServeError::Bind {
+                    addr: addr.to_string(),
+                    cause,
+                })?;
+        on_bound(listener.local_addr()?);
+        axum::serve(listener, router(app)).await?;
+        Ok(())
+    })
+}
