@@ -46,6 +46,13 @@ pub struct ServeArgs {
     /// Milliseconds a client has to send its whole request body (408 after them).
     #[arg(long, default_value_t = 30_000)]
     pub body_timeout_ms: u64,
+    /// Decode each request alone instead of batching the decode steps of all running requests.
+    #[arg(long)]
+    pub no_batching: bool,
+    /// With batching: most prompt rows prefilled between two decode steps of the running
+    /// requests (a long prompt delays their next token by at most one chunk).
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
     /// Default `max_tokens` of a request that gives none.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
@@ -63,6 +70,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     if args.body_timeout_ms == 0 || args.max_body_bytes == 0 {
         bail!("--body-timeout-ms and --max-body-bytes must be at least 1");
+    }
+    if args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
     }
     if args.default_max_tokens == 0 {
         bail!("--default-max-tokens must be at least 1");
@@ -104,6 +114,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_timeout: Duration::from_millis(args.body_timeout_ms),
         image_sources,
         defaults,
+        batching: !args.no_batching,
+        prefill_chunk: args.prefill_chunk,
     };
     let addr = format!("{}:{}", args.host, args.port);
     glance_serve::serve_blocking(Arc::new(engine), config, &addr, |bound| {

@@ -61,7 +61,13 @@ fn run_answer(image: &str, question: &str, flags: &[&str]) -> (String, u64) {
 
 #[test]
 fn answers_equal_glance_run_streamed_or_not() {
-    let server = Server::start(&["--model", s(&fixture(MODEL))]);
+    for mode in ["--prefill-chunk=256", "--no-batching"] {
+        answers_equal_glance_run(mode);
+    }
+}
+
+fn answers_equal_glance_run(mode: &str) {
+    let server = Server::start(&["--model", s(&fixture(MODEL)), mode]);
     let (status, models) = server.request("GET", "/v1/models", None);
     assert_eq!(status, 200);
     assert!(models.contains("\"id\":\"llama-gqa\""), "{models}");
@@ -463,4 +469,57 @@ fn glance_tiny_is_the_default_model_and_answers_like_glance_run() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], want["text"]);
     assert_eq!(v["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]);
+}
+
+#[test]
+fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
+    let server = Server::start(&[
+        "--model",
+        s(&fixture(MODEL)),
+        "--max-batch",
+        "8",
+        "--prefill-chunk",
+        "8",
+    ]);
+    let cases: Vec<(&str, &str, usize)> = vec![
+        ("astronaut.png", "What is this?", 60),
+        ("camera_gray.png", "Describe it.", 80),
+        ("coffee_palette.png", "Which colours?", 70),
+        ("astronaut.png", "Tell me a long story.", 90),
+        ("camera_gray.png", "Why?", 50),
+        ("coffee_palette.png", "Count them.", 75),
+    ];
+    let want: Vec<String> = cases
+        .iter()
+        .map(|(img, q, n)| run_answer(img, q, &["--max-new-tokens", &n.to_string()]).0)
+        .collect();
+    let got: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(img, q, n)| {
+                let b = body(
+                    &image_url(img),
+                    q,
+                    json!({"max_tokens": n, "temperature": 0}),
+                );
+                let server = &server;
+                scope.spawn(move || server.chat(&b))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (status, v)) in got.iter().enumerate() {
+        assert_eq!(*status, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            want[i].as_str(),
+            "request {i}"
+        );
+    }
+    let steps = server.metric("glance_batch_decode_steps_total{model_name=\"llama-gqa\"}");
+    let rows = server.metric("glance_batch_decode_rows_total{model_name=\"llama-gqa\"}");
+    assert!(
+        steps > 0.0 && rows > steps,
+        "no step decoded two requests: {rows} rows in {steps} steps"
+    );
 }

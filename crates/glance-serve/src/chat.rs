@@ -1,11 +1,14 @@
 //! `POST /v1/chat/completions`: read the body (size limit, read timeout), translate it off the
-//! async runtime, take a place in the queue, generate on a blocking thread, and answer with one
-//! JSON object or an SSE stream of `chat.completion.chunk`s ending in `data: [DONE]`.
+//! async runtime, take a place in the queue, then generate — in the continuous batch (prepared on
+//! a blocking thread, decoded by the [`crate::batcher`] worker) or alone on a blocking thread —
+//! and answer with one JSON object or an SSE stream of `chat.completion.chunk`s ending in
+//! `data: [DONE]`.
 //!
 //! The generation streams [`Msg`]s over a channel; when the client goes away the receiver is
 //! dropped, the next send fails and the engine's callback answers [`Flow::Cancel`], which ends
 //! the generation and frees its slot.
 
+use crate::batcher::Job;
 use crate::error::ApiError;
 use crate::metrics::{Metrics, Outcome};
 use crate::openai::{self, ChatRequest, Ids, Shape};
@@ -16,7 +19,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_core::Stream;
-use glance_engine::{Event, FinishReason, Flow, Request};
+use glance_engine::{Engine, Event, FinishReason, Flow, Request};
 use serde_json::json;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,15 +78,37 @@ async fn handle(
     let slot = ticket.slot().await;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let job_app = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let end = generate(&job_app, &request, arrived, &tx);
-        // Free the slot before the answer goes out: a client that sends its next request as soon
-        // as it has this one's answer finds the slot free.
-        drop(slot);
-        if let Some(end) = end {
-            let _ = tx.send(end);
+    match &app.batcher {
+        Some(_) if Engine::batchable(&request) => {
+            // Prepared here (images encoded off the batching thread), then decoded in the batch.
+            tokio::task::spawn_blocking(move || match job_app.engine.prepare(&request) {
+                Ok(prepared) => {
+                    let batcher = job_app.batcher.as_ref().expect("checked");
+                    batcher.submit(Job {
+                        prepared,
+                        tx,
+                        arrived,
+                        slot,
+                    });
+                }
+                Err(e) => {
+                    drop(slot);
+                    let _ = tx.send(Msg::Failed(e.into()));
+                }
+            });
         }
-    });
+        _ => {
+            tokio::task::spawn_blocking(move || {
+                let end = generate(&job_app, &request, arrived, &tx);
+                // Free the slot before the answer goes out: a client that sends its next
+                // request as soon as it has this one's answer finds the slot free.
+                drop(slot);
+                if let Some(end) = end {
+                    let _ = tx.send(end);
+                }
+            });
+        }
+    }
     let ids = Ids {
         id: format!(
             "chatcmpl-{:x}{:08x}",
@@ -116,8 +141,8 @@ async fn handle(
     Err(ApiError::internal("the generation ended without an answer"))
 }
 
-/// Runs one generation on the current (blocking) thread, streaming its text through `tx`, and
-/// records its metrics; returns the final message (`None` when the client went away).
+/// Runs one generation on the current (blocking) thread, streaming its text through `tx`;
+/// returns the final message (`None` when the client went away).
 fn generate(
     app: &App,
     request: &Request,
@@ -134,20 +159,30 @@ fn generate(
             }
         }
     });
+    conclude(&app.metrics, result, arrived, first)
+}
+
+/// Records a generation's metrics and turns its result into the final message (`None` for a
+/// cancelled one: nobody is listening). Errors are counted where they are answered.
+pub(crate) fn conclude(
+    metrics: &Metrics,
+    result: glance_core::Result<glance_engine::Response>,
+    arrived: Instant,
+    first: Option<Instant>,
+) -> Option<Msg> {
     match result {
         Ok(r) => {
             if r.finish_reason == FinishReason::Cancelled {
-                app.metrics.outcome(Outcome::Cancelled);
+                metrics.outcome(Outcome::Cancelled);
                 return None;
             }
             let e2e = arrived.elapsed().as_secs_f64();
             let ttft = first.map_or(e2e, |f| (f - arrived).as_secs_f64());
-            app.metrics.generation(&r, ttft, e2e);
+            metrics.generation(&r, ttft, e2e);
             let reason = openai::finish_reason(r.finish_reason).unwrap_or("stop");
-            app.metrics.outcome(Outcome::Finished(reason));
+            metrics.outcome(Outcome::Finished(reason));
             Some(Msg::Done(Box::new(r)))
         }
-        // Counted where the error is answered: by the handler, or by the stream.
         Err(e) => Some(Msg::Failed(ApiError::from(e))),
     }
 }

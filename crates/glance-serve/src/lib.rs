@@ -3,15 +3,18 @@
 //! Routes: `POST /v1/chat/completions` (JSON or SSE streaming), `GET /v1/models`, `GET /health`,
 //! `GET /metrics` (Prometheus text). Every generation runs on a blocking thread, never on the
 //! async runtime; at most `max_batch` run at once and at most `max_queue` wait ([`slots`]);
-//! a client that disconnects cancels its generation. Bad input is a 4xx with an OpenAI-style
+//! a client that disconnects cancels its generation. Plain autoregressive requests are decoded
+//! together by one continuous-batching worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an OpenAI-style
 //! error body ([`error`]); the server keeps serving.
 
+pub mod batcher;
 pub mod chat;
 pub mod error;
 pub mod metrics;
 pub mod openai;
 pub mod slots;
 
+use crate::batcher::Batcher;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::openai::Defaults;
@@ -45,6 +48,10 @@ pub struct ServerConfig {
     pub image_sources: ImageSources,
     /// What a request does not say.
     pub defaults: Defaults,
+    /// Continuous batching of plain autoregressive requests (off: each request decodes alone).
+    pub batching: bool,
+    /// With batching: most prompt rows prefilled between two decode steps of the batch.
+    pub prefill_chunk: usize,
 }
 
 /// Errors starting or running the server.
@@ -64,6 +71,8 @@ pub struct App {
     pub config: ServerConfig,
     pub metrics: Arc<Metrics>,
     pub slots: Arc<Slots>,
+    /// The continuous-batching worker (`None` with batching off).
+    pub batcher: Option<Batcher>,
 }
 
 impl App {
@@ -82,11 +91,26 @@ impl App {
             config.max_queue,
             metrics.clone(),
         ));
+        if config.prefill_chunk == 0 {
+            return Err(ServeError::Config(
+                "--prefill-chunk must be at least 1".into(),
+            ));
+        }
+        let batcher = if config.batching {
+            Some(Batcher::start(
+                engine.clone(),
+                metrics.clone(),
+                config.prefill_chunk,
+            )?)
+        } else {
+            None
+        };
         Ok(Arc::new(Self {
             engine,
             config,
             metrics,
             slots,
+            batcher,
         }))
     }
 }

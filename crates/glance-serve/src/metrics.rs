@@ -91,6 +91,8 @@ pub struct Metrics {
     drafts: AtomicU64,
     draft_tokens: AtomicU64,
     accepted_tokens: AtomicU64,
+    batch_steps: AtomicU64,
+    batch_rows: AtomicU64,
     counters: Mutex<Counters>,
     ttft: Mutex<Histogram>,
     tpot: Mutex<Histogram>,
@@ -110,6 +112,8 @@ impl Metrics {
             drafts: AtomicU64::new(0),
             draft_tokens: AtomicU64::new(0),
             accepted_tokens: AtomicU64::new(0),
+            batch_steps: AtomicU64::new(0),
+            batch_rows: AtomicU64::new(0),
             counters: Mutex::new(Counters::default()),
             ttft: Mutex::new(Histogram::new(&TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(&TPOT_BUCKETS)),
@@ -166,6 +170,12 @@ impl Metrics {
             }
         }
         self.e2e.lock().expect("not poisoned").observe(e2e_s);
+    }
+
+    /// Counts one batched decode step of `rows` sequences.
+    pub fn batch_step(&self, rows: usize) {
+        self.batch_steps.fetch_add(1, Ordering::Relaxed);
+        self.batch_rows.fetch_add(rows as u64, Ordering::Relaxed);
     }
 
     /// The exposition text.
@@ -235,6 +245,18 @@ impl Metrics {
             "Visual tokens the decoder ran after pruning.",
             "counter",
             get(&self.kept_visual_tokens),
+        );
+        gauge(
+            "glance_batch_decode_steps_total",
+            "Batched decode steps (continuous batching).",
+            "counter",
+            get(&self.batch_steps),
+        );
+        gauge(
+            "glance_batch_decode_rows_total",
+            "Sequences decoded in those steps (rows / steps = mean batch size).",
+            "counter",
+            get(&self.batch_rows),
         );
         let c = self.counters.lock().expect("not poisoned");
         let _ = writeln!(
