@@ -48,4 +48,26 @@ impl Linear {
         out_shape.push(out_dim);
         y.reshape(out_shape)
     }
+
+    /// `xs` `(n, in)` → `(n, out)` for a few rows of different sequences (continuous batching):
+    /// frozen f32 CPU weights are read once for all rows and each row's result equals
+    /// [`Linear::forward`] of that row alone, bit for bit; otherwise the same as `forward`.
+    pub fn forward_rows(&self, xs: &Tensor) -> Result<Tensor> {
+        let fast = xs.rank() == 2
+            && self.weight.device().is_cpu()
+            && self.weight.dtype() == candle_core::DType::F32
+            && xs.dtype() == candle_core::DType::F32
+            && self.weight.is_contiguous()
+            && !self.weight.track_op()
+            && !xs.track_op();
+        if !fast {
+            return self.forward(xs);
+        }
+        // (n, in) x (out, in)ᵀ -> (n, out)
+        let y = crate::matvec::matvec_rows(&self.weight, xs)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
 }

@@ -173,6 +173,68 @@ pub fn serve_blocking(
     addr: &str,
     on_bound: impl FnOnce(SocketAddr),
 ) -> Result<(), ServeError> {
+    let (_keep, stop) = tokio::sync::oneshot::channel::<()>();
+    run(engine, config, addr, on_bound, stop)
+}
+
+/// A server running on its own thread (benchmarks, embedding); [`ServerHandle::shutdown`] stops
+/// it.
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<Result<(), ServeError>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting connections, lets open ones finish, and joins the server thread.
+    pub fn shutdown(self) -> Result<(), ServeError> {
+        let _ = self.stop.send(());
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(ServeError::Config("the server thread panicked".into())))
+    }
+}
+
+/// Starts a server on a thread of its own and returns once it listens.
+pub fn spawn(
+    engine: Arc<Engine>,
+    config: ServerConfig,
+    addr: &str,
+) -> Result<ServerHandle, ServeError> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let addr = addr.to_string();
+    let thread = std::thread::Builder::new()
+        .name("glance-serve".into())
+        .spawn(move || {
+            run(
+                engine,
+                config,
+                &addr,
+                |a| {
+                    let _ = bound_tx.send(a);
+                },
+                stopped,
+            )
+        })?;
+    match bound_rx.recv() {
+        Ok(addr) => Ok(ServerHandle { addr, stop, thread }),
+        // The thread ended before binding: its error says why.
+        Err(_) => Err(thread
+            .join()
+            .unwrap_or_else(|_| Err(ServeError::Config("the server thread panicked".into())))
+            .err()
+            .unwrap_or_else(|| ServeError::Config("the server stopped before listening".into()))),
+    }
+}
+
+fn run(
+    engine: Arc<Engine>,
+    config: ServerConfig,
+    addr: &str,
+    on_bound: impl FnOnce(SocketAddr),
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), ServeError> {
     let app = App::new(engine, config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -188,7 +250,11 @@ pub fn serve_blocking(
                     cause,
                 })?;
         on_bound(listener.local_addr()?);
-        axum::serve(listener, router(app)).await?;
+        axum::serve(listener, router(app))
+            .with_graceful_shutdown(async move {
+                let _ = stop.await;
+            })
+            .await?;
         Ok(())
     })
 }

@@ -4,6 +4,7 @@
 mod decode;
 mod machine;
 mod prune;
+mod serve;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -16,12 +17,16 @@ pub enum BenchCommand {
     /// Every visual-token pruning policy × budget: time to first token (on a random-weight model
     /// at LLaVA-1.5-7B's 576-token shape, and on --model) and world test accuracy (with --model).
     Prune(prune::PruneBenchArgs),
+    /// `glance serve` under 1–16 concurrent streaming clients, with and without continuous
+    /// batching: aggregate tokens/s, time to first token and per output token (p50 / p99).
+    Serve(serve::ServeBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(a) => decode::run(a),
         BenchCommand::Prune(a) => prune::run(a),
+        BenchCommand::Serve(a) => serve::run(a),
     }
 }
 

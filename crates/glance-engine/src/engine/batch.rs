@@ -12,9 +12,12 @@
 //! ```
 //!
 //! Only plain autoregressive requests without pruning are batched ([`Engine::batchable`]);
-//! speculative and pruned requests run alone through [`Engine::generate`]. Under greedy sampling
-//! a sequence gets the tokens [`Engine::generate`] gives it alone (the batched matrix products
-//! sum in another order than the single-row kernel, so only near-ties could differ).
+//! speculative and pruned requests run alone through [`Engine::generate`]. A sequence gets the
+//! tokens [`Engine::generate`] gives it alone: the batched linear layers compute each row with
+//! the single-row kernel's own dot products (`Linear::forward_rows`, the same bits), and the
+//! attention of a batch of two or more runs a dedicated per-row kernel
+//! (`glance_nn::attend_rows`) whose sums differ from the general attention's only in rounding
+//! (~1e-7 relative), so only an exact near-tie could pick another token.
 
 use super::Engine;
 use crate::request::{CacheUse, Event, FinishReason, Flow, Request, Response, Timings, Usage};
@@ -239,7 +242,7 @@ impl Engine {
             text.forward_batch(&rows, &positions, &mut caches)?
         };
         // (n, vocab)
-        let logits = text.logits(&hidden)?;
+        let logits = text.logits_rows(&hidden)?;
         for (r, &i) in idx.iter().enumerate() {
             let s = &mut seqs[i];
             s.forwards += 1;

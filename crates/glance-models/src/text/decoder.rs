@@ -99,27 +99,32 @@ impl Attention {
         // which rotates each row by its own position.
         let split =
             |y: Tensor, heads: usize| y.reshape((1, n, heads, hd))?.transpose(1, 2)?.contiguous();
-        let q = split(self.q.forward(x)?, self.num_heads)?;
-        let k = split(self.k.forward(x)?, self.num_kv_heads)?;
-        let v = split(self.v.forward(x)?, self.num_kv_heads)?;
+        let q = split(self.q.forward_rows(x)?, self.num_heads)?;
+        let k = split(self.k.forward_rows(x)?, self.num_kv_heads)?;
+        let v = split(self.v.forward_rows(x)?, self.num_kv_heads)?;
         let (q, k) = step.rope.apply(&q, &k, step.positions)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let mut outs = Vec::with_capacity(n);
+        // (1, kv_heads, s_r, hd) per sequence: its keys and values, the new row last.
+        let mut kv = Vec::with_capacity(n);
         for (r, cache) in caches.iter_mut().enumerate() {
-            // (1, heads, 1, hd) and (1, kv_heads, 1, hd): row r alone.
-            let qr = q.narrow(2, r, 1)?.contiguous()?;
-            let kr = k.narrow(2, r, 1)?.contiguous()?;
-            let vr = v.narrow(2, r, 1)?.contiguous()?;
-            // (1, kv_heads, s, hd): this sequence's keys and values, the new row last.
-            let (all_k, all_v) = cache.layer_mut(layer).append(&kr, &vr)?;
-            let s = all_k.dim(2)?;
-            let mask = AttnMask::causal().materialize(window, 1, s, x.device())?;
-            let att = attention(&qr, &all_k, &all_v, mask.as_ref(), scale, step.mode, false)?;
-            // (1, heads, 1, hd) -> (1, heads * hd)
-            outs.push(att.out.reshape((1, self.num_heads * hd))?);
+            let kr = k.narrow(2, r, 1)?;
+            let vr = v.narrow(2, r, 1)?;
+            kv.push(cache.layer_mut(layer).append(&kr, &vr)?);
         }
+        // One sequence: the general attention, so that a batch of one is the plain decode step
+        // bit for bit. More: the batched decode kernel (per-row softmax over each own cache).
+        let att = if n == 1 {
+            let (all_k, all_v) = &kv[0];
+            let mask = AttnMask::causal().materialize(window, 1, all_k.dim(2)?, x.device())?;
+            // (1, heads, 1, hd) -> (1, heads * hd)
+            attention(&q, all_k, all_v, mask.as_ref(), scale, step.mode, false)?
+                .out
+                .reshape((1, self.num_heads * hd))?
+        } else {
+            glance_nn::attend_rows::attend_rows(&q, &kv, window, scale)?
+        };
         // (n, heads * hd) -> (n, hidden)
-        self.o.forward(&Tensor::cat(&outs, 0)?)
+        self.o.forward_rows(&att)
     }
 }
 
@@ -178,6 +183,12 @@ impl Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let g = self.act.forward(&self.gate.forward(x)?)?;
         self.down.forward(&(g * self.up.forward(x)?)?)
+    }
+
+    /// [`Mlp::forward`] on rows of different sequences `(n, hidden)`, each weight read once.
+    fn forward_rows(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let g = self.act.forward(&self.gate.forward_rows(x)?)?;
+        self.down.forward_rows(&(g * self.up.forward_rows(x)?)?)
     }
 }
 
@@ -250,7 +261,7 @@ impl Layer {
             .attn
             .forward_rows(&h, step, caches, layer, self.window)?;
         let x = (x + att)?;
-        let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
         x + h
     }
 }
@@ -408,6 +419,12 @@ impl TextModel {
             x = layer.forward_rows(&x, &step, caches, i)?;
         }
         Ok(self.norm.forward(&x)?)
+    }
+
+    /// The logits of rows of different sequences `(n, hidden)` → `(n, vocab)`, the LM head read
+    /// once; row `r` equals [`CausalLm::logits`] of that row alone.
+    pub fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.lm_head.forward_rows(hidden)?)
     }
 
     /// The final RMSNorm, `(t, hidden)`.
