@@ -8,6 +8,8 @@
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
+/// Input rows of [`matvec_rows`] kept in L1 together.
+const X_BLOCK: usize = 4;
 /// Output rows per rayon task.
 const ROWS_PER_TASK: usize = 64;
 
@@ -54,7 +56,7 @@ pub fn matvec(w: &Tensor, x: &Tensor) -> Result<Tensor> {
 pub fn matvec_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
     let (out_dim, in_dim) = w.dims2()?;
     let (n, x_in) = x.dims2()?;
-    if x_in != in_dim {
+    if x_in != in_dim || in_dim == 0 {
         candle_core::bail!("matvec_rows: x is ({n}, {x_in}) for a ({out_dim}, {in_dim}) matrix")
     }
     let x = x.contiguous()?;
@@ -80,30 +82,14 @@ pub fn matvec_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
             let first = c * ROWS_PER_TASK;
             let wrow = |j: usize| &w_slice[(first + j) * in_dim..(first + j + 1) * in_dim];
             let rows = ys.len() / n;
-            let mut j = 0;
-            // Two weight rows against four input rows at a time: each weight vector loaded once
-            // serves four products.
-            while j + 2 <= rows {
-                let mut r = 0;
-                while r + 4 <= n {
-                    let b = dot_2x4(
-                        [wrow(j), wrow(j + 1)],
-                        [xr[r], xr[r + 1], xr[r + 2], xr[r + 3]],
-                    );
-                    for (cw, out) in b.iter().enumerate() {
-                        ys[(j + cw) * n + r..(j + cw) * n + r + 4].copy_from_slice(out);
+            // Input rows four at a time (they stay in L1 while the task's weight rows stream
+            // past; the weight rows stay in L2 for the next four).
+            for r0 in (0..n).step_by(X_BLOCK) {
+                for j in 0..rows {
+                    let row = wrow(j);
+                    for (r, x) in xr.iter().enumerate().skip(r0).take(X_BLOCK) {
+                        ys[j * n + r] = dot(row, x);
                     }
-                    r += 4;
-                }
-                for rr in r..n {
-                    ys[j * n + rr] = dot(wrow(j), xr[rr]);
-                    ys[(j + 1) * n + rr] = dot(wrow(j + 1), xr[rr]);
-                }
-                j += 2;
-            }
-            for jj in j..rows {
-                for (rr, x) in xr.iter().enumerate() {
-                    ys[jj * n + rr] = dot(wrow(jj), x);
                 }
             }
         });
@@ -125,72 +111,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     dot_portable(a, b)
-}
-
-/// `dot(w[c], x[r])` for two weight rows and four input rows, each result the same bits as
-/// [`dot`] gives (the same accumulators, each summed in the same order).
-fn dot_2x4(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above); all rows have the
-            // same length (the caller slices them from one matrix each).
-            return unsafe { dot_2x4_avx2(w, x) };
-        }
-    }
-    let mut out = [[0f32; 4]; 2];
-    for (c, o) in out.iter_mut().enumerate() {
-        for (r, v) in o.iter_mut().enumerate() {
-            *v = dot(w[c], x[r]);
-        }
-    }
-    out
-}
-
-/// [`dot_avx2`]'s four accumulators (lane group `k` of every 32-value step) computed one group at
-/// a time, so that eight products (2 weight rows × 4 input rows) share each weight load and fit
-/// in registers; then summed exactly as `dot_avx2` sums them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_2x4_avx2(w: [&[f32]; 2], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    use std::arch::x86_64::*;
-    let n = w[0].len();
-    let main = n / 32 * 32;
-    // groups[k][c][r]: accumulator k of dot(w[c], x[r]).
-    let mut groups = [[[_mm256_setzero_ps(); 4]; 2]; 4];
-    for (k, g) in groups.iter_mut().enumerate() {
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-        let mut i = 8 * k;
-        while i < main {
-            let w0 = _mm256_loadu_ps(w[0].as_ptr().add(i));
-            let w1 = _mm256_loadu_ps(w[1].as_ptr().add(i));
-            for r in 0..4 {
-                let xv = _mm256_loadu_ps(x[r].as_ptr().add(i));
-                acc[0][r] = _mm256_fmadd_ps(w0, xv, acc[0][r]);
-                acc[1][r] = _mm256_fmadd_ps(w1, xv, acc[1][r]);
-            }
-            i += 32;
-        }
-        *g = acc;
-    }
-    let mut out = [[0f32; 4]; 2];
-    for c in 0..2 {
-        for r in 0..4 {
-            let s = _mm256_add_ps(
-                _mm256_add_ps(groups[0][c][r], groups[1][c][r]),
-                _mm256_add_ps(groups[2][c][r], groups[3][c][r]),
-            );
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), s);
-            let mut total: f32 = lanes.iter().sum();
-            for i in main..n {
-                total += w[c][i] * x[r][i];
-            }
-            out[c][r] = total;
-        }
-    }
-    out
 }
 
 /// Sixteen independent accumulators so the compiler vectorises without reassociating.
