@@ -11,6 +11,7 @@ mod eval;
 mod logits;
 mod plot;
 mod run;
+mod serve;
 mod threads;
 mod train;
 mod train_draft;
@@ -32,6 +33,9 @@ struct Cli {
 enum Command {
     /// Answer a prompt about images (or a whole conversation), streaming the answer.
     Run(run::RunArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat completions with images,
+    /// streaming, metrics).
+    Serve(serve::ServeArgs),
     /// Accuracy on the glance world per question family (and description precision / recall /
     /// F1), optionally with visual-token pruning.
     Eval(eval::EvalArgs),
@@ -56,6 +60,7 @@ fn main() {
     glance_nn::runtime::tune_allocator();
     let result: Result<()> = match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Logits(a) => logits::run(a),

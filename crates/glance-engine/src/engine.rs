@@ -11,6 +11,8 @@
 //! own KV cache, sampler and detokeniser, and the shared caches hand out immutable entries (a
 //! cached prefix is forked before a request appends to it).
 
+pub(crate) mod batch;
+
 use crate::cache::{
     tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, EncodingCache, ImageKey,
     PrefixCache, PrefixKey,

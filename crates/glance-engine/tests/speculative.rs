@@ -187,11 +187,15 @@ fn a_perfect_draft_is_accepted_and_changes_nothing() {
                 assert_eq!(got.token_ids, want.token_ids, "{model} {tree:?} {prune:?}");
                 let passes = got.decode.forward_passes as f64;
                 let per_pass = (got.token_ids.len() - 1) as f64 / passes;
-                // FastV's target drops rows the oracle keeps: its hidden states differ a little.
+                // FastV's target drops rows the oracle keeps: its hidden states differ. A chain of 4
+                // of a perfect draft emits 5 tokens a pass (bar the last); a small tree over the
+                // random fixtures' flat distributions spends its budget on siblings too.
                 let floor = if prune.as_ref().is_some_and(|p| p.policy == Policy::FastV) {
                     1.0
+                } else if tree.top_k == 1 {
+                    4.0
                 } else {
-                    3.5
+                    2.0
                 };
                 assert!(
                     per_pass >= floor,

@@ -426,21 +426,36 @@ fn attention_rowwise(
                     scores.push(dots[j * t + r] * scale + m);
                     keys.push(j);
                 }
-                probs.resize(scores.len(), 0.0);
-                crate::fused::softmax_row(&scores, &mut probs);
-                if scores.is_empty() {
-                    o.fill(f32::NAN);
-                    continue;
-                }
-                for (&p, &j) in probs.iter().zip(&keys) {
-                    for (o, &x) in o.iter_mut().zip(&vh[j * d..(j + 1) * d]) {
-                        *o += p * x;
-                    }
-                }
+                let values = keys.iter().map(|&j| &vh[j * d..(j + 1) * d]);
+                softmax_values(&scores, &mut probs, values, o);
             }
         });
     drop((k_guard, v_guard));
     Tensor::from_vec(out, (1, h, t, d), &Device::Cpu)
+}
+
+/// The last step of every row-wise attention kernel (this module's, and
+/// [`crate::attend_rows`] for batches of sequences): the softmax of one query row's visible
+/// scores (`q·k · scale + mask`, in key order) and the probability-weighted sum of their `values`
+/// into `out` (zeroed by the caller). Sharing it is what makes a row's result depend only on the
+/// keys it sees, however the rows around it are batched. No visible key: NaN, as the GEMM path.
+pub(crate) fn softmax_values<'a>(
+    scores: &[f32],
+    probs: &mut Vec<f32>,
+    values: impl Iterator<Item = &'a [f32]>,
+    out: &mut [f32],
+) {
+    if scores.is_empty() {
+        out.fill(f32::NAN);
+        return;
+    }
+    probs.resize(scores.len(), 0.0);
+    crate::fused::softmax_row(scores, probs);
+    for (&p, v) in probs.iter().zip(values) {
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o += p * x;
+        }
+    }
 }
 
 #[cfg(test)]

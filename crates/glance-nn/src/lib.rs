@@ -11,6 +11,7 @@
 //! here takes a [`Mode`]; `Mode::Train` selects the composed, differentiable forms.
 
 pub mod activation;
+pub mod attend_rows;
 pub mod attention;
 pub mod fused;
 pub mod kv_cache;

@@ -51,4 +51,27 @@ impl Linear {
         out_shape.push(out_dim);
         y.reshape(out_shape)
     }
+
+    /// `xs` `(n, in)` → `(n, out)` for rows of different sequences (continuous batching), any
+    /// `n`: frozen f32 CPU weights are read once for all rows by the decode kernel
+    /// ([`crate::matvec::matmul_rows`]), so each row's result equals [`Linear::forward`] of that
+    /// row alone, bit for bit; otherwise the same as `forward`.
+    pub fn forward_rows(&self, xs: &Tensor) -> Result<Tensor> {
+        let fast = xs.rank() == 2
+            && self.weight.device().is_cpu()
+            && self.weight.dtype() == candle_core::DType::F32
+            && xs.dtype() == candle_core::DType::F32
+            && self.weight.is_contiguous()
+            && !self.weight.track_op()
+            && !xs.track_op();
+        if !fast {
+            return self.forward(xs);
+        }
+        // (n, in) x (out, in)ᵀ -> (n, out)
+        let y = crate::matvec::matmul_rows(&self.weight, xs)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
 }

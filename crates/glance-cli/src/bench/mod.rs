@@ -4,6 +4,7 @@
 mod decode;
 mod machine;
 mod prune;
+mod serve;
 mod spec;
 
 use anyhow::Result;
@@ -22,6 +23,9 @@ pub enum BenchCommand {
     /// position in the answer, decode speed side by side, greedy equality, accuracy; and the
     /// speedup projected at a memory-bound ≥ 1B shape.
     Spec(spec::SpecBenchArgs),
+    /// `glance serve` under 1–16 concurrent streaming clients, with and without continuous
+    /// batching: aggregate tokens/s, time to first token and per output token (p50 / p99).
+    Serve(serve::ServeBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -29,6 +33,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Decode(a) => decode::run(a),
         BenchCommand::Prune(a) => prune::run(a),
         BenchCommand::Spec(a) => spec::run(a),
+        BenchCommand::Serve(a) => serve::run(a),
     }
 }
 

@@ -81,6 +81,53 @@ impl Attention {
     }
 }
 
+impl Attention {
+    /// Continuous batching: `x` `(n, hidden)` holds one new row per sequence, row `r` at
+    /// `positions[r]` and appended to `caches[r]`'s layer `layer`. The projections run as one
+    /// batch of rows; each row attends over its own cache only. Returns `(n, hidden)`.
+    fn forward_rows(
+        &self,
+        x: &Tensor,
+        step: &Step,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+        window: Option<usize>,
+    ) -> candle_core::Result<Tensor> {
+        let n = x.dim(0)?;
+        let hd = self.head_dim;
+        // (n, heads * hd) -> (1, heads, n, hd): the rows side by side as one "sequence" for RoPE,
+        // which rotates each row by its own position.
+        let split =
+            |y: Tensor, heads: usize| y.reshape((1, n, heads, hd))?.transpose(1, 2)?.contiguous();
+        let q = split(self.q.forward_rows(x)?, self.num_heads)?;
+        let k = split(self.k.forward_rows(x)?, self.num_kv_heads)?;
+        let v = split(self.v.forward_rows(x)?, self.num_kv_heads)?;
+        let (q, k) = step.rope.apply(&q, &k, step.positions)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        // (1, kv_heads, s_r, hd) per sequence: its keys and values, the new row last.
+        let mut kv = Vec::with_capacity(n);
+        for (r, cache) in caches.iter_mut().enumerate() {
+            let kr = k.narrow(2, r, 1)?;
+            let vr = v.narrow(2, r, 1)?;
+            kv.push(cache.layer_mut(layer).append(&kr, &vr)?);
+        }
+        // One sequence: the general attention, so that a batch of one is the plain decode step
+        // bit for bit. More: the batched decode kernel (per-row softmax over each own cache).
+        let att = if n == 1 {
+            let (all_k, all_v) = &kv[0];
+            let mask = AttnMask::causal().materialize(window, 1, all_k.dim(2)?, x.device())?;
+            // (1, heads, 1, hd) -> (1, heads * hd)
+            attention(&q, all_k, all_v, mask.as_ref(), scale, step.mode, false)?
+                .out
+                .reshape((1, self.num_heads * hd))?
+        } else {
+            glance_nn::attend_rows::attend_rows(&q, &kv, window, scale)?
+        };
+        // (n, heads * hd) -> (n, hidden)
+        self.o.forward_rows(&att)
+    }
+}
+
 /// Which keys and values the new rows attend over, after their own are computed.
 pub(crate) enum Keys<'a> {
     /// Appended to a layer cache: cached rows, then the new ones.
@@ -137,6 +184,12 @@ impl Mlp {
         let g = self.act.forward(&self.gate.forward(x)?)?;
         self.down.forward(&(g * self.up.forward(x)?)?)
     }
+
+    /// [`Mlp::forward`] on rows of different sequences `(n, hidden)`, each weight read once.
+    fn forward_rows(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let g = self.act.forward(&self.gate.forward_rows(x)?)?;
+        self.down.forward_rows(&(g * self.up.forward_rows(x)?)?)
+    }
 }
 
 /// One pre-norm decoder block.
@@ -190,6 +243,26 @@ impl Layer {
         let x = (x + &att.out)?;
         let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
         Ok(((x + h)?, att))
+    }
+}
+
+impl Layer {
+    /// [`Attention::forward_rows`] inside the block: norms, MLP and residuals run on all `n`
+    /// rows `(n, hidden)` at once.
+    fn forward_rows(
+        &self,
+        x: &Tensor,
+        step: &Step,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+    ) -> candle_core::Result<Tensor> {
+        let h = self.input_norm.forward(x)?;
+        let att = self
+            .attn
+            .forward_rows(&h, step, caches, layer, self.window)?;
+        let x = (x + att)?;
+        let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
+        x + h
     }
 }
 
@@ -304,6 +377,54 @@ impl TextModel {
             )));
         }
         self.run_layers(xs, positions, mask, Some(cache), layers, probe)
+    }
+
+    /// One decode step of several sequences (continuous batching): row `r` of `rows`
+    /// `(n, hidden)` is sequence `r`'s new token at `positions[r]`, appended to `caches[r]`.
+    /// The linear and MLP layers run once on all rows; attention runs per row over its own cache.
+    /// Returns the final (normed) hidden states `(n, hidden)`; for each sequence, what
+    /// [`CausalLm::forward`] of its row alone returns (up to float summation order).
+    pub fn forward_batch(
+        &self,
+        rows: &Tensor,
+        positions: &[u32],
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
+        let n = rows.dim(0)?;
+        if positions.len() != n || caches.len() != n {
+            return Err(Error::Input(format!(
+                "a batch of {n} rows needs one position and one cache per row, got {} and {}",
+                positions.len(),
+                caches.len()
+            )));
+        }
+        let max = self.config.max_position_embeddings;
+        for (p, c) in positions.iter().zip(caches.iter()) {
+            if *p as usize >= max || c.len() + 1 > max {
+                return Err(Error::PromptTooLong {
+                    len: (c.len() + 1).max(*p as usize + 1),
+                    max,
+                });
+            }
+        }
+        // (n,) u32
+        let pos = Tensor::new(positions, &self.device)?;
+        let step = Step {
+            rope: &self.rope,
+            positions: &pos,
+            mode: self.mode,
+        };
+        let mut x = rows.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward_rows(&x, &step, caches, i)?;
+        }
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// The logits of rows of different sequences `(n, hidden)` → `(n, vocab)`, the LM head read
+    /// once; row `r` equals [`CausalLm::logits`] of that row alone.
+    pub fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.lm_head.forward_rows(hidden)?)
     }
 
     /// The final RMSNorm, `(t, hidden)`.

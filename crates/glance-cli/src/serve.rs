@@ -1,0 +1,127 @@
+//! `glance serve`: the OpenAI-compatible HTTP server (glance-serve) over one engine.
+
+use crate::args::{DecodeArgs, ModelArgs, PruneArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use glance_engine::messages::ImageSources;
+use glance_engine::EngineOptions;
+use glance_serve::openai::Defaults;
+use glance_serve::ServerConfig;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the bound address is printed on stdout).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Name clients use in `model` (default: the model directory's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Generations running at once.
+    #[arg(long, default_value_t = 4)]
+    pub max_batch: usize,
+    /// Requests waiting for a slot; beyond them new requests get 503.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Largest image accepted, in pixels (checked from the header before decoding).
+    #[arg(long, default_value_t = glance_models::processing::image::DEFAULT_MAX_PIXELS)]
+    pub max_image_pixels: u64,
+    /// Most images in one request.
+    #[arg(long, default_value_t = 8)]
+    pub max_images_per_request: usize,
+    /// Allow `file://` image URLs (and plain absolute paths) under this directory.
+    #[arg(long, value_name = "DIR")]
+    pub allow_local_files: Option<PathBuf>,
+    /// Largest request body in bytes (413 above it).
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_body_bytes: usize,
+    /// Milliseconds a client has to send its whole request body (408 after them).
+    #[arg(long, default_value_t = 30_000)]
+    pub body_timeout_ms: u64,
+    /// Decode each request alone instead of batching the decode steps of all running requests.
+    #[arg(long)]
+    pub no_batching: bool,
+    /// With batching: most prompt rows prefilled between two decode steps of the running
+    /// requests (a long prompt delays their next token by at most one chunk).
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
+    /// Default `max_tokens` of a request that gives none.
+    #[arg(long, default_value_t = 256)]
+    pub default_max_tokens: usize,
+    /// Server-wide default pruning (a request's `glance.prune` overrides it).
+    #[command(flatten)]
+    pub prune: PruneArgs,
+    /// Server-wide default decoding strategy (a request's `glance.decode` overrides it).
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if args.max_batch == 0 {
+        bail!("--max-batch must be at least 1");
+    }
+    if args.body_timeout_ms == 0 || args.max_body_bytes == 0 {
+        bail!("--body-timeout-ms and --max-body-bytes must be at least 1");
+    }
+    if args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    if args.default_max_tokens == 0 {
+        bail!("--default-max-tokens must be at least 1");
+    }
+    let image_sources = match &args.allow_local_files {
+        None => ImageSources::DataOnly,
+        Some(dir) => {
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("--allow-local-files {}", dir.display()))?;
+            if !dir.is_dir() {
+                bail!("--allow-local-files {} is not a directory", dir.display());
+            }
+            ImageSources::FilesUnder(dir)
+        }
+    };
+    let defaults = Defaults {
+        max_tokens: args.default_max_tokens,
+        prune: args.prune.request_spec()?,
+        decode: args.decode.spec()?,
+    };
+    let options = EngineOptions {
+        max_image_pixels: args.max_image_pixels,
+        max_images: args.max_images_per_request,
+        ..args.decode.engine_options(EngineOptions::default())?
+    };
+    let (dir, engine) = args.model.engine(options)?;
+    let model_name = match args.served_model_name {
+        Some(n) => n,
+        None => dir
+            .file_name()
+            .map_or("glance".into(), |n| n.to_string_lossy().into_owned()),
+    };
+    let config = ServerConfig {
+        model_name: model_name.clone(),
+        max_batch: args.max_batch,
+        max_queue: args.max_queue,
+        max_body_bytes: args.max_body_bytes,
+        body_timeout: Duration::from_millis(args.body_timeout_ms),
+        image_sources,
+        defaults,
+        batching: !args.no_batching,
+        prefill_chunk: args.prefill_chunk,
+    };
+    let addr = format!("{}:{}", args.host, args.port);
+    glance_serve::serve_blocking(Arc::new(engine), config, &addr, |bound| {
+        // Tests and scripts read the bound address from this line.
+        println!("glance serve: `{model_name}` listening on http://{bound}");
+        let _ = std::io::stdout().flush();
+    })?;
+    Ok(())
+}

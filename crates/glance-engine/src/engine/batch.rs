@@ -1,0 +1,380 @@
+//! Continuous batching: the decode steps of several requests go through the linear and MLP
+//! layers as one batch of rows, while each request keeps its own KV cache, sampler, detokeniser
+//! and stop matcher. Requests join and leave between steps; a long prompt is prefilled in chunks
+//! so that it delays the running requests' next token by at most one chunk.
+//!
+//! ```text
+//! Engine::prepare(request)      render, tokenise, encode images (cached), plan  → Prepared
+//! Engine::sequence(prepared)    a Sequence in its prefill phase
+//! Engine::step(&mut seqs, c)    ≤ c prompt rows of one prefilling sequence, then one batched
+//!                               decode step of every decoding sequence
+//! Sequence::into_response()     when done
+//! ```
+//!
+//! Only plain autoregressive requests without pruning are batched ([`Engine::batchable`]);
+//! speculative and pruned requests run alone through [`Engine::generate`]. A sequence gets the
+//! tokens [`Engine::generate`] gives it alone: the batched linear layers compute each row with
+//! the single-row kernel's own dot products (`Linear::forward_rows`, the same bits), and the
+//! attention of a batch of two or more runs a dedicated per-row kernel
+//! (`glance_nn::attend_rows`) whose sums differ from the general attention's only in rounding
+//! (~1e-7 relative), so only an exact near-tie could pick another token.
+
+use super::Engine;
+use crate::request::{CacheUse, Event, FinishReason, Flow, Request, Response, Timings, Usage};
+use candle_core::Tensor;
+use glance_core::{Error, Result, TokenId};
+use glance_decode::stop::StopStatus;
+use glance_decode::{DecodeSpec, DecodeStats, Sampler, StopStrings};
+use glance_models::processing::tokenizer::StreamDecoder;
+use glance_nn::{AttnMask, CausalLm, KvCache};
+use std::time::{Duration, Instant};
+
+/// A request rendered, with its images encoded and its prompt rows embedded: everything before
+/// the prefill. Built off the batching thread (the vision tower does not stall decoding).
+pub struct Prepared {
+    /// Prompt rows `(t, hidden)` and their positions.
+    rows: Tensor,
+    positions: Vec<u32>,
+    sampling: glance_core::SamplingParams,
+    max_new_tokens: usize,
+    stop: Vec<String>,
+    usage: Usage,
+    image_hits: usize,
+    vision: Duration,
+    saved: Duration,
+    started: Instant,
+    prepared_in: Duration,
+}
+
+enum Phase {
+    /// `done` of the prompt rows are in the cache.
+    Prefill {
+        done: usize,
+    },
+    /// `next` was sampled from the row at `pos` and is fed at `pos + 1`.
+    Decode {
+        next: TokenId,
+        pos: u32,
+    },
+    Done,
+}
+
+/// One request inside a batch.
+pub struct Sequence<'e> {
+    prepared: Prepared,
+    on_event: Box<dyn FnMut(Event) -> Flow + Send + 'e>,
+    sampler: Sampler,
+    eos: &'e [TokenId],
+    max_positions: usize,
+    stream: StreamDecoder<'e>,
+    stops: StopStrings,
+    cache: KvCache,
+    phase: Phase,
+    text: String,
+    tokens: Vec<TokenId>,
+    forwards: u64,
+    prefill: Duration,
+    first_token: Option<Instant>,
+    finish: Option<FinishReason>,
+    error: Option<Error>,
+}
+
+impl Engine {
+    /// Whether `request` can join a batch: plain autoregressive decoding without pruning.
+    pub fn batchable(request: &Request) -> bool {
+        request.decode == DecodeSpec::Ar && request.prune.as_ref().is_none_or(|p| p.is_noop())
+    }
+
+    /// Everything before the prefill: validation, template, tokens, images (through the encoding
+    /// cache), the prompt rows. Errors here are the request's (bad images, a prompt too long).
+    pub fn prepare(&self, request: &Request) -> Result<Prepared> {
+        request.validate()?;
+        if !Self::batchable(request) {
+            return Err(Error::InvalidParam(
+                "only autoregressive requests without pruning are batched".into(),
+            ));
+        }
+        let started = Instant::now();
+        self.pool.install(|| {
+            let rendered = self.render(&request.prompt, false)?;
+            let encoded = self.encode_all(&rendered.images)?;
+            let (mut vision, mut saved, mut image_hits) = (Duration::ZERO, Duration::ZERO, 0);
+            for e in &encoded {
+                if e.hit {
+                    saved += e.entry.preprocess + e.entry.vision;
+                    image_hits += 1;
+                } else {
+                    vision += e.entry.vision;
+                }
+            }
+            let plan = self.plan(&rendered.prompt.ids, &encoded)?;
+            let rows = plan.rows()?;
+            let positions = plan.positions();
+            glance_decode::check_prompt(self.model.text(), rows.dim(0)?, &positions)?;
+            let visual = plan.visual_tokens();
+            Ok(Prepared {
+                usage: Usage {
+                    prompt_tokens: rendered.prompt.ids.len(),
+                    visual_tokens: visual,
+                    kept_visual_tokens: visual,
+                    prompt_rows: positions.len(),
+                    completion_tokens: 0,
+                },
+                rows,
+                positions,
+                sampling: request.sampling.clone(),
+                max_new_tokens: request.max_new_tokens,
+                stop: request.stop.clone(),
+                image_hits,
+                vision,
+                saved,
+                started,
+                prepared_in: started.elapsed(),
+            })
+        })
+    }
+
+    /// A sequence ready to join a batch; its text streams through `on_event`, which may cancel.
+    pub fn sequence<'e>(
+        &'e self,
+        prepared: Prepared,
+        on_event: Box<dyn FnMut(Event) -> Flow + Send + 'e>,
+    ) -> Result<Sequence<'e>> {
+        let text = self.model.text();
+        Ok(Sequence {
+            sampler: Sampler::new(prepared.sampling.clone())?,
+            stops: StopStrings::new(prepared.stop.clone()),
+            prepared,
+            on_event,
+            eos: self.processor.text.eos_token_ids(),
+            max_positions: text.max_positions(),
+            stream: self.processor.text.stream_decoder(),
+            cache: text.new_cache(),
+            phase: Phase::Prefill { done: 0 },
+            text: String::new(),
+            tokens: Vec::new(),
+            forwards: 0,
+            prefill: Duration::ZERO,
+            first_token: None,
+            finish: None,
+            error: None,
+        })
+    }
+
+    /// One scheduling step: up to `prefill_chunk` prompt rows of the first sequence still
+    /// prefilling, then one decode step of every decoding sequence, batched. A failure ends only
+    /// the sequences it concerns.
+    pub fn step(&self, seqs: &mut [Sequence<'_>], prefill_chunk: usize) {
+        self.pool.install(|| {
+            if let Some(s) = seqs
+                .iter_mut()
+                .find(|s| matches!(s.phase, Phase::Prefill { .. }))
+            {
+                if let Err(e) = self.prefill_chunk(s, prefill_chunk.max(1)) {
+                    s.fail(e);
+                }
+            }
+            let decoding: Vec<usize> = (0..seqs.len())
+                .filter(|&i| matches!(seqs[i].phase, Phase::Decode { .. }))
+                .collect();
+            if decoding.is_empty() {
+                return;
+            }
+            if let Err(e) = self.decode_step(seqs, &decoding) {
+                let msg = e.to_string();
+                for i in decoding {
+                    let e = Error::Candle(candle_core::Error::Msg(msg.clone()));
+                    seqs[i].fail(e);
+                }
+            }
+        })
+    }
+
+    fn prefill_chunk(&self, s: &mut Sequence<'_>, chunk: usize) -> Result<()> {
+        let Phase::Prefill { done } = s.phase else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        let text = self.model.text();
+        let t = s.prepared.positions.len();
+        let n = chunk.min(t - done);
+        let rows = s.prepared.rows.narrow(0, done, n)?;
+        let positions = &s.prepared.positions[done..done + n];
+        // (n, hidden): these rows after every cached one.
+        let hidden = text.forward(&rows, positions, &AttnMask::causal(), &mut s.cache)?;
+        if done + n < t {
+            s.phase = Phase::Prefill { done: done + n };
+            s.prefill += start.elapsed();
+            return Ok(());
+        }
+        // (1, vocab): the first token comes from the last prompt row.
+        let logits: Vec<f32> = text
+            .logits(&hidden.narrow(0, n - 1, 1)?)?
+            .squeeze(0)?
+            .to_vec1()?;
+        let next = s.sampler.sample(&logits)?;
+        s.prefill += start.elapsed();
+        s.first_token = Some(Instant::now());
+        let pos = *s.prepared.positions.last().expect("checked non-empty");
+        s.accept(next, pos)
+    }
+
+    /// Feeds each decoding sequence's last token as one batch of rows.
+    fn decode_step(&self, seqs: &mut [Sequence<'_>], idx: &[usize]) -> Result<()> {
+        let text = self.model.text();
+        let mut ids = Vec::with_capacity(idx.len());
+        let mut positions = Vec::with_capacity(idx.len());
+        for &i in idx {
+            if let Phase::Decode { next, pos } = seqs[i].phase {
+                ids.push(next);
+                positions.push(pos + 1);
+            }
+        }
+        // (n, hidden)
+        let rows = text.embed_tokens(&ids)?;
+        // (n, hidden), row r attending over its own cache.
+        let hidden = {
+            let mut caches: Vec<&mut KvCache> = seqs
+                .iter_mut()
+                .filter(|s| matches!(s.phase, Phase::Decode { .. }))
+                .map(|s| &mut s.cache)
+                .collect();
+            text.forward_batch(&rows, &positions, &mut caches)?
+        };
+        // (n, vocab)
+        let logits = text.logits_rows(&hidden)?;
+        for (r, &i) in idx.iter().enumerate() {
+            let s = &mut seqs[i];
+            s.forwards += 1;
+            let row: Vec<f32> = logits.get(r)?.to_vec1()?;
+            let result = s
+                .sampler
+                .sample(&row)
+                .and_then(|t| s.accept(t, positions[r]));
+            if let Err(e) = result {
+                s.fail(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Sequence<'_> {
+    /// Whether the sequence has ended (answered, stopped, cancelled or failed).
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// Whether its prompt is fully prefilled.
+    pub fn is_decoding(&self) -> bool {
+        matches!(self.phase, Phase::Decode { .. })
+    }
+
+    /// When its first token was picked.
+    pub fn first_token_at(&self) -> Option<Instant> {
+        self.first_token
+    }
+
+    fn fail(&mut self, e: Error) {
+        self.error = Some(e);
+        self.phase = Phase::Done;
+    }
+
+    fn emit(&mut self, piece: &str) -> Flow {
+        if piece.is_empty() {
+            return Flow::Continue;
+        }
+        self.text.push_str(piece);
+        (self.on_event)(Event::Text(piece))
+    }
+
+    /// Takes token `id`, sampled from the row at `pos`: detokenise, hold back or cut at stop
+    /// strings, stream, and decide whether generation ends (as the autoregressive strategy and
+    /// [`Engine::generate`] do, in the same order).
+    fn accept(&mut self, id: TokenId, pos: u32) -> Result<()> {
+        self.tokens.push(id);
+        let piece = self.stream.push(id)?;
+        let (released, stop) = match self.stops.push(&piece) {
+            StopStatus::Continue(s) => (s, false),
+            StopStatus::Stopped(s) => (s, true),
+        };
+        if self.emit(&released) == Flow::Cancel {
+            return self.end(FinishReason::Cancelled);
+        }
+        if stop {
+            return self.end(FinishReason::Stop);
+        }
+        if self.eos.contains(&id) {
+            return self.flush(FinishReason::Eos);
+        }
+        if self.tokens.len() >= self.prepared.max_new_tokens
+            || pos as usize + 2 >= self.max_positions
+        {
+            return self.flush(FinishReason::Length);
+        }
+        self.phase = Phase::Decode { next: id, pos };
+        Ok(())
+    }
+
+    /// Releases what the detokeniser and the stop matcher still hold, then ends.
+    fn flush(&mut self, reason: FinishReason) -> Result<()> {
+        let tail = self.stream.finish()?;
+        let (released, stopped) = match self.stops.push(&tail) {
+            StopStatus::Continue(s) => (s + &self.stops.finish(), false),
+            StopStatus::Stopped(s) => (s, true),
+        };
+        if self.emit(&released) == Flow::Cancel {
+            return self.end(FinishReason::Cancelled);
+        }
+        self.end(if stopped { FinishReason::Stop } else { reason })
+    }
+
+    fn end(&mut self, reason: FinishReason) -> Result<()> {
+        self.finish = Some(reason);
+        self.phase = Phase::Done;
+        Ok(())
+    }
+
+    /// The answer, once [`Sequence::is_done`]. Time to first token is wall time from
+    /// [`Engine::prepare`] (batched with other requests, it includes their steps);
+    /// `prefill_s` is the compute of this prompt's chunks.
+    pub fn into_response(self) -> Result<Response> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let p = &self.prepared;
+        let first = self.first_token.unwrap_or_else(Instant::now);
+        let ttft = first - p.started;
+        let decode = first.elapsed();
+        let later = self.tokens.len().saturating_sub(1);
+        let usage = Usage {
+            completion_tokens: self.tokens.len(),
+            ..p.usage
+        };
+        Ok(Response {
+            text: self.text,
+            finish_reason: self.finish.unwrap_or(FinishReason::Cancelled),
+            usage,
+            timings: Timings {
+                preprocess_s: p.prepared_in.saturating_sub(p.vision).as_secs_f64(),
+                vision_s: p.vision.as_secs_f64(),
+                prune_select_s: 0.0,
+                prefill_s: self.prefill.as_secs_f64(),
+                time_to_first_token_s: ttft.as_secs_f64(),
+                decode_s: decode.as_secs_f64(),
+                decode_tokens_per_s: if later == 0 || decode.is_zero() {
+                    0.0
+                } else {
+                    later as f64 / decode.as_secs_f64()
+                },
+                cache_saved_s: p.saved.as_secs_f64(),
+            },
+            cache: CacheUse {
+                image_hits: p.image_hits,
+                prefix_rows: 0,
+            },
+            token_ids: self.tokens,
+            decode: DecodeStats::new("ar", self.forwards),
+        })
+    }
+}

@@ -1,0 +1,158 @@
+//! Continuous batching on the committed fixtures: requests that join at different steps, with
+//! their prompts prefilled in small chunks, get exactly the tokens (and text and finish reason)
+//! they get alone; a cancelled sequence leaves the others untouched.
+
+use glance_core::SamplingParams;
+use glance_engine::{Engine, EngineOptions, Event, Flow, ImageInput, Prompt, Request, Sequence};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn image(name: &str) -> ImageInput {
+    ImageInput::bytes(std::fs::read(fixtures().join("images").join(name)).unwrap())
+}
+
+fn requests() -> Vec<Request> {
+    let ask = |text: &str, images: Vec<ImageInput>, n: usize| Request {
+        max_new_tokens: n,
+        ..Request::chat(text, images)
+    };
+    let mut sampled = ask("Describe the picture.", vec![image("camera_gray.png")], 20);
+    sampled.sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 0.9,
+        seed: 11,
+    };
+    let mut stopped = ask("Tell me more.", vec![image("astronaut.png")], 24);
+    stopped.stop = vec!["e".into()];
+    vec![
+        ask("What is this?", vec![image("astronaut.png")], 16),
+        ask("Hello there, how are you today?", vec![], 30),
+        sampled,
+        ask(
+            "Compare them.",
+            vec![image("chelsea.jpg"), image("cup_rgba.png")],
+            12,
+        ),
+        stopped,
+        ask(
+            "One more question about it.",
+            vec![image("astronaut.png")],
+            9,
+        ),
+    ]
+}
+
+/// Runs `requests` batched: one joins per step, prompts prefilled `chunk` rows at a time.
+fn batched(
+    engine: &Engine,
+    requests: &[Request],
+    chunk: usize,
+) -> Vec<(glance_engine::Response, String)> {
+    let streamed: Vec<Arc<Mutex<String>>> = requests.iter().map(|_| Default::default()).collect();
+    let mut waiting: Vec<(usize, Sequence<'_>)> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let out = streamed[i].clone();
+            let sink = Box::new(move |Event::Text(t): Event| {
+                out.lock().unwrap().push_str(t);
+                Flow::Continue
+            });
+            let p = engine.prepare(r).unwrap();
+            (i, engine.sequence(p, sink).unwrap())
+        })
+        .collect();
+    waiting.reverse();
+    // The running sequences and, beside them, which request each one is.
+    let (mut seqs, mut which): (Vec<Sequence<'_>>, Vec<usize>) = (Vec::new(), Vec::new());
+    let mut done: Vec<Option<glance_engine::Response>> = requests.iter().map(|_| None).collect();
+    let mut steps = 0;
+    while !waiting.is_empty() || !seqs.is_empty() {
+        if let Some((i, s)) = waiting.pop() {
+            seqs.push(s);
+            which.push(i);
+        }
+        engine.step(&mut seqs, chunk);
+        steps += 1;
+        assert!(steps < 10_000, "the batch never finished");
+        for j in (0..seqs.len()).rev() {
+            if seqs[j].is_done() {
+                let i = which.remove(j);
+                done[i] = Some(seqs.remove(j).into_response().unwrap());
+            }
+        }
+    }
+    done.into_iter()
+        .zip(streamed)
+        .map(|(r, s)| (r.unwrap(), s.lock().unwrap().clone()))
+        .collect()
+}
+
+#[test]
+fn batched_decoding_gives_each_request_its_solo_tokens() {
+    for model in ["llama-gqa", "mistral", "qwen2"] {
+        let dir = fixtures().join("models").join(model);
+        let engine =
+            Engine::load(&dir, EngineOptions::single_request().with_threads(Some(1))).unwrap();
+        let reqs = requests();
+        let solo: Vec<_> = reqs
+            .iter()
+            .map(|r| engine.generate(r, &mut |_| Flow::Continue).unwrap())
+            .collect();
+        for chunk in [7, 4096] {
+            for (i, (b, streamed)) in batched(&engine, &reqs, chunk).into_iter().enumerate() {
+                let s = &solo[i];
+                let label = format!("{model}, request {i}, chunk {chunk}");
+                assert_eq!(b.token_ids, s.token_ids, "{label}");
+                assert_eq!(b.text, s.text, "{label}");
+                assert_eq!(streamed, s.text, "{label}: streamed text");
+                assert_eq!(b.finish_reason, s.finish_reason, "{label}");
+                assert_eq!(b.usage, s.usage, "{label}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cancelled_sequence_leaves_the_batch_and_the_others_are_unchanged() {
+    let dir = fixtures().join("models/llama-gqa");
+    let engine = Engine::load(&dir, EngineOptions::default().with_threads(Some(1))).unwrap();
+    let reqs = requests();
+    let solo = engine.generate(&reqs[0], &mut |_| Flow::Continue).unwrap();
+    let keep = engine
+        .sequence(
+            engine.prepare(&reqs[0]).unwrap(),
+            Box::new(|_| Flow::Continue),
+        )
+        .unwrap();
+    let cancel = engine
+        .sequence(
+            engine.prepare(&reqs[1]).unwrap(),
+            Box::new(|_| Flow::Cancel),
+        )
+        .unwrap();
+    let mut seqs = vec![keep, cancel];
+    while !seqs[0].is_done() {
+        engine.step(&mut seqs, 16);
+    }
+    let cancelled = seqs.pop().unwrap();
+    assert!(cancelled.is_done());
+    let r = cancelled.into_response().unwrap();
+    assert_eq!(r.finish_reason, glance_engine::FinishReason::Cancelled);
+    let kept = seqs.pop().unwrap().into_response().unwrap();
+    assert_eq!(kept.token_ids, solo.token_ids);
+    // Bad input fails in `prepare`, before any batch sees it.
+    let bad = Request::chat("x", vec![ImageInput::bytes(b"not an image".to_vec())]);
+    assert!(engine.prepare(&bad).is_err());
+    let mut pruned = Request::new(Prompt::Raw {
+        text: "hi".into(),
+        images: vec![],
+    });
+    pruned.decode = glance_engine::DecodeSpec::Vispec;
+    assert!(!Engine::batchable(&pruned));
+}

@@ -1,0 +1,260 @@
+//! glance's OpenAI-compatible HTTP server (`glance serve`), on axum and tokio.
+//!
+//! Routes: `POST /v1/chat/completions` (JSON or SSE streaming), `GET /v1/models`, `GET /health`,
+//! `GET /metrics` (Prometheus text). Every generation runs on a blocking thread, never on the
+//! async runtime; at most `max_batch` run at once and at most `max_queue` wait ([`slots`]);
+//! a client that disconnects cancels its generation. Plain autoregressive requests are decoded
+//! together by one continuous-batching worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an OpenAI-style
+//! error body ([`error`]); the server keeps serving.
+
+pub mod batcher;
+pub mod chat;
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod slots;
+
+use crate::batcher::Batcher;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::openai::Defaults;
+use crate::slots::Slots;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use glance_engine::messages::ImageSources;
+use glance_engine::Engine;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings of a server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name clients put in `model` (the model directory's name by default).
+    pub model_name: String,
+    /// Generations running at once.
+    pub max_batch: usize,
+    /// Requests waiting for a slot before new ones get 503.
+    pub max_queue: usize,
+    /// Largest request body, in bytes (413 above it).
+    pub max_body_bytes: usize,
+    /// Time a client has to send its whole body (408 after it).
+    pub body_timeout: Duration,
+    /// Where image parts may come from (`data:` URLs, files under `--allow-local-files`).
+    pub image_sources: ImageSources,
+    /// What a request does not say.
+    pub defaults: Defaults,
+    /// Continuous batching of plain autoregressive requests (off: each request decodes alone).
+    pub batching: bool,
+    /// With batching: most prompt rows prefilled between two decode steps of the batch.
+    pub prefill_chunk: usize,
+}
+
+/// Errors starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {cause}")]
+    Bind { addr: String, cause: std::io::Error },
+    #[error("invalid server setting: {0}")]
+    Config(String),
+    #[error("the server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What every handler shares.
+pub struct App {
+    pub engine: Arc<Engine>,
+    pub config: ServerConfig,
+    pub metrics: Arc<Metrics>,
+    pub slots: Arc<Slots>,
+    /// The continuous-batching worker (`None` with batching off).
+    pub batcher: Option<Batcher>,
+}
+
+impl App {
+    pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Result<Arc<Self>, ServeError> {
+        if config.max_batch == 0 {
+            return Err(ServeError::Config("--max-batch must be at least 1".into()));
+        }
+        if config.max_body_bytes == 0 || config.body_timeout.is_zero() {
+            return Err(ServeError::Config(
+                "the body size limit and the body timeout must be positive".into(),
+            ));
+        }
+        let metrics = Arc::new(Metrics::new(&config.model_name));
+        let slots = Arc::new(Slots::new(
+            config.max_batch,
+            config.max_queue,
+            metrics.clone(),
+        ));
+        if config.prefill_chunk == 0 {
+            return Err(ServeError::Config(
+                "--prefill-chunk must be at least 1".into(),
+            ));
+        }
+        let batcher = if config.batching {
+            Some(Batcher::start(
+                engine.clone(),
+                metrics.clone(),
+                config.prefill_chunk,
+            )?)
+        } else {
+            None
+        };
+        Ok(Arc::new(Self {
+            engine,
+            config,
+            metrics,
+            slots,
+            batcher,
+        }))
+    }
+}
+
+/// The routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+async fn models(State(app): State<Arc<App>>) -> impl IntoResponse {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.config.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "glance",
+        }],
+    }))
+}
+
+async fn health(State(app): State<Arc<App>>) -> impl IntoResponse {
+    use std::sync::atomic::Ordering;
+    Json(json!({
+        "status": "ok",
+        "model": app.config.model_name,
+        "running": app.metrics.running.load(Ordering::Relaxed),
+        "waiting": app.metrics.waiting.load(Ordering::Relaxed),
+        "max_batch": app.config.max_batch,
+        "max_queue": app.config.max_queue,
+    }))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found(
+        "no such route: the API has POST /v1/chat/completions, GET /v1/models, GET /health and \
+         GET /metrics",
+        "not_found",
+    )
+}
+
+/// Binds `addr` (port 0 picks a free port), calls `on_bound` with the bound address, and serves
+/// until the process ends. Builds its own tokio runtime; the calling thread blocks.
+pub fn serve_blocking(
+    engine: Arc<Engine>,
+    config: ServerConfig,
+    addr: &str,
+    on_bound: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let (_keep, stop) = tokio::sync::oneshot::channel::<()>();
+    run(engine, config, addr, on_bound, stop)
+}
+
+/// A server running on its own thread (benchmarks, embedding); [`ServerHandle::shutdown`] stops
+/// it.
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<Result<(), ServeError>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting connections, lets open ones finish, and joins the server thread.
+    pub fn shutdown(self) -> Result<(), ServeError> {
+        let _ = self.stop.send(());
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(ServeError::Config("the server thread panicked".into())))
+    }
+}
+
+/// Starts a server on a thread of its own and returns once it listens.
+pub fn spawn(
+    engine: Arc<Engine>,
+    config: ServerConfig,
+    addr: &str,
+) -> Result<ServerHandle, ServeError> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let addr = addr.to_string();
+    let thread = std::thread::Builder::new()
+        .name("glance-serve".into())
+        .spawn(move || {
+            run(
+                engine,
+                config,
+                &addr,
+                |a| {
+                    let _ = bound_tx.send(a);
+                },
+                stopped,
+            )
+        })?;
+    match bound_rx.recv() {
+        Ok(addr) => Ok(ServerHandle { addr, stop, thread }),
+        // The thread ended before binding: its error says why.
+        Err(_) => Err(thread
+            .join()
+            .unwrap_or_else(|_| Err(ServeError::Config("the server thread panicked".into())))
+            .err()
+            .unwrap_or_else(|| ServeError::Config("the server stopped before listening".into()))),
+    }
+}
+
+fn run(
+    engine: Arc<Engine>,
+    config: ServerConfig,
+    addr: &str,
+    on_bound: impl FnOnce(SocketAddr),
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), ServeError> {
+    let app = App::new(engine, config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("glance-http")
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|cause| ServeError::Bind {
+                    addr: addr.to_string(),
+                    cause,
+                })?;
+        on_bound(listener.local_addr()?);
+        axum::serve(listener, router(app))
+            .with_graceful_shutdown(async move {
+                let _ = stop.await;
+            })
+            .await?;
+        Ok(())
+    })
+}
