@@ -140,180 +140,134 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     total
 }
 
-/// AVX-512 kernels: 16-lane accumulators, 4 × 4 register tiles (16 accumulators of 32 registers)
-/// for a few rows, 8 × 1 for one; the same per-output order in every tile.
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
+/// One register-blocked kernel, instantiated per instruction set: `$lanes`-wide accumulators, tiles
+/// of `$tile` weight rows × up to 4 input rows (8 × 1 for a single input row), every output
+/// accumulated over the row's `$lanes`-element chunks in order, its lanes summed by `$hsum`, then
+/// the tail elements in order — the same sequence of operations in every tile.
+macro_rules! simd_kernel {
+    ($module:ident, $feature:literal, $lanes:literal, $tile:literal, $zero:ident, $load:ident,
+     $fmadd:ident, $hsum:expr) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $module {
+            use std::arch::x86_64::*;
 
-    /// See [`super::block`].
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
-        let rows = w.len() / n;
-        let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        let mut r = 0;
-        if m == 1 {
-            while r + 8 <= rows {
-                tile::<8, 1>(wp, xp, n, r, 0, m, out);
-                r += 8;
+            /// See [`super::block`].
+            #[target_feature(enable = $feature)]
+            pub unsafe fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
+                let rows = w.len() / n;
+                let (wp, xp) = (w.as_ptr(), x.as_ptr());
+                let mut r = 0;
+                if m == 1 {
+                    while r + 8 <= rows {
+                        tile::<8, 1>(wp, xp, n, r, 0, m, out);
+                        r += 8;
+                    }
+                }
+                while r + $tile <= rows {
+                    let mut i = 0;
+                    while i + 4 <= m {
+                        tile::<$tile, 4>(wp, xp, n, r, i, m, out);
+                        i += 4;
+                    }
+                    // The last 1–3 input rows in one tile: each weight row is read once.
+                    match m - i {
+                        3 => tile::<$tile, 3>(wp, xp, n, r, i, m, out),
+                        2 => tile::<$tile, 2>(wp, xp, n, r, i, m, out),
+                        1 => tile::<$tile, 1>(wp, xp, n, r, i, m, out),
+                        _ => {}
+                    }
+                    r += $tile;
+                }
+                while r < rows {
+                    for i in 0..m {
+                        tile::<1, 1>(wp, xp, n, r, i, m, out);
+                    }
+                    r += 1;
+                }
             }
-        }
-        while r + 4 <= rows {
-            let mut i = 0;
-            while i + 4 <= m {
-                tile::<4, 4>(wp, xp, n, r, i, m, out);
-                i += 4;
-            }
-            // The last 1–3 input rows in one tile: each weight row is read once.
-            match m - i {
-                3 => tile::<4, 3>(wp, xp, n, r, i, m, out),
-                2 => tile::<4, 2>(wp, xp, n, r, i, m, out),
-                1 => tile::<4, 1>(wp, xp, n, r, i, m, out),
-                _ => {}
-            }
-            r += 4;
-        }
-        while r < rows {
-            for i in 0..m {
-                tile::<1, 1>(wp, xp, n, r, i, m, out);
-            }
-            r += 1;
-        }
-    }
 
-    /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`.
-    #[inline(always)]
-    unsafe fn tile<const R: usize, const M: usize>(
-        wp: *const f32,
-        xp: *const f32,
-        n: usize,
-        r0: usize,
-        i0: usize,
-        m: usize,
-        out: &mut [f32],
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); M]; R];
-        let chunks = n / 16;
-        for c in 0..chunks {
-            let mut xv = [_mm512_setzero_ps(); M];
-            for (i, v) in xv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(xp.add((i0 + i) * n + 16 * c));
-            }
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let wv = _mm512_loadu_ps(wp.add((r0 + r) * n + 16 * c));
-                for (a, v) in acc_r.iter_mut().zip(&xv) {
-                    *a = _mm512_fmadd_ps(wv, *v, *a);
+            /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`.
+            #[inline(always)]
+            unsafe fn tile<const R: usize, const M: usize>(
+                wp: *const f32,
+                xp: *const f32,
+                n: usize,
+                r0: usize,
+                i0: usize,
+                m: usize,
+                out: &mut [f32],
+            ) {
+                let mut acc = [[$zero(); M]; R];
+                let chunks = n / $lanes;
+                for c in 0..chunks {
+                    let mut xv = [$zero(); M];
+                    for (i, v) in xv.iter_mut().enumerate() {
+                        *v = $load(xp.add((i0 + i) * n + $lanes * c));
+                    }
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let wv = $load(wp.add((r0 + r) * n + $lanes * c));
+                        for (a, v) in acc_r.iter_mut().zip(&xv) {
+                            *a = $fmadd(wv, *v, *a);
+                        }
+                    }
+                }
+                for (r, acc_r) in acc.iter().enumerate() {
+                    for (i, a) in acc_r.iter().enumerate() {
+                        let mut total = $hsum(*a);
+                        for k in $lanes * chunks..n {
+                            total += *wp.add((r0 + r) * n + k) * *xp.add((i0 + i) * n + k);
+                        }
+                        out[(r0 + r) * m + i0 + i] = total;
+                    }
                 }
             }
         }
-        for (r, acc_r) in acc.iter().enumerate() {
-            for (i, a) in acc_r.iter().enumerate() {
-                let mut total = hsum(*a);
-                for k in 16 * chunks..n {
-                    total += *wp.add((r0 + r) * n + k) * *xp.add((i0 + i) * n + k);
-                }
-                out[(r0 + r) * m + i0 + i] = total;
-            }
-        }
-    }
-
-    /// Lanes summed in a fixed tree: halves, then the 8-lane tree.
-    #[inline(always)]
-    unsafe fn hsum(v: __m512) -> f32 {
-        let lo = _mm512_castps512_ps256(v);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-        let s = _mm256_add_ps(lo, hi);
-        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
+    };
 }
 
+/// Lanes of a 256-bit vector summed in a fixed tree.
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+#[inline(always)]
+unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
     use std::arch::x86_64::*;
-
-    /// See [`super::block`]. Register blocks: 8 weight rows × 1 input row (decode), 2 × 4
-    /// (a few rows), and their remainders; every output gets the same sequence of operations.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
-        let rows = w.len() / n;
-        let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        let mut r = 0;
-        if m == 1 {
-            while r + 8 <= rows {
-                tile::<8, 1>(wp, xp, n, r, 0, m, out);
-                r += 8;
-            }
-        }
-        while r + 2 <= rows {
-            let mut i = 0;
-            while i + 4 <= m {
-                tile::<2, 4>(wp, xp, n, r, i, m, out);
-                i += 4;
-            }
-            match m - i {
-                3 => tile::<2, 3>(wp, xp, n, r, i, m, out),
-                2 => tile::<2, 2>(wp, xp, n, r, i, m, out),
-                1 => tile::<2, 1>(wp, xp, n, r, i, m, out),
-                _ => {}
-            }
-            r += 2;
-        }
-        while r < rows {
-            for i in 0..m {
-                tile::<1, 1>(wp, xp, n, r, i, m, out);
-            }
-            r += 1;
-        }
-    }
-
-    /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`.
-    #[inline(always)]
-    unsafe fn tile<const R: usize, const M: usize>(
-        wp: *const f32,
-        xp: *const f32,
-        n: usize,
-        r0: usize,
-        i0: usize,
-        m: usize,
-        out: &mut [f32],
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); M]; R];
-        let chunks = n / 8;
-        for c in 0..chunks {
-            let mut xv = [_mm256_setzero_ps(); M];
-            for (i, v) in xv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(xp.add((i0 + i) * n + 8 * c));
-            }
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let wv = _mm256_loadu_ps(wp.add((r0 + r) * n + 8 * c));
-                for (a, v) in acc_r.iter_mut().zip(&xv) {
-                    *a = _mm256_fmadd_ps(wv, *v, *a);
-                }
-            }
-        }
-        for (r, acc_r) in acc.iter().enumerate() {
-            for (i, a) in acc_r.iter().enumerate() {
-                let mut total = hsum(*a);
-                for k in 8 * chunks..n {
-                    total += *wp.add((r0 + r) * n + k) * *xp.add((i0 + i) * n + k);
-                }
-                out[(r0 + r) * m + i0 + i] = total;
-            }
-        }
-    }
-
-    /// Lanes summed in a fixed tree.
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
 }
+
+/// Lanes of a 512-bit vector: the halves added, then [`hsum256`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn hsum512(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    hsum256(_mm256_add_ps(lo, hi))
+}
+
+// AVX-512: 16 lanes, 4 × 4 tiles (16 accumulators of 32 registers).
+simd_kernel!(
+    avx512,
+    "avx512f",
+    16,
+    4,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_fmadd_ps,
+    super::hsum512
+);
+// AVX2 + FMA: 8 lanes, 2 × 4 tiles (8 accumulators of 16 registers).
+simd_kernel!(
+    avx2,
+    "avx2,fma",
+    8,
+    2,
+    _mm256_setzero_ps,
+    _mm256_loadu_ps,
+    _mm256_fmadd_ps,
+    super::hsum256
+);
 
 #[cfg(test)]
 mod tests {
