@@ -312,32 +312,15 @@ impl DraftTrainer {
     /// Top-1 agreement per depth on the held-out samples (validation split; no noise, no
     /// distractors).
     pub fn evaluate(&mut self) -> Result<EvalReport> {
-        let start = Instant::now();
-        let c = self.state.config.clone();
-        let settings = self.settings();
-        let mut agreement = Agreement::default();
-        let mut samples = 0;
-        for (length, n) in [(Length::Long, c.eval_long), (Length::Short, c.eval_short)] {
-            for j in 0..n as u64 {
-                let s = self.source.get(Split::Validation, length, j)?;
-                let out = sample_loss(
-                    &self.head,
-                    self.source.target.text(),
-                    &s,
-                    &settings,
-                    &Perturbation::default(),
-                    1.0,
-                )?;
-                agreement.add(&out.agreement);
-                samples += 1;
-            }
-        }
-        Ok(EvalReport {
-            step: self.state.step,
-            samples,
-            agreement,
-            seconds: start.elapsed().as_secs_f64(),
-        })
+        let c = &self.state.config;
+        let held_out = HeldOut {
+            long: c.eval_long,
+            short: c.eval_short,
+            passes: c.passes,
+        };
+        let mut r = evaluate_head(&self.head, &mut self.source, &held_out)?;
+        r.step = self.state.step;
+        Ok(r)
     }
 
     fn run_eval(&mut self, obs: &mut dyn DraftObserver) -> Result<()> {
@@ -492,6 +475,57 @@ impl DraftTrainer {
         }))?;
         Ok(report)
     }
+}
+
+/// The held-out set of a validation: the first `long` / `short` samples of the validation
+/// split's pools (a function of the source's seed), drafted to depth `passes`.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldOut {
+    pub long: usize,
+    pub short: usize,
+    pub passes: usize,
+}
+
+/// Top-1 agreement per depth of `head` (training or inference ops) on the held-out samples of
+/// `source`: no noise, no distractors. What the trainer's validations run, and what
+/// `glance train draft --eval-head DIR` runs on an exported head.
+pub fn evaluate_head(
+    head: &DraftHead,
+    source: &mut SampleSource,
+    held_out: &HeldOut,
+) -> Result<EvalReport> {
+    let start = Instant::now();
+    let settings = PassSettings {
+        passes: held_out.passes,
+        hidden_weight: 0.0,
+        pass_decay: 1.0,
+    };
+    let mut agreement = Agreement::default();
+    let mut samples = 0;
+    for (length, n) in [
+        (Length::Long, held_out.long),
+        (Length::Short, held_out.short),
+    ] {
+        for j in 0..n as u64 {
+            let s = source.get(Split::Validation, length, j)?;
+            let out = sample_loss(
+                head,
+                source.target.text(),
+                &s,
+                &settings,
+                &Perturbation::default(),
+                1.0,
+            )?;
+            agreement.add(&out.agreement);
+            samples += 1;
+        }
+    }
+    Ok(EvalReport {
+        step: 0,
+        samples,
+        agreement,
+        seconds: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// The head's parameters sorted by name; weight decay on matrices other than norms and the
