@@ -10,6 +10,7 @@ mod demo;
 mod eval;
 mod logits;
 mod plot;
+mod progress;
 mod run;
 mod serve;
 mod threads;

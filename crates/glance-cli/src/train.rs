@@ -1,12 +1,12 @@
 //! `glance train world …`: train the glance world VLM from scratch (vision pretraining → LLaVA
 //! stage → optional end-to-end fine-tune), with checkpoints, resume, validation and HF export.
 
+use crate::progress::TrainBar;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use glance_engine::eval::EvalReport;
 use glance_train::trainer::{RunEnd, StepReport};
 use glance_train::{Budget, Observer, Stage, TrainConfig, Trainer};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -166,7 +166,7 @@ fn world(a: WorldArgs) -> Result<()> {
     let start = Instant::now();
     let mut obs = Progress::default();
     let end = trainer.run(&mut obs, a.stop_after)?;
-    obs.finish();
+    obs.bar.finish();
     match end {
         RunEnd::Finished => eprintln!(
             "done in {:.1} min: model in {} (metrics: {})",
@@ -241,43 +241,15 @@ fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConf
 /// indicatif bar per stage: loss (smoothed), images/s, lr, the stage's first metric.
 #[derive(Default)]
 struct Progress {
-    bar: Option<ProgressBar>,
+    bar: TrainBar,
     ema: Option<f32>,
     images: usize,
     seconds: f64,
-    /// When the last plain-text progress line was written (hidden bar only).
-    last_line: Option<Instant>,
-}
-
-impl Progress {
-    fn finish(&mut self) {
-        if let Some(b) = self.bar.take() {
-            b.finish();
-        }
-    }
-
-    /// A line above the bar (plain stderr when the bar is hidden, e.g. not a terminal).
-    fn print(&self, text: &str) {
-        match &self.bar {
-            Some(b) if !b.is_hidden() => b.println(text),
-            _ => eprintln!("{text}"),
-        }
-    }
 }
 
 impl Observer for Progress {
     fn stage_started(&mut self, stage: Stage, step: u64, total: Option<u64>) {
-        self.finish();
-        let bar = ProgressBar::new(total.unwrap_or(0));
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{prefix:>6} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_prefix(stage.to_string());
-        bar.set_position(step);
-        self.bar = Some(bar);
+        self.bar.start(&stage.to_string(), step, total);
         self.ema = None;
         self.images = 0;
         self.seconds = 0.0;
@@ -301,21 +273,7 @@ impl Observer for Progress {
             self.images as f64 / self.seconds.max(1e-9),
             r.lr
         );
-        if let Some(b) = &self.bar {
-            if let Some(t) = r.total {
-                b.set_length(t);
-            }
-            b.set_position(r.step);
-            if b.is_hidden() {
-                let last = r.total == Some(r.step);
-                if last || self.last_line.is_none_or(|t| t.elapsed().as_secs() >= 30) {
-                    let total = r.total.map_or("?".to_string(), |t| t.to_string());
-                    eprintln!("{} step {}/{total}: {msg}", r.stage, r.step);
-                    self.last_line = Some(Instant::now());
-                }
-            }
-            b.set_message(msg);
-        }
+        self.bar.update(&r.stage.to_string(), r.step, r.total, msg);
     }
 
     fn eval(&mut self, stage: Stage, step: u64, r: &EvalReport) {
@@ -327,12 +285,12 @@ impl Observer for Progress {
                 None => format!(" {} - (n=0)", f.family),
             })
             .collect();
-        self.print(&format!(
+        self.bar.print(&format!(
             "[{stage} step {step}] validation: mean {:.3} |{fams} ({:.0} s)",
             r.mean, r.seconds
         ));
         for e in &r.examples {
-            self.print(&format!(
+            self.bar.print(&format!(
                 "    Q: {}\n      want: {}\n      got:  {}",
                 e.question, e.reference, e.answer
             ));
@@ -340,6 +298,6 @@ impl Observer for Progress {
     }
 
     fn message(&mut self, text: &str) {
-        self.print(text);
+        self.bar.print(text);
     }
 }

@@ -1,13 +1,13 @@
 //! `glance train draft --target DIR …`: train an EAGLE / ViSpec draft head for a LLaVA target on
 //! the target's own answers to world prompts; writes OUT/head (config.json + model.safetensors).
 
+use crate::progress::TrainBar;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use glance_train::draft::trainer::RunEnd;
 use glance_train::draft::EvalReport;
 use glance_train::draft::{DraftObserver, DraftStepReport, DraftTrainConfig, DraftTrainer};
 use glance_train::Budget;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -139,7 +139,7 @@ pub fn run(a: DraftArgs) -> Result<()> {
     let start = Instant::now();
     let mut obs = Progress::default();
     let end = trainer.run(&mut obs, a.stop_after)?;
-    obs.finish();
+    obs.bar.finish();
     match end {
         RunEnd::Finished => eprintln!(
             "done in {:.1} min ({} samples generated in {:.0} s): head in {} (metrics: {})",
@@ -227,35 +227,13 @@ fn build_config(a: &DraftArgs) -> Result<DraftTrainConfig> {
 /// depth), lr, s/step.
 #[derive(Default)]
 struct Progress {
-    bar: Option<ProgressBar>,
+    bar: TrainBar,
     ema: Option<(f32, f64, f64)>,
-    last_line: Option<Instant>,
-}
-
-impl Progress {
-    fn finish(&mut self) {
-        if let Some(b) = self.bar.take() {
-            b.finish();
-        }
-    }
-
-    fn print(&self, text: &str) {
-        match &self.bar {
-            Some(b) if !b.is_hidden() => b.println(text),
-            _ => eprintln!("{text}"),
-        }
-    }
 }
 
 impl DraftObserver for Progress {
     fn started(&mut self, step: u64, total: Option<u64>) {
-        let bar = ProgressBar::new(total.unwrap_or(0));
-        bar.set_style(
-            ProgressStyle::with_template("draft [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_position(step);
-        self.bar = Some(bar);
+        self.bar.start("draft", step, total);
     }
 
     fn step(&mut self, r: &DraftStepReport) {
@@ -275,25 +253,11 @@ impl DraftObserver for Progress {
             "loss {:.4} | top-1 {:.3} | chain@{k} {:.3} | lr {:.2e} | {:.2} s/step",
             ema.0, ema.1, ema.2, r.lr, r.seconds
         );
-        if let Some(b) = &self.bar {
-            if let Some(t) = r.total {
-                b.set_length(t);
-            }
-            b.set_position(r.step);
-            if b.is_hidden() {
-                let last = r.total == Some(r.step);
-                if last || self.last_line.is_none_or(|t| t.elapsed().as_secs() >= 30) {
-                    let total = r.total.map_or("?".to_string(), |t| t.to_string());
-                    eprintln!("draft step {}/{total}: {msg}", r.step);
-                    self.last_line = Some(Instant::now());
-                }
-            }
-            b.set_message(msg);
-        }
+        self.bar.update("draft", r.step, r.total, msg);
     }
 
     fn eval(&mut self, r: &EvalReport) {
-        self.print(&format!(
+        self.bar.print(&format!(
             "[step {}] validation: {} ({:.0} s)",
             r.step,
             r.summary(),
@@ -302,6 +266,6 @@ impl DraftObserver for Progress {
     }
 
     fn message(&mut self, text: &str) {
-        self.print(text);
+        self.bar.print(text);
     }
 }

@@ -7,6 +7,7 @@ use crate::config::TrainConfig;
 use crate::export::{safetensors_bytes, write_atomic};
 use crate::{Result, TrainError};
 use candle_core::{Device, Tensor};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -63,11 +64,48 @@ pub fn save(
         .map(|(n, t)| (format!("param.{n}"), t.clone()))
         .collect();
     tensors.extend(optim.iter().cloned());
+    write_state_file(path, META_KEY, state, &tensors)
+}
+
+/// Writes `tensors` with `state` as JSON under `meta_key` in the header, atomically: the file
+/// format of every glance training checkpoint.
+pub(crate) fn write_state_file<S: Serialize>(
+    path: &Path,
+    meta_key: &str,
+    state: &S,
+    tensors: &[(String, Tensor)],
+) -> Result<()> {
     let meta = HashMap::from([
-        (META_KEY.to_string(), serde_json::to_string(state)?),
+        (meta_key.to_string(), serde_json::to_string(state)?),
         ("format".to_string(), "pt".to_string()),
     ]);
-    write_atomic(path, &safetensors_bytes(&tensors, meta)?)
+    write_atomic(path, &safetensors_bytes(tensors, meta)?)
+}
+
+/// Reads a file written by [`write_state_file`]: the state under `meta_key` (`what` names it in
+/// errors) and every tensor. The caller checks the state's format tag.
+pub(crate) fn read_state_file<S: DeserializeOwned>(
+    path: &Path,
+    meta_key: &str,
+    what: &str,
+    device: &Device,
+) -> Result<(S, HashMap<String, Tensor>)> {
+    let bad = |reason: String| TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    let json = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(meta_key))
+        .ok_or_else(|| bad(format!("no {what} in the header")))?;
+    let state: S = serde_json::from_str(json).map_err(|e| bad(format!("{what}: {e}")))?;
+    let tensors =
+        candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| bad(e.to_string()))?;
+    Ok((state, tensors))
 }
 
 /// A loaded checkpoint.
@@ -81,30 +119,18 @@ pub struct Loaded {
 
 /// Reads a checkpoint written by [`save`].
 pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
-    let bad = |reason: String| TrainError::Checkpoint {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
-    let (_, header) =
-        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-    let json = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(META_KEY))
-        .ok_or_else(|| {
-            bad("no training state in the header (not a glance-train checkpoint)".into())
-        })?;
-    let state: TrainState =
-        serde_json::from_str(json).map_err(|e| bad(format!("training state: {e}")))?;
+    let (state, all): (TrainState, _) = read_state_file(
+        path,
+        META_KEY,
+        "training state (not a glance-train checkpoint)",
+        device,
+    )?;
     if state.format != FORMAT {
-        return Err(bad(format!(
-            "format {:?}, this build reads {FORMAT:?}",
-            state.format
-        )));
+        return Err(TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: format!("format {:?}, this build reads {FORMAT:?}", state.format),
+        });
     }
-    let all =
-        candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| bad(e.to_string()))?;
     let mut params = HashMap::new();
     let mut optim = HashMap::new();
     for (name, t) in all {

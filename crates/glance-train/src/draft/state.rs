@@ -5,7 +5,7 @@
 //! previous checkpoint.
 
 use super::DraftTrainConfig;
-use crate::export::{safetensors_bytes, write_atomic};
+use crate::checkpoint::{read_state_file, write_state_file};
 use crate::optim::AdamW;
 use crate::params::Param;
 use crate::{Result, TrainError};
@@ -43,36 +43,18 @@ pub fn save_checkpoint(
         .map(|p| (format!("param.{}", p.name), p.var.as_tensor().clone()))
         .collect();
     tensors.extend(optim.state_tensors()?);
-    let meta = HashMap::from([
-        (META_KEY.to_string(), serde_json::to_string(state)?),
-        ("format".to_string(), "pt".to_string()),
-    ]);
-    write_atomic(path, &safetensors_bytes(&tensors, meta)?)
+    write_state_file(path, META_KEY, state, &tensors)
 }
 
 /// Reads a checkpoint written by [`DraftTrainer::save_checkpoint`].
 pub fn load_checkpoint(path: &Path) -> Result<(DraftState, HashMap<String, Tensor>)> {
-    let bad = |reason: String| TrainError::Checkpoint {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let bytes = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
-    let (_, header) =
-        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-    let json = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(META_KEY))
-        .ok_or_else(|| bad("no draft-training state in the header".into()))?;
-    let state: DraftState =
-        serde_json::from_str(json).map_err(|e| bad(format!("training state: {e}")))?;
+    let (state, tensors): (DraftState, _) =
+        read_state_file(path, META_KEY, "draft-training state", &Device::Cpu)?;
     if state.format != FORMAT {
-        return Err(bad(format!(
-            "format {:?}, this build reads {FORMAT:?}",
-            state.format
-        )));
+        return Err(TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: format!("format {:?}, this build reads {FORMAT:?}", state.format),
+        });
     }
-    let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
-        .map_err(|e| bad(e.to_string()))?;
     Ok((state, tensors))
 }
