@@ -100,6 +100,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..args.decode.engine_options(EngineOptions::default())?
     };
     let (dir, engine) = args.model.engine(options)?;
+    // A speculative default needs its draft head: load it now rather than fail every request.
+    if let Some(kind) = defaults.decode.draft_kind() {
+        engine
+            .draft(kind)
+            .with_context(|| format!("--decode {}", defaults.decode))?;
+    }
     let model_name = match args.served_model_name {
         Some(n) => n,
         None => dir

@@ -523,3 +523,53 @@ fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
         "no step decoded two requests: {rows} rows in {steps} steps"
     );
 }
+
+#[test]
+fn bench_serve_writes_a_report_and_plots() {
+    let out = scratch("bench-serve").join("serve.json");
+    let o = glance(&[
+        "bench",
+        "serve",
+        "--model",
+        s(&fixture(MODEL)),
+        "--shape",
+        "none",
+        "--clients",
+        "1,2",
+        "--requests",
+        "1",
+        "--max-tokens",
+        "4",
+        "--threads",
+        "1",
+        "--json",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("TPOT p99"), "{}", stdout(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "2 client counts x batching on/off");
+    for r in rows {
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["ttft_p99_s"].as_f64().unwrap() >= r["ttft_p50_s"].as_f64().unwrap());
+    }
+    for plot in ["serve-throughput.svg", "serve-tpot.svg"] {
+        let svg = std::fs::read_to_string(out.with_file_name(plot)).unwrap();
+        assert!(svg.contains("<svg"), "{plot}");
+    }
+}
+
+#[test]
+fn a_speculative_default_without_a_draft_head_fails_at_start() {
+    let o = glance(&[
+        "serve",
+        "--model",
+        s(&fixture(MODEL)),
+        "--port",
+        "0",
+        "--decode",
+        "vispec",
+    ]);
+    assert_fails_with(&o, "draft head");
+}
