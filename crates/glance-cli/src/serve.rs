@@ -31,8 +31,9 @@ pub struct ServeArgs {
     /// Requests waiting for a slot; beyond them new requests get 503.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
-    /// Largest image accepted, in pixels (checked from the header before decoding).
-    #[arg(long, default_value_t = glance_models::processing::image::DEFAULT_MAX_PIXELS)]
+    /// Largest image accepted, in pixels (checked from the header before decoding; the default
+    /// is 4096 x 4096).
+    #[arg(long, default_value_t = 1 << 24)]
     pub max_image_pixels: u64,
     /// Most images in one request.
     #[arg(long, default_value_t = 8)]
