@@ -150,6 +150,8 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
         "1000000",
         "--body-timeout-ms",
         "500",
+        "--header-timeout-ms",
+        "700",
         "--max-image-pixels",
         "1000000",
         "--max-images-per-request",
@@ -329,6 +331,18 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
     assert_eq!(status, 408, "{text}");
     assert!(start.elapsed() < Duration::from_secs(10));
     check_good("slow client");
+    // A client that never finishes its headers is disconnected.
+    let mut slow = server.connect();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        .unwrap();
+    let start = Instant::now();
+    let mut raw = Vec::new();
+    let _ = slow.read_to_end(&mut raw);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "slow headers held the connection"
+    );
+    check_good("slow headers");
     let (status, _) = server.request("GET", "/v2/nothing", None);
     assert_eq!(status, 404);
     assert_eq!(
