@@ -169,9 +169,9 @@ fn batched_requests_share_the_prompt_prefix_cache() {
     let (first, second) = (ask("What is this?"), ask("And what colour is it?"));
     // The first request records the prefix (prefilled in chunks that stop at its end), the
     // second reuses it; both answer as they do alone. Then the plain path reuses it too.
-    let out = batched(&shared, &[first.clone()], 5);
+    let out = batched(&shared, std::slice::from_ref(&first), 5);
     assert_eq!(out[0].0.cache.prefix_rows, 0);
-    let out2 = batched(&shared, &[second.clone()], 5);
+    let out2 = batched(&shared, std::slice::from_ref(&second), 5);
     assert!(out2[0].0.cache.prefix_rows > 0, "{:?}", out2[0].0.cache);
     for (r, (b, _)) in [(&first, &out[0]), (&second, &out2[0])] {
         let s = solo.generate(r, &mut |_| Flow::Continue).unwrap();
