@@ -31,8 +31,9 @@ pub struct ServeArgs {
     /// Requests waiting for a slot; beyond them new requests get 503.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
-    /// Largest image accepted, in pixels (checked from the header before decoding).
-    #[arg(long, default_value_t = glance_models::processing::image::DEFAULT_MAX_PIXELS)]
+    /// Largest image accepted, in pixels (checked from the header before decoding; the default
+    /// is 4096 x 4096).
+    #[arg(long, default_value_t = 1 << 24)]
     pub max_image_pixels: u64,
     /// Most images in one request.
     #[arg(long, default_value_t = 8)]
@@ -46,6 +47,10 @@ pub struct ServeArgs {
     /// Milliseconds a client has to send its whole request body (408 after them).
     #[arg(long, default_value_t = 30_000)]
     pub body_timeout_ms: u64,
+    /// Milliseconds a client has to send its request line and headers (the connection is
+    /// closed after them; an idle keep-alive connection is closed after as long).
+    #[arg(long, default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
     /// Decode each request alone instead of batching the decode steps of all running requests.
     #[arg(long)]
     pub no_batching: bool,
@@ -68,8 +73,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
-    if args.body_timeout_ms == 0 || args.max_body_bytes == 0 {
-        bail!("--body-timeout-ms and --max-body-bytes must be at least 1");
+    if args.body_timeout_ms == 0 || args.header_timeout_ms == 0 || args.max_body_bytes == 0 {
+        bail!("--body-timeout-ms, --header-timeout-ms and --max-body-bytes must be at least 1");
     }
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
@@ -100,6 +105,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..args.decode.engine_options(EngineOptions::default())?
     };
     let (dir, engine) = args.model.engine(options)?;
+    // A speculative default needs its draft head: load it now rather than fail every request.
+    if let Some(kind) = defaults.decode.draft_kind() {
+        engine
+            .draft(kind)
+            .with_context(|| format!("--decode {}", defaults.decode))?;
+    }
     let model_name = match args.served_model_name {
         Some(n) => n,
         None => dir
@@ -112,6 +123,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queue: args.max_queue,
         max_body_bytes: args.max_body_bytes,
         body_timeout: Duration::from_millis(args.body_timeout_ms),
+        header_timeout: Duration::from_millis(args.header_timeout_ms),
         image_sources,
         defaults,
         batching: !args.no_batching,

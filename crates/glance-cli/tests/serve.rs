@@ -150,6 +150,8 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
         "1000000",
         "--body-timeout-ms",
         "500",
+        "--header-timeout-ms",
+        "700",
         "--max-image-pixels",
         "1000000",
         "--max-images-per-request",
@@ -309,8 +311,11 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("invalid request body"), "{text}");
     check_good("invalid JSON");
-    let big = with(json!({"user": "x".repeat(1_200_000)})).to_string();
-    let (status, text) = server.request("POST", "/v1/chat/completions", Some(&big));
+    // An oversized body is refused from its Content-Length, before it is sent.
+    let head =
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                 Content-Length: 1200000\r\n\r\n";
+    let (status, text) = parse_response(&server.raw(head));
     assert_eq!(status, 413, "{text}");
     check_good("oversized body");
     let mut slow = server.connect();
@@ -326,6 +331,18 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
     assert_eq!(status, 408, "{text}");
     assert!(start.elapsed() < Duration::from_secs(10));
     check_good("slow client");
+    // A client that never finishes its headers is disconnected.
+    let mut slow = server.connect();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        .unwrap();
+    let start = Instant::now();
+    let mut raw = Vec::new();
+    let _ = slow.read_to_end(&mut raw);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "slow headers held the connection"
+    );
+    check_good("slow headers");
     let (status, _) = server.request("GET", "/v2/nothing", None);
     assert_eq!(status, 404);
     assert_eq!(
@@ -522,4 +539,54 @@ fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
         steps > 0.0 && rows > steps,
         "no step decoded two requests: {rows} rows in {steps} steps"
     );
+}
+
+#[test]
+fn bench_serve_writes_a_report_and_plots() {
+    let out = scratch("bench-serve").join("serve.json");
+    let o = glance(&[
+        "bench",
+        "serve",
+        "--model",
+        s(&fixture(MODEL)),
+        "--shape",
+        "none",
+        "--clients",
+        "1,2",
+        "--requests",
+        "1",
+        "--max-tokens",
+        "4",
+        "--threads",
+        "1",
+        "--json",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("TPOT p99"), "{}", stdout(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "2 client counts x batching on/off");
+    for r in rows {
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["ttft_p99_s"].as_f64().unwrap() >= r["ttft_p50_s"].as_f64().unwrap());
+    }
+    for plot in ["serve-throughput.svg", "serve-tpot.svg"] {
+        let svg = std::fs::read_to_string(out.with_file_name(plot)).unwrap();
+        assert!(svg.contains("<svg"), "{plot}");
+    }
+}
+
+#[test]
+fn a_speculative_default_without_a_draft_head_fails_at_start() {
+    let o = glance(&[
+        "serve",
+        "--model",
+        s(&fixture(MODEL)),
+        "--port",
+        "0",
+        "--decode",
+        "vispec",
+    ]);
+    assert_fails_with(&o, "draft head");
 }

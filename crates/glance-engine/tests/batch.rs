@@ -156,3 +156,29 @@ fn a_cancelled_sequence_leaves_the_batch_and_the_others_are_unchanged() {
     pruned.decode = glance_engine::DecodeSpec::Vispec;
     assert!(!Engine::batchable(&pruned));
 }
+
+#[test]
+fn batched_requests_share_the_prompt_prefix_cache() {
+    let dir = fixtures().join("models/qwen2");
+    let solo = Engine::load(&dir, EngineOptions::single_request().with_threads(Some(1))).unwrap();
+    let shared = Engine::load(&dir, EngineOptions::default().with_threads(Some(1))).unwrap();
+    let ask = |q: &str| Request {
+        max_new_tokens: 10,
+        ..Request::chat(q, vec![image("chelsea.jpg")])
+    };
+    let (first, second) = (ask("What is this?"), ask("And what colour is it?"));
+    // The first request records the prefix (prefilled in chunks that stop at its end), the
+    // second reuses it; both answer as they do alone. Then the plain path reuses it too.
+    let out = batched(&shared, std::slice::from_ref(&first), 5);
+    assert_eq!(out[0].0.cache.prefix_rows, 0);
+    let out2 = batched(&shared, std::slice::from_ref(&second), 5);
+    assert!(out2[0].0.cache.prefix_rows > 0, "{:?}", out2[0].0.cache);
+    for (r, (b, _)) in [(&first, &out[0]), (&second, &out2[0])] {
+        let s = solo.generate(r, &mut |_| Flow::Continue).unwrap();
+        assert_eq!(b.token_ids, s.token_ids);
+        assert_eq!(b.text, s.text);
+    }
+    let plain = shared.generate(&first, &mut |_| Flow::Continue).unwrap();
+    assert!(plain.cache.prefix_rows > 0);
+    assert_eq!(plain.token_ids, out[0].0.token_ids);
+}

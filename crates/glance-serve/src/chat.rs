@@ -82,6 +82,11 @@ async fn handle(
         Some(_) if Engine::batchable(&request) => {
             // Prepared here (images encoded off the batching thread), then decoded in the batch.
             tokio::task::spawn_blocking(move || match job_app.engine.prepare(&request) {
+                // The client left while its images were encoded: nothing to decode.
+                Ok(_) if tx.is_closed() => {
+                    drop(slot);
+                    job_app.metrics.outcome(Outcome::Cancelled);
+                }
                 Ok(prepared) => {
                     let batcher = job_app.batcher.as_ref().expect("checked");
                     batcher.submit(Job {
@@ -130,10 +135,10 @@ async fn handle(
         let stream = SseStream::new(ids, shape, first, rx, app.metrics.clone());
         return Ok(sse_response(stream));
     }
-    let mut text = String::new();
+    // The answer's text comes whole in `Done`; the pieces only show the client is still there.
     while let Some(msg) = rx.recv().await {
         match msg {
-            Msg::Text(t) => text.push_str(&t),
+            Msg::Text(_) => {}
             Msg::Done(r) => return Ok(Json(openai::completion_json(&ids, &r)).into_response()),
             Msg::Failed(e) => return Err(e),
         }

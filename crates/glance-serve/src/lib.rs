@@ -52,6 +52,8 @@ pub struct ServerConfig {
     pub batching: bool,
     /// With batching: most prompt rows prefilled between two decode steps of the batch.
     pub prefill_chunk: usize,
+    /// Time a client has to send its request line and headers (the connection is closed after).
+    pub header_timeout: Duration,
 }
 
 /// Errors starting or running the server.
@@ -80,9 +82,12 @@ impl App {
         if config.max_batch == 0 {
             return Err(ServeError::Config("--max-batch must be at least 1".into()));
         }
-        if config.max_body_bytes == 0 || config.body_timeout.is_zero() {
+        if config.max_body_bytes == 0
+            || config.body_timeout.is_zero()
+            || config.header_timeout.is_zero()
+        {
             return Err(ServeError::Config(
-                "the body size limit and the body timeout must be positive".into(),
+                "the body size limit and the header and body timeouts must be positive".into(),
             ));
         }
         let metrics = Arc::new(Metrics::new(&config.model_name));
@@ -178,7 +183,7 @@ pub fn serve_blocking(
 }
 
 /// A server running on its own thread (benchmarks, embedding); [`ServerHandle::shutdown`] stops
-/// it.
+/// it (open connections end with its runtime).
 pub struct ServerHandle {
     pub addr: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -186,7 +191,8 @@ pub struct ServerHandle {
 }
 
 impl ServerHandle {
-    /// Stops accepting connections, lets open ones finish, and joins the server thread.
+    /// Stops accepting connections and joins the server thread; connections still open are
+    /// dropped with its runtime.
     pub fn shutdown(self) -> Result<(), ServeError> {
         let _ = self.stop.send(());
         self.thread
@@ -250,11 +256,28 @@ fn run(
                     cause,
                 })?;
         on_bound(listener.local_addr()?);
-        axum::serve(listener, router(app))
-            .with_graceful_shutdown(async move {
-                let _ = stop.await;
-            })
-            .await?;
+        let header_timeout = app.config.header_timeout;
+        let routes = router(app);
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    // A refused or reset connection (or too many open files) ends only itself.
+                    Err(_) => continue,
+                },
+                _ = &mut stop => break,
+            };
+            let service = hyper_util::service::TowerToHyperService::new(routes.clone());
+            tokio::spawn(async move {
+                let mut http = hyper::server::conn::http1::Builder::new();
+                http.timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(header_timeout);
+                let io = hyper_util::rt::TokioIo::new(stream);
+                // A connection error (the client went away, a header timeout) ends only it.
+                let _ = http.serve_connection(io, service).await;
+            });
+        }
         Ok(())
     })
 }

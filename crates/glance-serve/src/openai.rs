@@ -154,7 +154,8 @@ impl ChatRequest {
                 return Err(ApiError::bad_param("seed", "seed must be >= 0"));
             }
             Some(s) => s as u64,
-            None => 0,
+            // No seed: every sampled request draws differently, as OpenAI's do.
+            None => fresh_seed(),
         };
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(1.0),
@@ -210,7 +211,7 @@ impl ChatRequest {
             ))
         };
         if self.n.is_some_and(|n| n != 1) {
-            return refuse("n", "more than one choice");
+            return refuse("n", "a number of choices other than 1");
         }
         if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
             return refuse("logprobs", "returning log-probabilities");
@@ -250,6 +251,23 @@ impl ChatRequest {
         }
         Ok(())
     }
+}
+
+/// A seed that differs from call to call (clock and a counter, mixed).
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = nanos
+        ^ CALLS
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // splitmix64's finaliser
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 impl PruneOptions {
@@ -416,7 +434,7 @@ mod tests {
                 "invalid type",
             ),
             (json!({"messages": []}), 400, "no message"),
-            (json!({"messages": m, "n": 2}), 400, "more than one choice"),
+            (json!({"messages": m, "n": 2}), 400, "choices other than 1"),
             (
                 json!({"messages": m, "logprobs": true}),
                 400,

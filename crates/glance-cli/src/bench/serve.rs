@@ -184,6 +184,7 @@ fn server_config(args: &ServeBenchArgs, batching: bool) -> ServerConfig {
         max_queue: most,
         max_body_bytes: 32 << 20,
         body_timeout: Duration::from_secs(30),
+        header_timeout: Duration::from_secs(30),
         image_sources: ImageSources::DataOnly,
         defaults: Defaults {
             max_tokens: args.max_tokens,

@@ -19,7 +19,8 @@
 //! (`glance_nn::attend_rows`) whose sums differ from the general attention's only in rounding
 //! (~1e-7 relative), so only an exact near-tie could pick another token.
 
-use super::Engine;
+use super::{cache_bytes, Engine};
+use crate::cache::{tensor_bytes, CachedPrefix, PrefixKey};
 use crate::request::{CacheUse, Event, FinishReason, Flow, Request, Response, Timings, Usage};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
@@ -27,7 +28,17 @@ use glance_decode::stop::StopStatus;
 use glance_decode::{DecodeSpec, DecodeStats, Sampler, StopStrings};
 use glance_models::processing::tokenizer::StreamDecoder;
 use glance_nn::{AttnMask, CausalLm, KvCache};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The prompt prefix through its last image token, shared through the engine's prefix cache:
+/// reused when an earlier request computed it, else recorded once this one has.
+struct PrefixPlan {
+    key: PrefixKey,
+    /// Rows in the prefix.
+    split: usize,
+    hit: Option<Arc<CachedPrefix>>,
+}
 
 /// A request rendered, with its images encoded and its prompt rows embedded: everything before
 /// the prefill. Built off the batching thread (the vision tower does not stall decoding).
@@ -44,6 +55,7 @@ pub struct Prepared {
     saved: Duration,
     started: Instant,
     prepared_in: Duration,
+    prefix: Option<PrefixPlan>,
 }
 
 enum Phase {
@@ -77,6 +89,10 @@ pub struct Sequence<'e> {
     first_token: Option<Instant>,
     finish: Option<FinishReason>,
     error: Option<Error>,
+    /// Prompt rows whose keys and values came from the prefix cache.
+    prefix_rows: usize,
+    /// On a prefix-cache miss: the prefix's final hidden states so far, chunk by chunk.
+    prefix_hidden: Vec<Tensor>,
 }
 
 impl Engine {
@@ -112,7 +128,25 @@ impl Engine {
             let positions = plan.positions();
             glance_decode::check_prompt(self.model.text(), rows.dim(0)?, &positions)?;
             let visual = plan.visual_tokens();
+            // As the plain path: the prompt through its last image token is a shared prefix.
+            let image_id = self.model.config().image_token_id;
+            let prefix = match plan.ids.iter().rposition(|&i| i == image_id) {
+                Some(p) if self.prefixes.enabled() && p + 1 < plan.ids.len() => {
+                    let key = PrefixKey {
+                        ids: plan.ids[..p + 1].to_vec(),
+                        images: encoded.iter().map(|e| e.key).collect(),
+                    };
+                    let hit = self.prefixes.get(&key);
+                    Some(PrefixPlan {
+                        key,
+                        split: p + 1,
+                        hit,
+                    })
+                }
+                _ => None,
+            };
             Ok(Prepared {
+                prefix,
                 usage: Usage {
                     prompt_tokens: rendered.prompt.ids.len(),
                     visual_tokens: visual,
@@ -141,7 +175,20 @@ impl Engine {
         on_event: Box<dyn FnMut(Event) -> Flow + Send + 'e>,
     ) -> Result<Sequence<'e>> {
         let text = self.model.text();
+        let (cache, done, mut saved) = match prepared.prefix.as_ref().and_then(|p| p.hit.as_ref()) {
+            Some(entry) => (
+                entry.state.cache.fork()?,
+                entry.state.positions.len(),
+                entry.state.elapsed,
+            ),
+            None => (text.new_cache(), 0, Duration::ZERO),
+        };
+        saved += prepared.saved;
+        let mut prepared = prepared;
+        prepared.saved = saved;
         Ok(Sequence {
+            prefix_rows: done,
+            prefix_hidden: Vec::new(),
             sampler: Sampler::new(prepared.sampling.clone())?,
             stops: StopStrings::new(prepared.stop.clone()),
             prepared,
@@ -149,8 +196,8 @@ impl Engine {
             eos: self.processor.text.eos_token_ids(),
             max_positions: text.max_positions(),
             stream: self.processor.text.stream_decoder(),
-            cache: text.new_cache(),
-            phase: Phase::Prefill { done: 0 },
+            cache,
+            phase: Phase::Prefill { done },
             text: String::new(),
             tokens: Vec::new(),
             forwards: 0,
@@ -197,11 +244,22 @@ impl Engine {
         let start = Instant::now();
         let text = self.model.text();
         let t = s.prepared.positions.len();
-        let n = chunk.min(t - done);
+        // On a prefix-cache miss, no chunk crosses the end of the prefix.
+        let record = match &s.prepared.prefix {
+            Some(p) if p.hit.is_none() && done < p.split => Some(p.split),
+            _ => None,
+        };
+        let n = chunk.min(record.unwrap_or(t) - done);
         let rows = s.prepared.rows.narrow(0, done, n)?;
         let positions = &s.prepared.positions[done..done + n];
         // (n, hidden): these rows after every cached one.
         let hidden = text.forward(&rows, positions, &AttnMask::causal(), &mut s.cache)?;
+        if let Some(split) = record {
+            s.prefix_hidden.push(hidden.clone());
+            if done + n == split {
+                self.record_prefix(s, split, start.elapsed())?;
+            }
+        }
         if done + n < t {
             s.phase = Phase::Prefill { done: done + n };
             s.prefill += start.elapsed();
@@ -217,6 +275,28 @@ impl Engine {
         s.first_token = Some(Instant::now());
         let pos = *s.prepared.positions.last().expect("checked non-empty");
         s.accept(next, pos)
+    }
+
+    /// Puts the first `split` prefilled rows of `s` in the prefix cache (the same entry the plain
+    /// path makes: their keys and values, final hidden states and positions).
+    fn record_prefix(&self, s: &mut Sequence<'_>, split: usize, last: Duration) -> Result<()> {
+        let Some(plan) = s.prepared.prefix.as_ref() else {
+            return Ok(());
+        };
+        // (split, hidden)
+        let hidden = Tensor::cat(&std::mem::take(&mut s.prefix_hidden), 0)?;
+        let bytes = tensor_bytes(&hidden) + cache_bytes(self.model.config(), split);
+        let state = glance_decode::Prefilled {
+            cache: s.cache.fork()?,
+            inputs: s.prepared.rows.narrow(0, 0, split)?,
+            hidden,
+            positions: s.prepared.positions[..split].to_vec(),
+            images: Vec::new(),
+            elapsed: s.prefill + last,
+        };
+        self.prefixes
+            .insert(plan.key.clone(), Arc::new(CachedPrefix { state }), bytes);
+        Ok(())
     }
 
     /// Feeds each decoding sequence's last token as one batch of rows.
@@ -371,7 +451,7 @@ impl Sequence<'_> {
             },
             cache: CacheUse {
                 image_hits: p.image_hits,
-                prefix_rows: 0,
+                prefix_rows: self.prefix_rows,
             },
             token_ids: self.tokens,
             decode: DecodeStats::new("ar", self.forwards),
