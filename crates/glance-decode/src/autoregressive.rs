@@ -220,7 +220,7 @@ impl DecodeStrategy for Autoregressive {
 }
 
 /// Logits of one hidden row `(1, hidden)` → the sampled token.
-fn pick<M: CausalLm + ?Sized>(
+pub(crate) fn pick<M: CausalLm + ?Sized>(
     model: &M,
     hidden: &Tensor,
     sampler: &mut Sampler,

@@ -300,15 +300,7 @@ impl Engine {
             prune.is_some_and(|p| p.policy.uses_query()),
         )?;
         let encoded = self.encode_all(&rendered.images)?;
-        let (mut vision, mut saved, mut image_hits) = (Duration::ZERO, Duration::ZERO, 0);
-        for e in &encoded {
-            if e.hit {
-                saved += e.entry.preprocess + e.entry.vision;
-                image_hits += 1;
-            } else {
-                vision += e.entry.vision;
-            }
-        }
+        let (vision, mut saved, image_hits) = encode_costs(&encoded);
         let plan = self.plan(&rendered.prompt.ids, &encoded)?;
         let visual_tokens = plan.visual_tokens();
         let prefilled = self.prefill(plan, &encoded, &rendered.query, prune)?;
@@ -624,6 +616,21 @@ fn cache_bytes(c: &LlavaConfig, rows: usize) -> usize {
     let t = &c.text;
     let capacity = rows.max(128);
     2 * t.num_layers * capacity * t.num_kv_heads * t.head_dim * 4
+}
+
+/// What encoding the request's images cost: (vision time spent, time the encoding cache saved,
+/// images found in it).
+fn encode_costs(encoded: &[Encoded]) -> (Duration, Duration, usize) {
+    let (mut vision, mut saved, mut hits) = (Duration::ZERO, Duration::ZERO, 0);
+    for e in encoded {
+        if e.hit {
+            saved += e.entry.preprocess + e.entry.vision;
+            hits += 1;
+        } else {
+            vision += e.entry.vision;
+        }
+    }
+    (vision, saved, hits)
 }
 
 /// Records the prompt's images in the prefill state for strategies that read them. An image's

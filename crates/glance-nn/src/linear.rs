@@ -28,13 +28,7 @@ impl Linear {
         // A few rows of frozen f32 weights on CPU (decode, draft trees): the bandwidth-bound
         // kernels. Anything in an autograd graph (trainable weights or inputs) takes the
         // differentiable matmul.
-        let fast = rows <= crate::matvec::MAX_SMALL_ROWS
-            && self.weight.device().is_cpu()
-            && self.weight.dtype() == candle_core::DType::F32
-            && xs.dtype() == candle_core::DType::F32
-            && self.weight.is_contiguous()
-            && !self.weight.track_op()
-            && !xs.track_op();
+        let fast = rows <= crate::matvec::MAX_SMALL_ROWS && self.kernel_applies(xs);
         // (rows, in) x (in, out) -> (rows, out)
         let y = if fast && rows == 1 {
             crate::matvec::matvec(&self.weight, &x2)?
@@ -57,14 +51,7 @@ impl Linear {
     /// ([`crate::matvec::matmul_rows`]), so each row's result equals [`Linear::forward`] of that
     /// row alone, bit for bit; otherwise the same as `forward`.
     pub fn forward_rows(&self, xs: &Tensor) -> Result<Tensor> {
-        let fast = xs.rank() == 2
-            && self.weight.device().is_cpu()
-            && self.weight.dtype() == candle_core::DType::F32
-            && xs.dtype() == candle_core::DType::F32
-            && self.weight.is_contiguous()
-            && !self.weight.track_op()
-            && !xs.track_op();
-        if !fast {
+        if xs.rank() != 2 || !self.kernel_applies(xs) {
             return self.forward(xs);
         }
         // (n, in) x (out, in)ᵀ -> (n, out)
@@ -73,5 +60,16 @@ impl Linear {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
         }
+    }
+
+    /// Frozen f32 weights and input on CPU, outside any autograd graph: the decode kernels of
+    /// [`crate::matvec`] apply.
+    fn kernel_applies(&self, xs: &Tensor) -> bool {
+        self.weight.device().is_cpu()
+            && self.weight.dtype() == candle_core::DType::F32
+            && xs.dtype() == candle_core::DType::F32
+            && self.weight.is_contiguous()
+            && !self.weight.track_op()
+            && !xs.track_op()
     }
 }

@@ -104,8 +104,7 @@ impl DecodeStrategy for Speculative {
         let max = model.max_positions();
         let start = Instant::now();
         let last_hidden = state.last_hidden()?;
-        let logits: Vec<f32> = model.logits(&last_hidden)?.squeeze(0)?.to_vec1()?;
-        let mut x = sampler.sample(&logits)?;
+        let mut x = crate::autoregressive::pick(model, &last_hidden, &mut sampler)?;
         let prefill = state.elapsed + start.elapsed();
         let start = Instant::now();
         let (prompt_len, mut pos) = (state.prompt_len(), state.last_pos());

@@ -114,15 +114,7 @@ impl Engine {
         self.pool.install(|| {
             let rendered = self.render(&request.prompt, false)?;
             let encoded = self.encode_all(&rendered.images)?;
-            let (mut vision, mut saved, mut image_hits) = (Duration::ZERO, Duration::ZERO, 0);
-            for e in &encoded {
-                if e.hit {
-                    saved += e.entry.preprocess + e.entry.vision;
-                    image_hits += 1;
-                } else {
-                    vision += e.entry.vision;
-                }
-            }
+            let (vision, saved, image_hits) = super::encode_costs(&encoded);
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
             let rows = plan.rows()?;
             let positions = plan.positions();
