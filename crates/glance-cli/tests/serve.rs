@@ -488,6 +488,44 @@ fn glance_tiny_is_the_default_model_and_answers_like_glance_run() {
     assert_eq!(v["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]);
 }
 
+/// Speculative decoding per request on glance-tiny (its shipped draft heads): the same answer as
+/// autoregressive decoding, and the speculative counters in `/metrics`.
+#[test]
+fn speculative_requests_answer_like_autoregressive_ones_and_are_counted() {
+    let server = Server::start(&[]);
+    let ask = |decode: &str| {
+        let mut b = body(
+            &image_url("coffee_palette.png"),
+            "Describe the image in detail.",
+            json!({"max_tokens": 48, "temperature": 0}),
+        );
+        b["model"] = json!("glance-tiny");
+        b["glance"] = json!({"decode": decode});
+        let (status, v) = server.chat(&b);
+        assert_eq!(status, 200, "{decode}: {v}");
+        v["choices"][0]["message"]["content"].clone()
+    };
+    let ar = ask("ar");
+    assert_eq!(ask("vispec"), ar);
+    assert_eq!(ask("eagle"), ar);
+    let (status, metrics) = server.request("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    let drafted = value("vllm:spec_decode_num_draft_tokens_total");
+    let accepted = value("vllm:spec_decode_num_accepted_tokens_total");
+    assert!(
+        drafted > 0.0 && accepted > 0.0 && accepted <= drafted,
+        "{metrics}"
+    );
+}
+
 #[test]
 fn concurrent_requests_are_batched_and_each_gets_its_solo_answer() {
     let server = Server::start(&[
