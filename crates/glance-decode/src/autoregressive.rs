@@ -55,11 +55,10 @@ impl Generation {
     }
 }
 
-/// One image of a prefilled prompt, as a draft or diffusion decoder may need it.
+/// One image of a prefilled prompt, as a draft head needs it (its visual rows as the model ran
+/// them are `Prefilled::inputs` at these rows).
 #[derive(Debug, Clone)]
 pub struct PrefilledImage {
-    /// Every projected visual token of the image `(n, hidden)`, before any pruning.
-    pub features: Tensor,
     /// Indices (into the prefilled rows) of the image's rows the decoder ran, in prompt order.
     pub rows: Vec<usize>,
 }
@@ -191,16 +190,8 @@ impl DecodeStrategy for Autoregressive {
             if config.max_new_tokens == 0 {
                 break FinishReason::Length;
             }
-            tokens.push(next);
-            let stop = on_token(next)?;
-            if config.eos_token_ids.contains(&next) {
-                break FinishReason::Eos;
-            }
-            if stop {
-                break FinishReason::Stop;
-            }
-            if tokens.len() >= config.max_new_tokens || pos as usize + 2 >= max {
-                break FinishReason::Length;
+            if let Some(reason) = emit(next, &mut tokens, pos, max, config, on_token)? {
+                break reason;
             }
             pos += 1;
             let x = model.embed_tokens(&[next])?;
@@ -217,6 +208,31 @@ impl DecodeStrategy for Autoregressive {
             stats: DecodeStats::new(self.name(), forwards),
         })
     }
+}
+
+/// Emits `token` (predicted from the row at position `pos`) through `on_token`; `Some(reason)`
+/// when generation ends with it: end of sequence, the sink's stop, the token limit or a full
+/// context (`max` positions). The one stopping rule of every strategy.
+pub(crate) fn emit(
+    token: TokenId,
+    tokens: &mut Vec<TokenId>,
+    pos: u32,
+    max: usize,
+    config: &GenerateConfig,
+    on_token: TokenSink<'_>,
+) -> Result<Option<FinishReason>> {
+    tokens.push(token);
+    let stop = on_token(token)?;
+    if config.eos_token_ids.contains(&token) {
+        return Ok(Some(FinishReason::Eos));
+    }
+    if stop {
+        return Ok(Some(FinishReason::Stop));
+    }
+    if tokens.len() >= config.max_new_tokens || pos as usize + 2 >= max {
+        return Ok(Some(FinishReason::Length));
+    }
+    Ok(None)
 }
 
 /// Logits of one hidden row `(1, hidden)` → the sampled token.

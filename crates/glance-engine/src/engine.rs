@@ -351,7 +351,7 @@ impl Engine {
     ) -> Result<PrefillOutcome> {
         let Some(spec) = prune else {
             let (mut state, reused) = self.prefill_plain(&plan, encoded)?;
-            attach_images(&mut state, encoded, &plan);
+            attach_images(&mut state, &plan);
             let (prefix_rows, prefix_cost) = reused.unwrap_or_default();
             return Ok(PrefillOutcome {
                 state,
@@ -365,7 +365,7 @@ impl Engine {
         let query = self.processor.query_ids(query)?;
         let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
         let mut state = glance_prune::prefill(&self.model, &pruned)?;
-        attach_images(&mut state, encoded, &pruned.plan);
+        attach_images(&mut state, &pruned.plan);
         Ok(PrefillOutcome {
             state,
             kept_visual: Some(pruned.stats.kept_visual_tokens),
@@ -636,30 +636,24 @@ fn encode_costs(encoded: &[Encoded]) -> (Duration, Duration, usize) {
 /// Records the prompt's images in the prefill state for strategies that read them. An image's
 /// rows are found by position, since every prefill keeps each row's position: this covers plans
 /// rewritten by pruning and FastV, which drops rows inside the decoder.
-fn attach_images(state: &mut Prefilled, encoded: &[Encoded], plan: &PromptPlan) {
+fn attach_images(state: &mut Prefilled, plan: &PromptPlan) {
     let plan_positions = plan.positions();
-    let owner: std::collections::HashMap<u32, usize> = plan
-        .image_rows()
+    let image_rows = plan.image_rows();
+    let owner: std::collections::HashMap<u32, usize> = image_rows
         .iter()
         .enumerate()
         .flat_map(|(j, rows)| rows.iter().map(move |&r| (r, j)))
         .map(|(r, j)| (plan_positions[r], j))
         .collect();
-    let mut rows = vec![Vec::new(); encoded.len()];
+    let mut rows = vec![Vec::new(); image_rows.len()];
     for (i, p) in state.positions.iter().enumerate() {
         if let Some(&j) = owner.get(p) {
-            if let Some(r) = rows.get_mut(j) {
-                r.push(i);
-            }
+            rows[j].push(i);
         }
     }
-    state.images = encoded
-        .iter()
-        .zip(rows)
-        .map(|(e, rows)| PrefilledImage {
-            features: e.entry.encoding.features.clone(),
-            rows,
-        })
+    state.images = rows
+        .into_iter()
+        .map(|rows| PrefilledImage { rows })
         .collect();
 }
 

@@ -384,36 +384,43 @@ fn attention_rowwise(
         Some(m) => Some(m.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?),
         None => None,
     };
-    // Keys and values as (kv_h, s, d) rows; a cache view is already row-contiguous per head.
-    let (k, v) = (k.squeeze(0)?.contiguous()?, v.squeeze(0)?.contiguous()?);
+    // Keys and values (1, kv_h, s, d): a KV-cache view holds each head's rows contiguously, heads
+    // a buffer apart, so it is read in place (no copy of the cache per layer and step); any
+    // other layout is made contiguous first.
+    let rows_in_place = |x: &Tensor| -> Result<Tensor> {
+        let st = x.stride();
+        if st[3] == 1 && st[2] == d {
+            Ok(x.clone())
+        } else {
+            x.contiguous()
+        }
+    };
+    let (k, v) = (rows_in_place(k)?, rows_in_place(v)?);
     let (k_guard, v_guard) = (k.storage_and_layout(), v.storage_and_layout());
     let (candle_core::Storage::Cpu(ks), candle_core::Storage::Cpu(vs)) = (&*k_guard.0, &*v_guard.0)
     else {
         candle_core::bail!("attention: CPU tensors only")
     };
-    let (Some((ka, kb)), Some((va, vb))) = (
-        k_guard.1.contiguous_offsets(),
-        v_guard.1.contiguous_offsets(),
-    ) else {
-        candle_core::bail!("attention: contiguous keys and values only")
-    };
-    let (k_all, v_all) = (
-        &ks.as_slice::<f32>()?[ka..kb],
-        &vs.as_slice::<f32>()?[va..vb],
+    let (ks, vs) = (ks.as_slice::<f32>()?, vs.as_slice::<f32>()?);
+    // Where head g's s rows of d values start: (offset, head stride) of each.
+    let (k_at, v_at) = (
+        (k_guard.1.start_offset(), k_guard.1.stride()[1]),
+        (v_guard.1.start_offset(), v_guard.1.stride()[1]),
     );
     let scale = scale as f32;
     let mut out = vec![0f32; h * t * d];
     out.par_chunks_mut(t * d)
         .enumerate()
-        .for_each(|(head, out_h)| {
-            let g = head / n_rep;
+        .for_each(|(head_index, out_h)| {
+            let g = head_index / n_rep;
             let (kh, vh) = (
-                &k_all[g * s * d..(g + 1) * s * d],
-                &v_all[g * s * d..(g + 1) * s * d],
+                &ks[k_at.0 + g * k_at.1..][..s * d],
+                &vs[v_at.0 + g * v_at.1..][..s * d],
             );
             // (s, t): every key against every row of this head, each a canonical-order dot.
             let mut dots = vec![0f32; s * t];
-            crate::matvec::block(kh, &q[head * t * d..(head + 1) * t * d], d, t, &mut dots);
+            let qh = &q[head_index * t * d..(head_index + 1) * t * d];
+            crate::matvec::block(kh, qh, d, t, &mut dots);
             let (mut scores, mut keys, mut probs) = (Vec::new(), Vec::new(), Vec::new());
             for (r, o) in out_h.chunks_exact_mut(d).enumerate() {
                 scores.clear();

@@ -112,22 +112,9 @@ impl DecodeStrategy for Speculative {
         let mut tally = Tally::default();
         let mut forwards = 0u64;
 
-        // Emits `t`; `Some(reason)` when generation ends with it.
-        let mut emit =
-            |t: TokenId, tokens: &mut Vec<TokenId>, pos: u32| -> Result<Option<FinishReason>> {
-                tokens.push(t);
-                let stop = on_token(t)?;
-                if config.eos_token_ids.contains(&t) {
-                    return Ok(Some(FinishReason::Eos));
-                }
-                if stop {
-                    return Ok(Some(FinishReason::Stop));
-                }
-                if tokens.len() >= config.max_new_tokens || pos as usize + 2 >= max {
-                    return Ok(Some(FinishReason::Length));
-                }
-                Ok(None)
-            };
+        let mut emit = |t: TokenId, tokens: &mut Vec<TokenId>, pos: u32| {
+            crate::autoregressive::emit(t, tokens, pos, max, config, on_token)
+        };
         if config.max_new_tokens == 0 {
             return Ok(finish(
                 self,

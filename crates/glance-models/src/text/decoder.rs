@@ -39,6 +39,25 @@ impl Attention {
         })
     }
 
+    /// Queries, keys and values of rows `x` `(t, hidden)` through `project` (a linear layer's
+    /// forward), each `(1, heads, t, hd)`, RoPE applied at `step.positions`.
+    fn qkv(
+        &self,
+        x: &Tensor,
+        step: &Step,
+        project: fn(&Linear, &Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let (t, hd) = (x.dim(0)?, self.head_dim);
+        // (t, heads * hd) -> (1, heads, t, hd)
+        let split =
+            |y: Tensor, heads: usize| y.reshape((1, t, heads, hd))?.transpose(1, 2)?.contiguous();
+        let q = split(project(&self.q, x)?, self.num_heads)?;
+        let k = split(project(&self.k, x)?, self.num_kv_heads)?;
+        let v = split(project(&self.v, x)?, self.num_kv_heads)?;
+        let (q, k) = step.rope.apply(&q, &k, step.positions)?;
+        Ok((q, k, v))
+    }
+
     /// `x`: `(t, hidden)` → `(t, hidden)`, and the attention probabilities if `want_probs`.
     fn forward(
         &self,
@@ -48,20 +67,9 @@ impl Attention {
         keys: Keys<'_>,
         want_probs: bool,
     ) -> candle_core::Result<AttnResult> {
-        let Step {
-            rope,
-            positions,
-            mode,
-        } = *step;
         let t = x.dim(0)?;
         let hd = self.head_dim;
-        // (t, heads * hd) -> (1, heads, t, hd)
-        let split =
-            |y: Tensor, heads: usize| y.reshape((1, t, heads, hd))?.transpose(1, 2)?.contiguous();
-        let q = split(self.q.forward(x)?, self.num_heads)?;
-        let k = split(self.k.forward(x)?, self.num_kv_heads)?;
-        let v = split(self.v.forward(x)?, self.num_kv_heads)?;
-        let (q, k) = rope.apply(&q, &k, positions)?;
+        let (q, k, v) = self.qkv(x, step, Linear::forward)?;
         // (1, kv_heads, s, hd): the keys and values these rows attend over.
         let (all_k, all_v) = match keys {
             Keys::Cache(c) => c.append(&k, &v)?,
@@ -69,7 +77,7 @@ impl Attention {
             Keys::After(pk, pv) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let att = attention(&q, &all_k, &all_v, mask, scale, mode, want_probs)?;
+        let att = attention(&q, &all_k, &all_v, mask, scale, step.mode, want_probs)?;
         // (1, heads, t, hd) -> (t, heads * hd)
         let out = att.out.transpose(1, 2)?.reshape((t, self.num_heads * hd))?;
         Ok(AttnResult {
@@ -93,36 +101,21 @@ impl Attention {
         layer: usize,
         window: Option<usize>,
     ) -> candle_core::Result<Tensor> {
-        let n = x.dim(0)?;
         let hd = self.head_dim;
-        // (n, heads * hd) -> (1, heads, n, hd): the rows side by side as one "sequence" for RoPE,
-        // which rotates each row by its own position.
-        let split =
-            |y: Tensor, heads: usize| y.reshape((1, n, heads, hd))?.transpose(1, 2)?.contiguous();
-        let q = split(self.q.forward_rows(x)?, self.num_heads)?;
-        let k = split(self.k.forward_rows(x)?, self.num_kv_heads)?;
-        let v = split(self.v.forward_rows(x)?, self.num_kv_heads)?;
-        let (q, k) = step.rope.apply(&q, &k, step.positions)?;
+        // The rows side by side as one "sequence" for RoPE, which rotates each row by its own
+        // position.
+        let (q, k, v) = self.qkv(x, step, Linear::forward_rows)?;
         let scale = 1.0 / (hd as f64).sqrt();
         // (1, kv_heads, s_r, hd) per sequence: its keys and values, the new row last.
-        let mut kv = Vec::with_capacity(n);
+        let mut kv = Vec::with_capacity(caches.len());
         for (r, cache) in caches.iter_mut().enumerate() {
             let kr = k.narrow(2, r, 1)?;
             let vr = v.narrow(2, r, 1)?;
             kv.push(cache.layer_mut(layer).append(&kr, &vr)?);
         }
-        // One sequence: the general attention, so that a batch of one is the plain decode step
-        // bit for bit. More: the batched decode kernel (per-row softmax over each own cache).
-        let att = if n == 1 {
-            let (all_k, all_v) = &kv[0];
-            let mask = AttnMask::causal().materialize(window, 1, all_k.dim(2)?, x.device())?;
-            // (1, heads, 1, hd) -> (1, heads * hd)
-            attention(&q, all_k, all_v, mask.as_ref(), scale, step.mode, false)?
-                .out
-                .reshape((1, self.num_heads * hd))?
-        } else {
-            glance_nn::attend_rows::attend_rows(&q, &kv, window, scale)?
-        };
+        // (n, heads * hd): each row over its own cache, bit for bit the plain decode step's
+        // attention (the two kernels share their steps).
+        let att = glance_nn::attend_rows::attend_rows(&q, &kv, window, scale)?;
         // (n, heads * hd) -> (n, hidden)
         self.o.forward_rows(&att)
     }
