@@ -100,6 +100,18 @@ fn run(e: &Engine, r: &Request) -> glance_engine::Response {
     e.generate(r, &mut |_| Flow::Continue).unwrap()
 }
 
+/// Largest absolute difference of two tensors of one shape.
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
 fn prunings() -> Vec<Option<PruneSpec>> {
     vec![
         None,
@@ -279,14 +291,7 @@ fn tree_verification_equals_sequential_decoding_and_kept_rows_equal_recomputatio
                 .unwrap();
             let want = h.narrow(0, ids.len() - 1, 1).unwrap();
             let got = hidden.narrow(0, node, 1).unwrap();
-            let diff: f32 = (got - &want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar()
-                .unwrap();
+            let diff = max_diff(&got, &want);
             assert!(diff < 1e-4, "{model} node {node}: {diff}");
             if node == 5 {
                 // Keep the path root ─ a ─ c ─ e (rows 0, 1, 3, 5) and decode one more token:
@@ -302,14 +307,7 @@ fn tree_verification_equals_sequential_decoding_and_kept_rows_equal_recomputatio
                 let b = lm
                     .forward(&x, &next_pos, &AttnMask::causal(), &mut c)
                     .unwrap();
-                let diff: f32 = (a - b)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar()
-                    .unwrap();
+                let diff = max_diff(&a, &b);
                 assert!(diff < 1e-4, "{model} kept path: {diff}");
             }
         }
