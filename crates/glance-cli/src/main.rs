@@ -15,6 +15,7 @@ mod run;
 mod serve;
 mod threads;
 mod train;
+mod train_diffusion;
 mod train_draft;
 mod world;
 

@@ -6,7 +6,7 @@
 //! one. (candle's element-wise kernels keep their own small spin pool, sized once per process.)
 
 use glance_core::{Error, Result};
-use glance_decode::TreeSettings;
+use glance_decode::{DiffusionSettings, TreeSettings};
 use glance_models::processing::image::DEFAULT_MAX_PIXELS;
 use std::path::PathBuf;
 
@@ -33,6 +33,9 @@ pub struct EngineOptions {
     pub drafts: Vec<PathBuf>,
     /// How speculative decoding grows its draft tree unless a request says otherwise.
     pub tree: TreeSettings,
+    /// Block-diffusion settings unless a request says otherwise (`None`: the defaults with the
+    /// block size of the model's `block_diffusion` config).
+    pub diffusion: Option<DiffusionSettings>,
 }
 
 impl Default for EngineOptions {
@@ -45,6 +48,7 @@ impl Default for EngineOptions {
             max_images: 16,
             drafts: Vec::new(),
             tree: TreeSettings::default(),
+            diffusion: None,
         }
     }
 }

@@ -366,6 +366,26 @@ pub fn attention(
     Ok(AttnOutput { out, probs })
 }
 
+/// [`attention`]'s row-wise kernel at any number of rows (batch 1, f32, CPU; otherwise plain
+/// [`attention`]): `(1, h, t, d)`. Each row's result depends only on the keys it sees, so rows
+/// run among many others (a block-diffusion pass of `B (B + 1)` rows) equal the same rows run
+/// as decode steps, bit for bit.
+pub fn attention_exact(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+) -> Result<Tensor> {
+    let rowwise =
+        q.dim(0)? == 1 && q.device().is_cpu() && [q, k, v].iter().all(|x| x.dtype() == DType::F32);
+    if rowwise {
+        attention_rowwise(q, k, v, mask, scale)
+    } else {
+        Ok(attention(q, k, v, mask, scale, Mode::Infer, false)?.out)
+    }
+}
+
 /// The row-wise kernel of [`attention`] (batch 1, f32, CPU): `(1, h, t, d)`.
 fn attention_rowwise(
     q: &Tensor,

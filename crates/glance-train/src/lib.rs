@@ -29,6 +29,7 @@ pub mod align;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod diffusion;
 pub mod draft;
 mod error;
 pub mod export;

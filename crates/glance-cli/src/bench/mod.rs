@@ -2,10 +2,12 @@
 //! measured side by side in one run (this machine is shared and noisy).
 
 mod decode;
+mod diffusion;
 mod machine;
 mod prune;
 mod serve;
 mod spec;
+mod tally;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -26,6 +28,11 @@ pub enum BenchCommand {
     /// `glance serve` under 1–16 concurrent streaming clients, with and without continuous
     /// batching: aggregate tokens/s, time to first token and per output token (p50 / p99).
     Serve(serve::ServeBenchArgs),
+    /// Block-diffusion decoding of a converted model (Fast-dVLM) on the world test split:
+    /// autoregressive decoding of the original and the converted model, threshold, linear and
+    /// quadratic self-speculation at each block size, dynamic blocks, with pruning: tokens per
+    /// forward (NFE), tokens/s side by side, accuracy and description F1, greedy equality.
+    Diffusion(diffusion::DiffusionBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -34,6 +41,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Prune(a) => prune::run(a),
         BenchCommand::Spec(a) => spec::run(a),
         BenchCommand::Serve(a) => serve::run(a),
+        BenchCommand::Diffusion(a) => diffusion::run(a),
     }
 }
 

@@ -223,6 +223,7 @@ impl DraftHead {
             rope: &self.rope,
             positions: &pos,
             mode: self.mode,
+            exact: false,
         };
         let (x, att) = self.layer.forward(xs, &step, mask, keys, false)?;
         Ok((self.norm.forward(&x)?, att.k, att.v))
@@ -383,6 +384,7 @@ impl DraftLm for DraftHead {
             rope: &self.rope,
             positions: &pos,
             mode: self.mode,
+            exact: false,
         };
         let (x, _) = self.layer.forward(
             xs,

@@ -72,3 +72,21 @@ pub fn tiny(name: &str) -> (TrainModel, WorldData, Scratch) {
     let data = WorldData::new(&dir, &model.config, &Device::Cpu).unwrap();
     (model, data, dir)
 }
+
+/// A random tiny LLaVA target (patch 56: 16 visual tokens, width 32) written to `dir`, its LM
+/// head scaled by `head_scale`: scaled up, its next-token distributions are peaked (a freshly
+/// initialised one is near uniform, leaving a draft little to learn beyond the entropy floor).
+pub fn tiny_target(dir: &std::path::Path, head_scale: f64) {
+    setup();
+    let spec = ModelSpec::tiny();
+    write_model_files(dir, &spec).unwrap();
+    let model = TrainModel::new(&spec, 5, &Device::Cpu).unwrap();
+    for p in model.export_params() {
+        if p.name.ends_with("lm_head.weight") {
+            p.var
+                .set(&(p.var.as_tensor() * head_scale).unwrap())
+                .unwrap();
+        }
+    }
+    glance_train::export::write_weights(dir, &model.export_params()).unwrap();
+}

@@ -21,9 +21,9 @@
 
 mod projection;
 mod report;
-mod tally;
 
 use crate::args::{check_writable, ModelArgs, TreeArgs};
+use crate::bench::tally::{Kind, Tally};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::Args;
@@ -38,7 +38,6 @@ use glance_world::{description_prf, exact_match, Family, Split};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tally::{Kind, Tally};
 
 #[derive(Args)]
 pub struct SpecBenchArgs {
@@ -186,7 +185,7 @@ fn validate(args: &SpecBenchArgs) -> Result<TreeSettings> {
 }
 
 /// Greedy at 0, else plain sampling at `t` (no top-k / top-p) with `seed`.
-fn sampling(t: f32, seed: u64) -> SamplingParams {
+pub(crate) fn sampling(t: f32, seed: u64) -> SamplingParams {
     if t == 0.0 {
         SamplingParams::greedy()
     } else {
@@ -318,7 +317,7 @@ fn answer(
 }
 
 /// The evaluation's score of an answer: exact match, or the description's object F1.
-fn score(ex: &glance_world::Example, qa: &glance_world::Qa, text: &str) -> f64 {
+pub(crate) fn score(ex: &glance_world::Example, qa: &glance_world::Qa, text: &str) -> f64 {
     if qa.family == Family::Description {
         description_prf(text, &ex.scene.objects).f1
     } else {
