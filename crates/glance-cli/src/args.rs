@@ -243,15 +243,7 @@ impl DiffusionFlags {
         if !self.any() {
             return Ok(None);
         }
-        let base = DiffusionSettings::default();
-        let block = self.block.unwrap_or(base.block);
-        let s = DiffusionSettings {
-            block,
-            threshold: self.threshold.unwrap_or(base.threshold),
-            dynamic: self.dynamic_block,
-            min_block: base.min_block.min(block),
-            max_block: base.max_block.max(block),
-        };
+        let s = DiffusionSettings::sized(self.block, self.threshold, self.dynamic_block);
         s.validate()?;
         Ok(Some(s))
     }

@@ -17,6 +17,7 @@ mod threads;
 mod train;
 mod train_diffusion;
 mod train_draft;
+mod train_flags;
 mod world;
 
 use anyhow::Result;

@@ -9,7 +9,6 @@ use glance_train::diffusion::trainer::RunEnd;
 use glance_train::diffusion::{
     DiffusionObserver, DiffusionStepReport, DiffusionTrainConfig, DiffusionTrainer, EvalReport,
 };
-use glance_train::Budget;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -21,81 +20,53 @@ pub struct DiffusionArgs {
     /// Output directory (checkpoint, metrics.jsonl, model/). Default: runs/diffusion.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Optimiser steps (default 1000).
-    #[arg(long, conflicts_with = "minutes")]
-    pub steps: Option<u64>,
-    /// Fit the run into this many minutes (the step count is fixed after timing the first steps).
-    #[arg(long)]
-    pub minutes: Option<f64>,
-    /// Continue from OUT/checkpoint.safetensors (its saved settings are used).
-    #[arg(long)]
-    pub resume: bool,
-    /// Start over even if OUT already holds a checkpoint.
-    #[arg(long, conflicts_with = "resume")]
-    pub force: bool,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Threads in all (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Samples per step.
-    #[arg(long)]
-    pub batch: Option<usize>,
-    /// Peak learning rate.
-    #[arg(long)]
-    pub lr: Option<f64>,
+    #[command(flatten)]
+    pub run: crate::train_flags::RunFlags,
     /// Weight of the diffusion loss (the causal loss gets 1 - alpha).
     #[arg(long)]
     pub alpha: Option<f64>,
     /// Block sizes of the annealing, increasing (e.g. 2,4,8,16,32).
     #[arg(long, value_delimiter = ',')]
     pub blocks: Option<Vec<usize>>,
-    /// Checkpoint every N steps.
-    #[arg(long)]
-    pub checkpoint_every: Option<u64>,
-    /// Validate every N steps (0: only at the start and the end).
-    #[arg(long)]
-    pub eval_every: Option<u64>,
     /// Held-out samples of each validation: long answers.
     #[arg(long)]
     pub eval_long: Option<usize>,
-    /// Stop (with a checkpoint) after this many steps of this invocation; continue with --resume.
-    #[arg(long)]
-    pub stop_after: Option<u64>,
+    /// Train nothing: write OUT/model from OUT's last checkpoint (a run stopped early), then
+    /// validate it.
+    #[arg(long, conflicts_with_all = ["resume", "force", "stop_after"])]
+    pub export: bool,
 }
 
 pub fn run(a: DiffusionArgs) -> Result<()> {
-    let threads = crate::threads::init(a.threads)?;
-    glance_train::runtime::prepare_cpu_for_training();
-    crate::threads::set(threads);
+    let threads = a.run.init_threads()?;
     let out = a
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs/diffusion"));
     let ckpt = DiffusionTrainer::checkpoint_path(&out);
-    let mut trainer = if a.resume {
+    if a.export {
         if !ckpt.is_file() {
-            bail!("--resume: no checkpoint at {}", ckpt.display());
+            bail!("--export: no checkpoint at {}", ckpt.display());
         }
-        let t = DiffusionTrainer::resume(&out)
-            .with_context(|| format!("resuming from {}", ckpt.display()))?;
+        let mut t = DiffusionTrainer::resume(&out)
+            .with_context(|| format!("loading {}", ckpt.display()))?;
+        let dir = t.export()?;
+        let r = t.evaluate()?;
         eprintln!(
-            "resuming {} at step {} (saved settings win over command-line ones)",
-            out.display(),
-            t.state.step
+            "exported step {} to {}; validation: {}",
+            t.state.step,
+            dir.display(),
+            r.summary()
         );
-        t
-    } else {
-        if ckpt.is_file() && !a.force {
-            bail!(
-                "{} already holds a checkpoint: pass --resume to continue or --force to start over",
-                out.display()
-            );
-        }
-        let config = build_config(&a)?;
-        DiffusionTrainer::new(config, &out)
-            .with_context(|| format!("setting up {}", out.display()))?
-    };
+        return Ok(());
+    }
+    let mut trainer = a.run.open(
+        &out,
+        &ckpt,
+        || Ok(DiffusionTrainer::resume(&out)?),
+        |t| t.state.step,
+        || Ok(DiffusionTrainer::new(build_config(&a)?, &out)?),
+    )?;
     let c = &trainer.state.config;
     let n: usize = trainer
         .params()
@@ -115,7 +86,7 @@ pub fn run(a: DiffusionArgs) -> Result<()> {
     );
     let start = Instant::now();
     let mut obs = Progress::default();
-    let end = trainer.run(&mut obs, a.stop_after)?;
+    let end = trainer.run(&mut obs, a.run.stop_after)?;
     obs.bar.finish();
     match end {
         RunEnd::Finished => eprintln!(
@@ -130,17 +101,12 @@ pub fn run(a: DiffusionArgs) -> Result<()> {
 }
 
 fn build_config(a: &DiffusionArgs) -> Result<DiffusionTrainConfig> {
-    let budget = match (a.steps, a.minutes) {
-        (Some(n), _) => Budget::Steps(n),
-        (None, Some(m)) => Budget::Seconds(m * 60.0),
-        (None, None) => Budget::Steps(1000),
-    };
-    let mut c = DiffusionTrainConfig::new(a.from.clone(), budget);
-    c.seed = a.seed;
-    if let Some(b) = a.batch {
+    let mut c = DiffusionTrainConfig::new(a.from.clone(), a.run.budget());
+    c.seed = a.run.seed;
+    if let Some(b) = a.run.batch {
         c.batch = b;
     }
-    if let Some(lr) = a.lr {
+    if let Some(lr) = a.run.lr {
         c.optim.lr = lr;
     }
     if let Some(x) = a.alpha {
@@ -150,10 +116,10 @@ fn build_config(a: &DiffusionArgs) -> Result<DiffusionTrainConfig> {
     if let Some(b) = &a.blocks {
         c.block_sizes = b.clone();
     }
-    if let Some(v) = a.checkpoint_every {
+    if let Some(v) = a.run.checkpoint_every {
         c.checkpoint_every = v;
     }
-    if let Some(v) = a.eval_every {
+    if let Some(v) = a.run.eval_every {
         c.eval_every = v;
     }
     if let Some(v) = a.eval_long {

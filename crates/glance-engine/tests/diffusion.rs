@@ -66,11 +66,8 @@ fn run(e: &Engine, r: &Request) -> Response {
 
 fn settings(block: usize, dynamic: bool) -> DiffusionSettings {
     DiffusionSettings {
-        block,
-        dynamic,
-        min_block: 1.min(block),
-        max_block: 16.max(block),
-        ..DiffusionSettings::default()
+        min_block: 1,
+        ..DiffusionSettings::sized(Some(block), None, dynamic)
     }
 }
 

@@ -90,15 +90,11 @@ impl GlanceOptions {
         if self.block.is_none() && self.threshold.is_none() && self.dynamic_block.is_none() {
             return Ok(None);
         }
-        let base = DiffusionSettings::default();
-        let block = self.block.unwrap_or(base.block);
-        let s = DiffusionSettings {
-            block,
-            threshold: self.threshold.unwrap_or(base.threshold),
-            dynamic: self.dynamic_block.unwrap_or(false),
-            min_block: base.min_block.min(block),
-            max_block: base.max_block.max(block),
-        };
+        let s = DiffusionSettings::sized(
+            self.block,
+            self.threshold,
+            self.dynamic_block.unwrap_or(false),
+        );
         s.validate()
             .map_err(|e| ApiError::bad_param("glance.block", e.to_string()))?;
         Ok(Some(s))

@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod optim;
 pub mod packing;
 pub mod params;
+mod run_loop;
 pub mod runtime;
 pub mod step;
 pub mod token_drop;

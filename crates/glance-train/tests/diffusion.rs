@@ -86,16 +86,7 @@ fn resume_reproduces_the_uninterrupted_conversion() {
     let mut rest = DiffusionTrainer::resume(&b).unwrap();
     assert_eq!(rest.state.step, 3);
     assert_eq!(rest.run(&mut Quiet, None).unwrap(), RunEnd::Finished);
-    for (x, y) in full.params().iter().zip(rest.params()) {
-        assert_eq!(x.name, y.name);
-        let xv: Vec<f32> = x.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        let yv: Vec<f32> = y.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        assert!(
-            xv.iter().zip(&yv).all(|(p, q)| p.to_bits() == q.to_bits()),
-            "{} differs after resume",
-            x.name
-        );
-    }
+    common::assert_same_params(full.params(), rest.params());
     let steps = |d: &Path| -> Vec<String> {
         std::fs::read_to_string(d.join("metrics.jsonl"))
             .unwrap()

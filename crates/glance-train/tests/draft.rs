@@ -217,15 +217,6 @@ fn resume_reproduces_the_uninterrupted_run() {
     let mut rest = DraftTrainer::resume(&b).unwrap();
     assert_eq!(rest.state.step, 4);
     assert_eq!(rest.run(&mut Quiet, None).unwrap(), RunEnd::Finished);
-    for (x, y) in full.params().iter().zip(rest.params()) {
-        assert_eq!(x.name, y.name);
-        let xv: Vec<f32> = x.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        let yv: Vec<f32> = y.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        assert!(
-            xv.iter().zip(&yv).all(|(p, q)| p.to_bits() == q.to_bits()),
-            "{} differs after resume",
-            x.name
-        );
-    }
+    common::assert_same_params(full.params(), rest.params());
     assert_eq!(losses(&a), losses(&b));
 }

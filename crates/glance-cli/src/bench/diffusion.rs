@@ -26,8 +26,7 @@ use glance_decode::DiffusionSettings;
 use glance_engine::eval::{DESCRIPTION_MAX_NEW_TOKENS, SHORT_MAX_NEW_TOKENS};
 use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request};
 use glance_prune::{Budget, Policy, PruneSpec};
-use glance_world::{Family, Split};
-use indicatif::{ProgressBar, ProgressStyle};
+use glance_world::Family;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -71,9 +70,6 @@ pub struct DiffusionBenchArgs {
     pub plot: PathBuf,
 }
 
-/// The most images (bounds a typo).
-const MAX_IMAGES: usize = 100_000;
-
 /// One strategy on one of the two models.
 struct Column {
     name: String,
@@ -90,14 +86,7 @@ struct Column {
 }
 
 fn block_settings(block: usize, threshold: f32, dynamic: bool) -> DiffusionSettings {
-    let base = DiffusionSettings::default();
-    DiffusionSettings {
-        block,
-        threshold,
-        dynamic,
-        min_block: base.min_block.min(block),
-        max_block: base.max_block.max(block),
-    }
+    DiffusionSettings::sized(Some(block), Some(threshold), dynamic)
 }
 
 fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
@@ -192,17 +181,7 @@ fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
 }
 
 fn validate(args: &DiffusionBenchArgs) -> Result<()> {
-    if args.n == 0 || args.n > MAX_IMAGES {
-        bail!("--n must be between 1 and {MAX_IMAGES} (world test images)");
-    }
-    let last = args.start.checked_add(args.n as u64 - 1);
-    if last.is_none_or(|l| Split::Test.seed(l).is_err()) {
-        bail!(
-            "--start {} with --n {} runs past the test split",
-            args.start,
-            args.n
-        );
-    }
+    super::check_test_images(args.n, args.start)?;
     if args.max_new_tokens == 0 {
         bail!("--max-new-tokens must be at least 1");
     }
@@ -262,52 +241,37 @@ fn measure(engines: &[Engine; 2], args: &DiffusionBenchArgs, cols: &[Column]) ->
             .with_context(|| format!("{} on `{question}`", c.name))
     };
     // Warm-up: every column answers the first question once, untimed.
-    let first = glance_world::sample(Split::Test, args.start)?;
-    if let Some(qa) = first.questions.iter().find(|q| !q.follow_up) {
-        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(first.image.clone()));
+    if let Some((qa, image)) = super::warm_up_question(args.start)? {
         for c in cols {
             ask(c, &qa.question, &image, max_tokens(qa.family))?;
         }
     }
-    let bar = ProgressBar::new(args.n as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "diffusion [{elapsed_precise}] {bar:30} {pos}/{len} images (eta {eta})",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let start = std::time::Instant::now();
     let mut serial = 0usize;
-    for index in args.start..args.start + args.n as u64 {
-        let ex = glance_world::sample(Split::Test, index)?;
-        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
-        for qa in ex.questions.iter().filter(|q| !q.follow_up) {
-            let group = &mut tallies[Kind::of(qa.family) as usize];
-            let mut ids: Vec<Vec<u32>> = vec![Vec::new(); cols.len()];
-            for k in 0..cols.len() {
-                let c = (k + serial) % cols.len();
-                let r = ask(&cols[c], &qa.question, &image, max_tokens(qa.family))?;
-                let text = engines[cols[c].model]
-                    .processor()
-                    .text
-                    .decode(&r.token_ids, true)?;
-                group[c].add(&r, qa.family, score(&ex, qa, &text));
-                ids[c] = r.token_ids;
-            }
-            for (c, col) in cols.iter().enumerate() {
-                if let (Some(r), Some(m)) = (col.reference, group[c].mismatches.as_mut()) {
-                    *m += usize::from(ids[c] != ids[r]);
-                }
-            }
-            serial += 1;
+    let seconds = super::for_each_question("diffusion", args.n, args.start, |ex, qa, image| {
+        let group = &mut tallies[Kind::of(qa.family) as usize];
+        let mut ids: Vec<Vec<u32>> = vec![Vec::new(); cols.len()];
+        for k in 0..cols.len() {
+            let c = (k + serial) % cols.len();
+            let r = ask(&cols[c], &qa.question, image, max_tokens(qa.family))?;
+            let text = engines[cols[c].model]
+                .processor()
+                .text
+                .decode(&r.token_ids, true)?;
+            group[c].add(&r, qa.family, score(ex, qa, &text));
+            ids[c] = r.token_ids;
         }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
+        for (c, col) in cols.iter().enumerate() {
+            if let (Some(r), Some(m)) = (col.reference, group[c].mismatches.as_mut()) {
+                *m += usize::from(ids[c] != ids[r]);
+            }
+        }
+        serial += 1;
+        Ok(())
+    })?;
     Ok(Measured {
         tallies,
         questions: serial,
-        seconds: start.elapsed().as_secs_f64(),
+        seconds,
     })
 }
 

@@ -85,6 +85,20 @@ impl Default for DiffusionSettings {
 }
 
 impl DiffusionSettings {
+    /// Block `block` (default 8), threshold `threshold` (default 0.9), dynamic or not, the
+    /// dynamic bounds `2 … 32` widened to take `block` in.
+    pub fn sized(block: Option<usize>, threshold: Option<f32>, dynamic: bool) -> Self {
+        let base = Self::default();
+        let block = block.unwrap_or(base.block);
+        Self {
+            block,
+            threshold: threshold.unwrap_or(base.threshold),
+            dynamic,
+            min_block: base.min_block.min(block),
+            max_block: base.max_block.max(block),
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidParam(m));
         for (name, b) in [
@@ -200,6 +214,70 @@ impl DecodeStrategy for BlockDiffusion {
             DiffusionMode::Quadratic => {
                 selfspec::decode(&run, true, state, sampler, config, on_token)
             }
+        }
+    }
+}
+
+/// How every mode starts: the first token comes from the prefill's last hidden state (its pick
+/// is counted in the prefill time, as time to first token).
+pub(crate) struct Begin {
+    /// The first token, at position `n`, not in the cache.
+    pub x: TokenId,
+    pub n: u32,
+    pub cache: KvCache,
+    pub prompt_len: usize,
+    pub prefill: std::time::Duration,
+    /// When decoding started.
+    pub start: Instant,
+    /// The model's context (positions).
+    pub cache_max: usize,
+}
+
+impl Begin {
+    pub fn new(model: &dyn CausalLm, state: Prefilled, sampler: &mut Sampler) -> Result<Self> {
+        let start = Instant::now();
+        let x = crate::autoregressive::pick(model, &state.last_hidden()?, sampler)?;
+        Ok(Self {
+            x,
+            n: state.last_pos() + 1,
+            prompt_len: state.prompt_len(),
+            prefill: state.elapsed + start.elapsed(),
+            cache: state.cache,
+            start: Instant::now(),
+            cache_max: model.max_positions(),
+        })
+    }
+
+    /// Emits the first token; `Some(reason)` when generation ends with it (or before it, when
+    /// no token is wanted).
+    pub fn emit_first(
+        &self,
+        tokens: &mut Vec<TokenId>,
+        config: &GenerateConfig,
+        on_token: TokenSink<'_>,
+    ) -> Result<Option<crate::autoregressive::FinishReason>> {
+        if config.max_new_tokens == 0 {
+            return Ok(Some(crate::autoregressive::FinishReason::Length));
+        }
+        let max = self.cache_max;
+        crate::autoregressive::emit(self.x, tokens, self.n - 1, max, config, on_token)
+    }
+
+    /// The generation that ended with `finish` after `tokens`.
+    pub fn generation(
+        &self,
+        tokens: Vec<TokenId>,
+        finish: crate::autoregressive::FinishReason,
+        tally: Tally,
+        name: &str,
+    ) -> Generation {
+        Generation {
+            tokens,
+            finish,
+            prompt_len: self.prompt_len,
+            prefill: self.prefill,
+            decode: self.start.elapsed(),
+            stats: tally.stats(name),
         }
     }
 }

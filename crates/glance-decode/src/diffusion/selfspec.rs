@@ -13,13 +13,12 @@
 //! row and the accepted drafts' rows, which were computed exactly as decode steps compute them.
 
 use super::layout::{draft_block, QuadraticLayout};
-use super::{BlockSize, Run, Tally};
-use crate::autoregressive::{emit, pick, FinishReason, GenerateConfig, Generation, Prefilled};
+use super::{Begin, BlockSize, Run, Tally};
+use crate::autoregressive::{emit, GenerateConfig, Generation, Prefilled};
 use crate::sampler::{argmax, Sampler};
 use crate::speculative::{verify, DraftTree};
 use crate::strategy::TokenSink;
 use glance_core::{Result, TokenId};
-use std::time::Instant;
 
 pub(crate) fn decode(
     run: &Run<'_>,
@@ -29,17 +28,12 @@ pub(crate) fn decode(
     config: &GenerateConfig,
     on_token: TokenSink<'_>,
 ) -> Result<Generation> {
-    let model = run.model;
-    let max = model.max_positions();
-    let start = Instant::now();
-    let mut x = pick(model, &state.last_hidden()?, &mut sampler)?;
-    let prefill = state.elapsed + start.elapsed();
-    let prompt_len = state.prompt_len();
-    // Position of `x`.
-    let mut n = state.last_pos() + 1;
-    let mut cache = state.cache;
-    let start = Instant::now();
+    let max = run.model.max_positions();
+    let mut begin = Begin::new(run.model, state, &mut sampler)?;
+    let (mut x, mut n) = (begin.x, begin.n);
     let mut tokens = Vec::new();
+    let first = begin.emit_first(&mut tokens, config, on_token)?;
+    let cache = &mut begin.cache;
     let mut tally = Tally::default();
     let mut block = BlockSize::new(run.settings);
     let mut drafts: Vec<TokenId> = Vec::new();
@@ -49,10 +43,7 @@ pub(crate) fn decode(
         "diffusion-linear"
     };
     let finish = 'decode: {
-        if config.max_new_tokens == 0 {
-            break 'decode FinishReason::Length;
-        }
-        if let Some(r) = emit(x, &mut tokens, n - 1, max, config, on_token)? {
+        if let Some(r) = first {
             break 'decode r;
         }
         loop {
@@ -61,7 +52,7 @@ pub(crate) fn decode(
             let b = block.get().min(room);
             if !quadratic {
                 drafts = if b > 1 {
-                    draft(run, &mut cache, x, n, b, &mut tally)?
+                    draft(run, cache, x, n, b, &mut tally)?
                 } else {
                     Vec::new()
                 };
@@ -79,7 +70,7 @@ pub(crate) fn decode(
                 &layout.ids(x, &drafts, run.mask),
                 &layout.positions(n),
                 &layout.mask()?,
-                &mut cache,
+                cache,
                 &mut tally,
             )?;
             let logits = run.logits(&h, 0, k + 1, &mut tally)?;
@@ -114,14 +105,7 @@ pub(crate) fn decode(
             }
         }
     };
-    Ok(Generation {
-        tokens,
-        finish,
-        prompt_len,
-        prefill,
-        decode: start.elapsed(),
-        stats: tally.stats(name),
-    })
+    Ok(begin.generation(tokens, finish, tally, name))
 }
 
 /// The linear mode's draft: one bidirectional pass over `[x, M × (b − 1)]` at `n …`, rolled

@@ -10,13 +10,12 @@
 //! it when it needed more than half its slots in passes.
 
 use super::layout::draft_block;
-use super::{bump, BlockSize, Run, Tally};
-use crate::autoregressive::{emit, pick, FinishReason, GenerateConfig, Generation, Prefilled};
+use super::{bump, Begin, BlockSize, Run, Tally};
+use crate::autoregressive::{emit, pick, GenerateConfig, Generation, Prefilled};
 use crate::sampler::{argmax, Sampler};
 use crate::strategy::TokenSink;
 use glance_core::{Result, TokenId};
 use glance_nn::AttnMask;
-use std::time::Instant;
 
 pub(crate) fn decode(
     run: &Run<'_>,
@@ -27,22 +26,16 @@ pub(crate) fn decode(
 ) -> Result<Generation> {
     let model = run.model;
     let max = model.max_positions();
-    let start = Instant::now();
-    let mut x = pick(model, &state.last_hidden()?, &mut sampler)?;
-    let prefill = state.elapsed + start.elapsed();
-    let prompt_len = state.prompt_len();
-    let mut n = state.last_pos() + 1;
-    let mut cache = state.cache;
-    let start = Instant::now();
+    let mut begin = Begin::new(model, state, &mut sampler)?;
+    let (mut x, mut n) = (begin.x, begin.n);
     let mut tokens = Vec::new();
+    let first = begin.emit_first(&mut tokens, config, on_token)?;
+    let cache = &mut begin.cache;
     let mut tally = Tally::default();
     let mut block = BlockSize::new(run.settings);
     let tau = run.settings.threshold;
     let finish = 'decode: {
-        if config.max_new_tokens == 0 {
-            break 'decode FinishReason::Length;
-        }
-        if let Some(r) = emit(x, &mut tokens, n - 1, max, config, on_token)? {
+        if let Some(r) = first {
             break 'decode r;
         }
         loop {
@@ -54,7 +47,7 @@ pub(crate) fn decode(
             while slots.iter().any(Option::is_none) {
                 let (ids, positions, mask) = draft_block(&slots, run.mask, n);
                 let mark = cache.mark();
-                let h = run.pass(&ids, &positions, &mask, &mut cache, &mut tally)?;
+                let h = run.pass(&ids, &positions, &mask, cache, &mut tally)?;
                 cache.rollback(&mark)?;
                 let logits = run.logits(&h, 0, b - 1, &mut tally)?;
                 passes += 1;
@@ -92,7 +85,7 @@ pub(crate) fn decode(
             let ids: Vec<TokenId> = slots.iter().map(|s| s.unwrap_or(run.mask)).collect();
             // The finished block, causally into the cache; its last row predicts the next `x`.
             let positions: Vec<u32> = (0..b as u32).map(|j| n + j).collect();
-            let h = run.pass(&ids, &positions, &AttnMask::Causal, &mut cache, &mut tally)?;
+            let h = run.pass(&ids, &positions, &AttnMask::Causal, cache, &mut tally)?;
             let next = pick(model, &h.narrow(0, b - 1, 1)?, &mut sampler)?;
             update(&mut block, passes, b);
             for (j, &t) in ids[1..].iter().enumerate() {
@@ -107,14 +100,7 @@ pub(crate) fn decode(
             }
         }
     };
-    Ok(Generation {
-        tokens,
-        finish,
-        prompt_len,
-        prefill,
-        decode: start.elapsed(),
-        stats: tally.stats("diffusion-threshold"),
-    })
+    Ok(begin.generation(tokens, finish, tally, "diffusion-threshold"))
 }
 
 /// The dynamic rule of threshold decoding: a block finished in ≤ 2 passes counts as fully

@@ -151,13 +151,7 @@ impl DiffusionTrainConfig {
         if self.max_new_long == 0 || self.max_new_short == 0 {
             return bad("answers need at least one token");
         }
-        match self.budget {
-            Budget::Steps(0) => bad("the run needs at least one step"),
-            Budget::Seconds(s) if !(s.is_finite() && s > 0.0) => {
-                bad("the time budget must be positive")
-            }
-            _ => Ok(()),
-        }
+        self.budget.validate()
     }
 }
 

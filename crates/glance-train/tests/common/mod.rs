@@ -90,3 +90,18 @@ pub fn tiny_target(dir: &std::path::Path, head_scale: f64) {
     }
     glance_train::export::write_weights(dir, &model.export_params()).unwrap();
 }
+
+/// Two runs' parameters are the same, name for name and bit for bit.
+pub fn assert_same_params(a: &[glance_train::params::Param], b: &[glance_train::params::Param]) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.name, y.name);
+        let xv: Vec<f32> = x.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let yv: Vec<f32> = y.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        assert!(
+            xv.iter().zip(&yv).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{} differs after resume",
+            x.name
+        );
+    }
+}
