@@ -27,10 +27,11 @@ fn image(name: &str) -> ImageInput {
 struct Converted(PathBuf);
 
 impl Converted {
-    fn new(model: &str) -> Self {
+    /// `tag` keeps the copies of tests running at once apart.
+    fn new(model: &str, tag: &str) -> Self {
         let src = root().join("fixtures/models").join(model);
         let dir = std::env::temp_dir().join(format!(
-            "glance-diffusion-test-{model}-{}",
+            "glance-diffusion-test-{model}-{tag}-{}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
@@ -74,7 +75,7 @@ fn settings(block: usize, dynamic: bool) -> DiffusionSettings {
 #[test]
 fn self_speculation_equals_autoregressive_decoding_on_untrained_fixtures() {
     for model in MODELS {
-        let conv = Converted::new(model);
+        let conv = Converted::new(model, "lossless");
         let e = engine(&conv.0);
         for prune in [
             None,
@@ -117,7 +118,7 @@ fn self_speculation_equals_autoregressive_decoding_on_untrained_fixtures() {
 
 #[test]
 fn block_size_one_is_autoregressive_decoding() {
-    let conv = Converted::new("llama-gqa");
+    let conv = Converted::new("llama-gqa", "b1");
     let e = engine(&conv.0);
     let ar = Request {
         max_new_tokens: 16,
@@ -145,7 +146,7 @@ fn block_size_one_is_autoregressive_decoding() {
 
 #[test]
 fn threshold_decoding_reports_its_passes() {
-    let conv = Converted::new("qwen2");
+    let conv = Converted::new("qwen2", "threshold");
     let e = engine(&conv.0);
     for tau in [0.5, 1.0] {
         let r = Request {

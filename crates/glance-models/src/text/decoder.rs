@@ -277,6 +277,16 @@ impl Layer {
     }
 }
 
+/// Which kernels a pass runs on.
+#[derive(Debug, Clone, Copy)]
+enum Kernels {
+    /// GEMM for many rows, the decode kernels for a few; `Some(l)`: also return layer `l`'s
+    /// attention probabilities of the last row.
+    Default(Option<usize>),
+    /// Every row as a decode step computes it alone ([`CausalLm::forward_exact`]).
+    Exact,
+}
+
 /// A Llama-family decoder with its LM head.
 pub struct TextModel {
     config: TextConfig,
@@ -364,7 +374,7 @@ impl TextModel {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let all = 0..self.layers.len();
-        let (x, _) = self.run_layers(xs, positions, mask, cache, all, None, false)?;
+        let (x, _) = self.run_layers(xs, positions, mask, cache, all, Kernels::Default(None))?;
         Ok(self.norm.forward(&x)?)
     }
 
@@ -388,7 +398,14 @@ impl TextModel {
                 self.layers.len()
             )));
         }
-        self.run_layers(xs, positions, mask, Some(cache), layers, probe, false)
+        self.run_layers(
+            xs,
+            positions,
+            mask,
+            Some(cache),
+            layers,
+            Kernels::Default(probe),
+        )
     }
 
     /// One decode step of several sequences (continuous batching): row `r` of `rows`
@@ -452,9 +469,12 @@ impl TextModel {
         mask: &AttnMask,
         mut cache: Option<&mut KvCache>,
         layers: std::ops::Range<usize>,
-        probe: Option<usize>,
-        exact: bool,
+        kernels: Kernels,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        let (probe, exact) = match kernels {
+            Kernels::Default(probe) => (probe, false),
+            Kernels::Exact => (None, true),
+        };
         let t = xs.dim(0)?;
         if positions.len() != t {
             return Err(Error::Input(format!(
@@ -465,7 +485,10 @@ impl TextModel {
         let max = self.config.max_position_embeddings;
         let past = cache.as_ref().map_or(0, |c| c.len());
         if let Some(&p) = positions.iter().max() {
-            if p as usize >= max || past + t > max {
+            // Exact passes may hold more speculative rows than the context has positions (a
+            // quadratic block-diffusion pass runs `B (B + 1)` rows at `2B` positions); only the
+            // positions are bounded there.
+            if p as usize >= max || (!exact && past + t > max) {
                 return Err(Error::PromptTooLong {
                     len: (past + t).max(p as usize + 1),
                     max,
@@ -562,7 +585,7 @@ impl CausalLm for TextModel {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         let all = 0..self.layers.len();
-        let (x, _) = self.run_layers(xs, positions, mask, Some(cache), all, None, true)?;
+        let (x, _) = self.run_layers(xs, positions, mask, Some(cache), all, Kernels::Exact)?;
         Ok(self.norm.forward(&x)?)
     }
 
