@@ -49,7 +49,9 @@ pub(crate) fn decode(
         loop {
             // Positions `n ..` must stay inside the context; `emit` guarantees room for `x`.
             let room = max.saturating_sub(n as usize).max(1);
-            let b = block.get().min(room);
+            // No slot past the token limit: the tokens still wanted after `x`.
+            let wanted = config.max_new_tokens.saturating_sub(tokens.len()) + 1;
+            let b = block.get().min(room).min(wanted);
             if !quadratic {
                 drafts = if b > 1 {
                     draft(run, cache, x, n, b, &mut tally)?

@@ -1,6 +1,8 @@
 //! Threshold decoding: denoise a block `[x, M … M]` in bidirectional passes, unmasking every
 //! slot whose prediction is confident enough, then run the finished block causally into the
-//! cache (whose last row gives the next block's first token).
+//! cache (whose last row gives the next block's first token). A block is finished once every
+//! slot up to an end-of-sequence token is decided; one that ends the generation needs no causal
+//! pass.
 //!
 //! A slot's prediction comes from the row before it (the autoregressive shift). Greedy: the
 //! argmax, confidence its softmax probability; sampling: a draw from the sampler's distribution,
@@ -40,11 +42,13 @@ pub(crate) fn decode(
         }
         loop {
             let room = max.saturating_sub(n as usize).max(1);
-            let b = block.get().min(room);
+            // No slot past the token limit: the tokens still wanted after `x`.
+            let wanted = config.max_new_tokens.saturating_sub(tokens.len()) + 1;
+            let b = block.get().min(room).min(wanted);
             let mut slots: Vec<Option<TokenId>> = vec![None; b];
             slots[0] = Some(x);
             let mut passes = 0usize;
-            while slots.iter().any(Option::is_none) {
+            while !block_done(&slots, &config.eos_token_ids) {
                 let (ids, positions, mask) = draft_block(&slots, run.mask, n);
                 let mark = cache.mark();
                 let h = run.pass(&ids, &positions, &mask, cache, &mut tally)?;
@@ -82,17 +86,28 @@ pub(crate) fn decode(
             tally.steps += 1;
             tally.block_tokens += b as u64;
             bump(&mut tally.block_size, b);
-            let ids: Vec<TokenId> = slots.iter().map(|s| s.unwrap_or(run.mask)).collect();
-            // The finished block, causally into the cache; its last row predicts the next `x`.
-            let positions: Vec<u32> = (0..b as u32).map(|j| n + j).collect();
-            let h = run.pass(&ids, &positions, &AttnMask::Causal, cache, &mut tally)?;
-            let next = pick(model, &h.narrow(0, b - 1, 1)?, &mut sampler)?;
-            update(&mut block, passes, b);
+            // A block decided up to an end-of-sequence token ends there.
+            let end = slots
+                .iter()
+                .position(|s| s.is_some_and(|t| config.eos_token_ids.contains(&t)))
+                .map_or(b, |e| e + 1);
+            let ids: Vec<TokenId> = slots[..end]
+                .iter()
+                .map(|s| s.unwrap_or(run.mask))
+                .collect();
+            let b = ids.len();
+            // Emitted first: a block that ends the generation (end of sequence, token limit,
+            // stop) needs no causal pass.
             for (j, &t) in ids[1..].iter().enumerate() {
                 if let Some(r) = emit(t, &mut tokens, n + j as u32, max, config, on_token)? {
                     break 'decode r;
                 }
             }
+            // The finished block, causally into the cache; its last row predicts the next `x`.
+            let positions: Vec<u32> = (0..b as u32).map(|j| n + j).collect();
+            let h = run.pass(&ids, &positions, &AttnMask::Causal, cache, &mut tally)?;
+            let next = pick(model, &h.narrow(0, b - 1, 1)?, &mut sampler)?;
+            update(&mut block, passes, b);
             x = next;
             n += b as u32;
             if let Some(r) = emit(x, &mut tokens, n - 1, max, config, on_token)? {
@@ -118,6 +133,18 @@ fn update(block: &mut BlockSize, passes: usize, b: usize) {
         offered / 2
     };
     block.update(accepted, offered);
+}
+
+/// Every slot decided, or every slot up to a decided end-of-sequence token.
+fn block_done(slots: &[Option<TokenId>], eos: &[TokenId]) -> bool {
+    for s in slots {
+        match s {
+            None => return false,
+            Some(t) if eos.contains(t) => return true,
+            Some(_) => {}
+        }
+    }
+    true
 }
 
 /// `softmax(row)[t]`.
