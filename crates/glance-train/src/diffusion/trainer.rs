@@ -465,7 +465,7 @@ impl DiffusionTrainer {
             "block_diffusion".into(),
             json!({
                 "mask_token_id": self.mask_id,
-                "block_size": c.block_sizes.last().copied().unwrap_or(16).min(16),
+                "block_size": c.block_sizes.last().copied().unwrap_or(8).min(8),
                 "trained_block_sizes": c.block_sizes,
                 "steps": self.state.step,
             }),
