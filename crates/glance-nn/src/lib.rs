@@ -19,6 +19,7 @@ pub mod linear;
 pub mod lm;
 pub mod matvec;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod runtime;
 pub mod weights;
@@ -29,6 +30,7 @@ pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
 pub use lm::{CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart};
 pub use norm::{LayerNorm, RmsNorm};
+pub use quant::{WeightFormat, WeightLoad};
 pub use rope::{RopeScaling, RotaryEmbedding};
 
 /// Whether a layer is built for inference (fast fused kernels) or training (differentiable ops).
