@@ -8,6 +8,7 @@
 use glance_core::{Error, Result};
 use glance_decode::TreeSettings;
 use glance_models::processing::image::DEFAULT_MAX_PIXELS;
+pub use glance_nn::WeightFormat;
 use std::path::PathBuf;
 
 /// Settings of an [`crate::Engine`].
@@ -33,6 +34,10 @@ pub struct EngineOptions {
     pub drafts: Vec<PathBuf>,
     /// How speculative decoding grows its draft tree unless a request says otherwise.
     pub tree: TreeSettings,
+    /// How the text decoder's linear weights are held (the vision tower and projector in
+    /// [`WeightFormat::companion`]): f32, bf16 / f16 as stored, or quantized to q8 / q4 as they
+    /// load.
+    pub weights: WeightFormat,
 }
 
 impl Default for EngineOptions {
@@ -45,6 +50,7 @@ impl Default for EngineOptions {
             max_images: 16,
             drafts: Vec::new(),
             tree: TreeSettings::default(),
+            weights: WeightFormat::F32,
         }
     }
 }
@@ -61,6 +67,11 @@ impl EngineOptions {
 
     pub fn with_threads(mut self, threads: Option<usize>) -> Self {
         self.threads = threads;
+        self
+    }
+
+    pub fn with_weights(mut self, weights: WeightFormat) -> Self {
+        self.weights = weights;
         self
     }
 

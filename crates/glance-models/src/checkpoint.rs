@@ -127,6 +127,59 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
     unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(Error::Candle)
 }
 
+/// The checkpoint's tensors as stored, memory-mapped (read-only), for weights kept in place
+/// ([`glance_nn::quant::RawSource`]): bf16 / f16 weights loaded in that same format are not
+/// copied. Each file is validated as by [`var_builder`].
+pub struct MappedTensors {
+    /// Name → (file, dtype, shape, byte range in the file).
+    index: std::collections::HashMap<String, (usize, DType, Vec<usize>, usize, usize)>,
+    maps: Vec<std::sync::Arc<memmap2::Mmap>>,
+}
+
+impl MappedTensors {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let mut index = std::collections::HashMap::new();
+        let mut maps = Vec::new();
+        for (f, path) in weight_files(dir)?.into_iter().enumerate() {
+            validate_safetensors(&path)?;
+            let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+            // SAFETY: read-only map of a checkpoint glance never writes while it is open.
+            let mmap = unsafe { memmap_file(&file) }.map_err(|e| Error::io(&path, e))?;
+            let st =
+                safetensors::SafeTensors::deserialize(&mmap).map_err(|e| Error::Safetensors {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            let base = mmap.as_ptr() as usize;
+            for (name, view) in st.tensors() {
+                let dtype = match view.dtype() {
+                    safetensors::Dtype::BF16 => DType::BF16,
+                    safetensors::Dtype::F16 => DType::F16,
+                    safetensors::Dtype::F32 => DType::F32,
+                    _ => continue,
+                };
+                let start = view.data().as_ptr() as usize - base;
+                let entry = (f, dtype, view.shape().to_vec(), start, view.data().len());
+                index.insert(name, entry);
+            }
+            maps.push(std::sync::Arc::new(mmap));
+        }
+        Ok(Self { index, maps })
+    }
+}
+
+impl glance_nn::quant::RawSource for MappedTensors {
+    fn raw(&self, name: &str) -> Option<glance_nn::quant::RawTensor> {
+        let (f, dtype, shape, start, len) = self.index.get(name)?;
+        let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = self.maps[*f].clone();
+        Some(glance_nn::quant::RawTensor {
+            dtype: *dtype,
+            shape: shape.clone(),
+            bytes: glance_nn::quant::SharedBytes::new(owner, *start, *len)?,
+        })
+    }
+}
+
 /// Parses the header of a safetensors file and checks every tensor lies inside the file and that
 /// no weight is stored as integers or booleans: converting those to float would load garbage
 /// silently. (Integer index buffers such as CLIP's `position_ids` are allowed.)

@@ -538,3 +538,58 @@ pub(crate) mod tests {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod throughput {
+    use super::*;
+
+    /// Manual: `cargo test --release -p glance-nn throughput -- --ignored --nocapture`. Weight
+    /// bytes streamed per second by each format's matrix-vector kernel on one thread, beside
+    /// the f32 kernel, on a matrix far beyond the caches.
+    #[test]
+    #[ignore]
+    fn kernel_throughput() {
+        let (rows, cols) = (8192, 8192);
+        let w = tests::values(rows * cols, 3);
+        let x = tests::values(cols, 5);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let wt = candle_core::Tensor::from_vec(w.clone(), (rows, cols), &candle_core::Device::Cpu)
+            .unwrap();
+        let xt =
+            candle_core::Tensor::from_vec(x.clone(), (1, cols), &candle_core::Device::Cpu).unwrap();
+        let best = |f: &(dyn Fn() + Sync)| {
+            (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    pool.install(f);
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let s = best(&|| {
+            std::hint::black_box(crate::matvec::matvec(&wt, &xt).unwrap());
+        });
+        println!("f32: {:.1} GB/s", (rows * cols * 4) as f64 / s / 1e9);
+        for f in [
+            WeightFormat::Bf16,
+            WeightFormat::F16,
+            WeightFormat::Q8,
+            WeightFormat::Q4,
+        ] {
+            let p = PackedMatrix::pack(f, &w, rows, cols).unwrap();
+            for isa in Isa::available() {
+                let s = best(&|| {
+                    std::hint::black_box(p.matmul_rows_with(&x, 1, isa));
+                });
+                println!(
+                    "{f} {isa:?}: {:.1} GB/s ({:.2} ms)",
+                    p.storage_bytes() as f64 / s / 1e9,
+                    s * 1e3
+                );
+            }
+        }
+    }
+}
