@@ -131,14 +131,15 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
 /// ([`glance_nn::quant::RawSource`]): bf16 / f16 weights loaded in that same format are not
 /// copied. Each file is validated as by [`var_builder`].
 pub struct MappedTensors {
-    /// Name → (file, dtype, shape, byte range in the file).
-    index: std::collections::HashMap<String, (usize, DType, Vec<usize>, usize, usize)>,
+    /// Name → (file, dtype as stored, shape, byte range in the file).
+    index:
+        std::collections::BTreeMap<String, (usize, safetensors::Dtype, Vec<usize>, usize, usize)>,
     maps: Vec<std::sync::Arc<memmap2::Mmap>>,
 }
 
 impl MappedTensors {
     pub fn open(dir: &Path) -> Result<Self> {
-        let mut index = std::collections::HashMap::new();
+        let mut index = std::collections::BTreeMap::new();
         let mut maps = Vec::new();
         for (f, path) in weight_files(dir)?.into_iter().enumerate() {
             validate_safetensors(&path)?;
@@ -152,28 +153,54 @@ impl MappedTensors {
                 })?;
             let base = mmap.as_ptr() as usize;
             for (name, view) in st.tensors() {
-                let dtype = match view.dtype() {
-                    safetensors::Dtype::BF16 => DType::BF16,
-                    safetensors::Dtype::F16 => DType::F16,
-                    safetensors::Dtype::F32 => DType::F32,
-                    _ => continue,
-                };
                 let start = view.data().as_ptr() as usize - base;
-                let entry = (f, dtype, view.shape().to_vec(), start, view.data().len());
+                let entry = (
+                    f,
+                    view.dtype(),
+                    view.shape().to_vec(),
+                    start,
+                    view.data().len(),
+                );
                 index.insert(name, entry);
             }
             maps.push(std::sync::Arc::new(mmap));
         }
         Ok(Self { index, maps })
     }
+
+    /// Every tensor as stored, by name: dtype, shape, bytes.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, safetensors::Dtype, &[usize], &[u8])> {
+        self.index
+            .iter()
+            .map(|(name, (f, dtype, shape, start, len))| {
+                (
+                    name.as_str(),
+                    *dtype,
+                    shape.as_slice(),
+                    &self.maps[*f][*start..*start + *len],
+                )
+            })
+    }
 }
 
 impl glance_nn::quant::RawSource for MappedTensors {
     fn raw(&self, name: &str) -> Option<glance_nn::quant::RawTensor> {
-        let (f, dtype, shape, start, len) = self.index.get(name)?;
+        let (f, stored, shape, start, len) = self.index.get(name)?;
+        let dtype = match stored {
+            safetensors::Dtype::BF16 => DType::BF16,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::F32 => DType::F32,
+            // Packed values (glance_nn::quant::store): bytes, signed for q8.
+            safetensors::Dtype::U8 | safetensors::Dtype::I8
+                if glance_nn::quant::store::is_packed_name(name) =>
+            {
+                DType::U8
+            }
+            _ => return None,
+        };
         let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = self.maps[*f].clone();
         Some(glance_nn::quant::RawTensor {
-            dtype: *dtype,
+            dtype,
             shape: shape.clone(),
             bytes: glance_nn::quant::SharedBytes::new(owner, *start, *len)?,
         })
@@ -199,10 +226,13 @@ fn validate_safetensors(path: &Path) -> Result<()> {
         let dtype = view.dtype();
         // Integer index buffers (CLIP's `position_ids`) are never read as weights.
         let is_index = name.ends_with("_ids") || name.ends_with("num_batches_tracked");
-        if !is_index && !is_float(dtype) {
+        // q8 / q4 values of a checkpoint written by `glance quantize` (glance_nn::quant::store).
+        let packed = glance_nn::quant::store::is_packed_name(name)
+            && matches!(dtype, safetensors::Dtype::I8 | safetensors::Dtype::U8);
+        if !is_index && !packed && !is_float(dtype) {
             return Err(bad(format!(
                 "tensor `{name}` is stored as {dtype:?}, but weights must be floating point \
-                 (F32, F16 or BF16; quantised checkpoints are not supported)"
+                 (F32, F16 or BF16; q8 / q4 values only as written by `glance quantize`)"
             )));
         }
     }

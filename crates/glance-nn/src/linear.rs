@@ -31,9 +31,9 @@ impl Linear {
     }
 
     /// A layer over packed weights (f32 CPU bias).
-    pub fn packed(weight: PackedMatrix, bias: Option<Tensor>) -> Self {
+    pub fn packed(weight: impl Into<Arc<PackedMatrix>>, bias: Option<Tensor>) -> Self {
         Self {
-            weight: Weight::Packed(Arc::new(weight)),
+            weight: Weight::Packed(weight.into()),
             bias,
         }
     }

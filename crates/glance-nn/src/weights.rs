@@ -3,7 +3,7 @@
 //! The same calls serve checkpoints (mmaped safetensors) and training (a `VarMap` backend creates
 //! the variables on first use).
 
-use crate::quant::{HalfKind, HalfMatrix, PackedMatrix, WeightFormat, WeightLoad};
+use crate::quant::{store, HalfKind, HalfMatrix, PackedMatrix, WeightFormat, WeightLoad};
 use crate::{LayerNorm, Linear, Mode, RmsNorm};
 use candle_core::{Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -56,6 +56,14 @@ pub fn linear_as(
 ) -> Result<Linear> {
     let format = load.format.for_in_dim(in_dim);
     if format == WeightFormat::F32 {
+        if let Some(source) = &load.source {
+            let name = vb.pp("weight").prefix();
+            if let Some(Err(e)) =
+                store::from_stored(source.as_ref(), &name, (out_dim, in_dim), format)
+            {
+                return Err(Error::InvalidParam(e));
+            }
+        }
         return linear(vb, in_dim, out_dim, bias);
     }
     let b = if bias {
@@ -63,10 +71,15 @@ pub fn linear_as(
     } else {
         None
     };
-    Ok(Linear::packed(
-        packed_param(vb, (out_dim, in_dim), "weight", format, load)?,
-        b,
-    ))
+    let packed = std::sync::Arc::new(packed_param(vb, (out_dim, in_dim), "weight", format, load)?);
+    if let Some(record) = &load.record {
+        let name = vb.pp("weight").prefix();
+        record
+            .lock()
+            .expect("not poisoned")
+            .push((name, packed.clone()));
+    }
+    Ok(Linear::packed(packed, b))
 }
 
 /// The matrix `name` `(rows, cols)` under `vb`'s prefix held in `format` (not f32).
@@ -82,6 +95,14 @@ pub fn packed_param(
         WeightFormat::F16 => Some((HalfKind::F16, candle_core::DType::F16)),
         _ => None,
     };
+    if let Some(source) = &load.source {
+        let full = vb.pp(name).prefix();
+        match store::from_stored(source.as_ref(), &full, (rows, cols), format) {
+            Some(Ok(p)) => return Ok(p),
+            Some(Err(e)) => return Err(Error::InvalidParam(e)),
+            None => {}
+        }
+    }
     if let (Some((kind, dtype)), Some(source)) = (kind, &load.source) {
         if let Some(raw) = source.raw(&vb.pp(name).prefix()) {
             if raw.dtype == dtype && raw.shape == [rows, cols] {

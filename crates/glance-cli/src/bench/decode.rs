@@ -65,8 +65,11 @@ fn weight_bytes_per_token(model: &TextModel) -> f64 {
     (model.linear_weight_bytes() + row + norms) as f64
 }
 
-/// Resident memory of this process (`VmRSS`), bytes; `None` where /proc is not available.
+/// Resident memory of this process (`VmRSS`), bytes; `None` where /proc is not available. Freed
+/// heap pages are handed back to the system first (glibc keeps them otherwise, and a model
+/// measured after another would be charged for its predecessor's memory).
 pub fn resident_bytes() -> Option<u64> {
+    glance_nn::runtime::release_free_memory();
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

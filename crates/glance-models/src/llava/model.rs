@@ -101,7 +101,9 @@ impl Llava {
         let vb = checkpoint::var_builder(dir, DType::F32, device)?;
         let layout = WeightLayout::detect(&vb);
         let mut load = WeightLoad::new(format);
-        if format != WeightFormat::F32 && device.is_cpu() {
+        // The tensors as stored: 16-bit weights used in place, packed ones read as they are (and
+        // a checkpoint of packed weights refused by name in any other format).
+        if device.is_cpu() {
             load = load.with_source(std::sync::Arc::new(checkpoint::MappedTensors::open(dir)?));
         }
         Self::from_var_builder_as(&vb, config, &layout, Mode::Infer, &load)

@@ -16,6 +16,7 @@ pub mod act;
 pub mod half;
 pub mod q4;
 pub mod q8;
+pub mod store;
 
 use candle_core::{DType, Tensor};
 pub use half::{HalfKind, HalfMatrix, Isa};
@@ -247,7 +248,13 @@ pub trait RawSource: Send + Sync {
 pub struct WeightLoad {
     pub format: WeightFormat,
     pub source: Option<Arc<dyn RawSource>>,
+    /// If set, every packed matrix is recorded with its full name (to write a packed checkpoint:
+    /// [`store`]).
+    pub record: Option<Recorder>,
 }
+
+/// Packed matrices by full tensor name, in load order.
+pub type Recorder = Arc<std::sync::Mutex<Vec<(String, Arc<PackedMatrix>)>>>;
 
 impl std::fmt::Debug for WeightLoad {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -263,6 +270,7 @@ impl WeightLoad {
         Self {
             format,
             source: None,
+            record: None,
         }
     }
 
@@ -281,6 +289,7 @@ impl WeightLoad {
         Self {
             format,
             source: self.source.clone(),
+            record: self.record.clone(),
         }
     }
 }
@@ -291,6 +300,24 @@ pub enum PackedMatrix {
     Half(HalfMatrix),
     Q8(Q8Matrix),
     Q4(Q4Matrix),
+}
+
+/// Same format, shape and stored bits.
+impl PartialEq for PackedMatrix {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Half(a), Self::Half(b)) => {
+                a.kind() == b.kind() && a.dims() == b.dims() && a.bits() == b.bits()
+            }
+            (Self::Q8(a), Self::Q8(b)) => {
+                (a.rows, a.cols) == (b.rows, b.cols) && a.qs == b.qs && a.scales == b.scales
+            }
+            (Self::Q4(a), Self::Q4(b)) => {
+                (a.rows, a.cols) == (b.rows, b.cols) && a.qs == b.qs && a.scales == b.scales
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Output rows per dequantized tile of a prefill GEMM.
