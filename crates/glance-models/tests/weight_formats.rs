@@ -236,7 +236,10 @@ fn quantize_save_load_round_trip_is_bit_identical() {
             } else {
                 WeightFormat::Q4
             };
-            let e = Llava::load_as(&out, &Device::Cpu, other).err().unwrap().to_string();
+            let e = Llava::load_as(&out, &Device::Cpu, other)
+                .err()
+                .unwrap()
+                .to_string();
             assert!(e.contains(&format!("--weights {f}")), "{e}");
             let e = Llava::load(&out, &Device::Cpu).err().unwrap().to_string();
             assert!(e.contains(&format!("--weights {f}")), "{e}");

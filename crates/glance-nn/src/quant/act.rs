@@ -12,11 +12,13 @@ pub struct QuantRows {
     pub qs: Vec<i8>,
     /// `(m, n / 32)` scales.
     pub d: Vec<f32>,
+    /// `qs` with each pair of blocks `(2p, 2p + 1)` reordered as [values 0..16 of block 2p, of
+    /// block 2p + 1, values 16..32 of block 2p, of block 2p + 1] — the order in which the q4
+    /// AVX-512 kernel unpacks two weight blocks (an odd last block stays as it is). Empty unless
+    /// made by [`QuantRows::with_nibble_order`].
+    pub nibble_order: Vec<i8>,
     /// `(m, n / 32)`: `8 · d · Σ q` per block — the term a q4 weight block's offset of 8 removes.
     pub offset8: Vec<f32>,
-    /// `(m, n / 32, 8)`: each scale repeated over 8 lanes, so that a 512-bit vector holds the
-    /// scales of two consecutive blocks (the AVX-512 kernels' layout).
-    pub d_lanes: Vec<f32>,
 }
 
 impl QuantRows {
@@ -45,15 +47,37 @@ impl QuantRows {
             d[b] = scale;
             offset8[b] = 8.0 * scale * sum as f32;
         }
-        let d_lanes = d.iter().flat_map(|&v| [v; 8]).collect();
         Self {
             m,
             n,
             qs,
             d,
             offset8,
-            d_lanes,
+            nibble_order: Vec::new(),
         }
+    }
+
+    /// Fills [`QuantRows::nibble_order`].
+    pub fn with_nibble_order(mut self) -> Self {
+        let mut out = self.qs.clone();
+        let half = BLOCK / 2;
+        for (src, dst) in self
+            .qs
+            .chunks_exact(self.n)
+            .zip(out.chunks_exact_mut(self.n))
+        {
+            for (s, d) in src
+                .chunks_exact(2 * BLOCK)
+                .zip(dst.chunks_exact_mut(2 * BLOCK))
+            {
+                d[..half].copy_from_slice(&s[..half]);
+                d[half..2 * half].copy_from_slice(&s[BLOCK..BLOCK + half]);
+                d[2 * half..3 * half].copy_from_slice(&s[half..BLOCK]);
+                d[3 * half..].copy_from_slice(&s[BLOCK + half..]);
+            }
+        }
+        self.nibble_order = out;
+        self
     }
 
     pub fn blocks(&self) -> usize {

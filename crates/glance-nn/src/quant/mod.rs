@@ -422,7 +422,7 @@ impl PackedMatrix {
                 })
             }
             Self::Q4(q) => {
-                let xq = act::QuantRows::new(x, m, n);
+                let xq = act::QuantRows::new(x, m, n).with_nibble_order();
                 crate::matvec::rows_parallel(out_dim, m, |first, rows, ys| {
                     q.block(first, rows, &xq, ys, isa)
                 })
@@ -491,7 +491,7 @@ pub(crate) mod tests {
         w: impl Fn(usize, usize) -> f32,
     ) {
         let x = values(m * n, 11);
-        let xq = QuantRows::new(&x, m, n);
+        let xq = QuantRows::new(&x, m, n).with_nibble_order();
         let xd =
             |i: usize, k: usize| xq.qs[i * n + k] as f64 * xq.d[i * n / BLOCK + k / BLOCK] as f64;
         for isa in Isa::available() {
@@ -506,7 +506,7 @@ pub(crate) mod tests {
                         (got - want).abs() <= 1e-5 * (1.0 + scale),
                         "{isa:?} ({m},{rows},{n}) [{r},{i}]: {got} vs {want}"
                     );
-                    let alone = QuantRows::new(&x[i * n..(i + 1) * n], 1, n);
+                    let alone = QuantRows::new(&x[i * n..(i + 1) * n], 1, n).with_nibble_order();
                     let mut one = vec![0f32; rows];
                     kernel(&alone, &mut one, isa);
                     assert_eq!(one[r].to_bits(), out[r * m + i].to_bits(), "{isa:?}");

@@ -174,7 +174,7 @@ fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::x86::{pair_index, scale_256};
+    use super::super::x86::scale_256;
     use super::BLOCK;
     use crate::matvec::{hsum256, hsum512};
     use std::arch::x86_64::*;
@@ -209,6 +209,19 @@ mod x86 {
         _mm256_set_m128i(hi, lo)
     }
 
+    /// Indices that spread scales `2p` and `2p + 1` of 8 over the 128-bit chunks of a 512-bit
+    /// vector as [2p, 2p + 1, 2p, 2p + 1] (4 lanes each), for `p` in `0..4`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn nibble_pair_index() -> [__m512i; 4] {
+        let mut out = [_mm512_setzero_si512(); 4];
+        for (p, o) in out.iter_mut().enumerate() {
+            let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
+            *o = _mm512_set_epi32(b, b, b, b, a, a, a, a, b, b, b, b, a, a, a, a);
+        }
+        out
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn row_vnni<const M: usize>(
@@ -222,41 +235,43 @@ mod x86 {
         let (n, nb) = (x.n, x.blocks());
         let wq = qs.as_ptr().add(r * n / 2);
         let ws = sc.as_ptr().add(r * nb);
+        let xn = x.nibble_order.as_slice();
         let zero = _mm512_setzero_si512();
-        let idx = pair_index();
-        // 64-bit lanes [0, 1, 0, 1, 2, 3, 2, 3] of two blocks' 32 bytes, the second copy of each
-        // shifted right by 4: AND 0x0f then leaves each block's 32 levels in order.
-        let dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
-        let shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+        let idx = nibble_pair_index();
+        // Two blocks' 32 bytes in both halves of a vector, the upper half shifted right by 4:
+        // AND 0x0f leaves 128-bit chunks [b lows, b+1 lows, b highs, b+1 highs] — values 0..16
+        // and 16..32 of each block, the order of `QuantRows::nibble_order`'s inputs.
+        let shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
         let low = _mm512_set1_epi8(0x0f);
-        let mut acc = [_mm512_setzero_ps(); M];
+        // Two accumulators per output (even and odd block pairs): two FMA chains in flight.
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
         let mut corr = [_mm256_setzero_ps(); M];
         let mut acc_t = [_mm256_setzero_ps(); M];
         let mut corr_t = [0f32; M];
         let groups = nb / 8;
         for g in 0..groups {
-            let s8y = _mm256_cvtph_ps(_mm_loadu_si128(ws.add(8 * g) as *const __m128i));
-            let s8 = _mm512_castps256_ps512(s8y);
-            for (k, c) in corr.iter_mut().enumerate() {
+            let s8 = _mm256_cvtph_ps(_mm_loadu_si128(ws.add(8 * g) as *const __m128i));
+            // d_w · d_x of the 8 blocks, per input row; the offset terms.
+            let mut dd = [_mm512_setzero_ps(); M];
+            for (k, (c, d)) in corr.iter_mut().zip(dd.iter_mut()).enumerate() {
                 let off = _mm256_loadu_ps(x.offset8.as_ptr().add((i0 + k) * nb + 8 * g));
-                *c = _mm256_fmadd_ps(s8y, off, *c);
+                *c = _mm256_fmadd_ps(s8, off, *c);
+                let dx = _mm256_loadu_ps(x.d.as_ptr().add((i0 + k) * nb + 8 * g));
+                *d = _mm512_castps256_ps512(_mm256_mul_ps(s8, dx));
             }
             for (p, ix) in idx.iter().enumerate() {
                 let b = 8 * g + 2 * p;
-                let raw = _mm512_castsi256_si512(_mm256_loadu_si256(
+                let raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(
                     wq.add(BLOCK / 2 * b) as *const __m256i
                 ));
-                let wv = _mm512_and_si512(
-                    _mm512_srlv_epi64(_mm512_permutexvar_epi64(dup, raw), shift),
-                    low,
-                );
-                let dw = _mm512_permutexvar_ps(*ix, s8);
+                let wv = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low);
                 for (k, a) in acc.iter_mut().enumerate() {
                     let i = i0 + k;
-                    let xv = _mm512_loadu_si512(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
+                    let xv = _mm512_loadu_si512(xn.as_ptr().add(i * n + BLOCK * b) as *const _);
                     let dot = _mm512_dpbusd_epi32(zero, wv, xv);
-                    let dx = _mm512_loadu_ps(x.d_lanes.as_ptr().add((i * nb + b) * 8));
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx), *a);
+                    // [d(b) × 8, d(b + 1) × 8]
+                    let d = _mm512_permutexvar_ps(*ix, dd[k]);
+                    a[p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, a[p & 1]);
                 }
             }
         }
@@ -273,7 +288,8 @@ mod x86 {
             }
         }
         for k in 0..M {
-            out[k] = (hsum512(acc[k]) + hsum256(acc_t[k])) - (hsum256(corr[k]) + corr_t[k]);
+            let main = hsum512(_mm512_add_ps(acc[k][0], acc[k][1]));
+            out[k] = (main + hsum256(acc_t[k])) - (hsum256(corr[k]) + corr_t[k]);
         }
     }
 

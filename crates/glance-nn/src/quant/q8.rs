@@ -188,28 +188,32 @@ mod x86 {
         let ws = sc.as_ptr().add(r * nb);
         let zero = _mm512_setzero_si512();
         let idx = pair_index();
-        let mut acc = [_mm512_setzero_ps(); M];
+        // Two accumulators per output (even and odd block pairs): two FMA chains in flight.
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
         let mut acc_t = [_mm256_setzero_ps(); M];
         let groups = nb / 8;
         for g in 0..groups {
             // 8 weight scales (f16 → f32) for blocks 8g..8g+8.
-            let s8 = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(
-                ws.add(8 * g) as *const __m128i
-            )));
+            let s8 = _mm256_cvtph_ps(_mm_loadu_si128(ws.add(8 * g) as *const __m128i));
+            // d_w · d_x of the 8 blocks, per input row.
+            let mut dd = [_mm512_setzero_ps(); M];
+            for (k, d) in dd.iter_mut().enumerate() {
+                let dx = _mm256_loadu_ps(x.d.as_ptr().add((i0 + k) * nb + 8 * g));
+                *d = _mm512_castps256_ps512(_mm256_mul_ps(s8, dx));
+            }
             for (p, ix) in idx.iter().enumerate() {
                 let b = 8 * g + 2 * p;
                 let wv = _mm512_loadu_si512(wq.add(BLOCK * b) as *const __m512i);
                 let aw = _mm512_abs_epi8(wv);
                 let neg = _mm512_movepi8_mask(wv);
-                // [d_w(b) × 8, d_w(b + 1) × 8]
-                let dw = _mm512_permutexvar_ps(*ix, s8);
                 for (k, a) in acc.iter_mut().enumerate() {
                     let i = i0 + k;
                     let xv = _mm512_loadu_si512(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
                     let sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
                     let dot = _mm512_dpbusd_epi32(zero, aw, sx);
-                    let dx = _mm512_loadu_ps(x.d_lanes.as_ptr().add((i * nb + b) * 8));
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx), *a);
+                    // [d(b) × 8, d(b + 1) × 8]
+                    let d = _mm512_permutexvar_ps(*ix, dd[k]);
+                    a[p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, a[p & 1]);
                 }
             }
         }
@@ -227,7 +231,7 @@ mod x86 {
             }
         }
         for k in 0..M {
-            out[k] = hsum512(acc[k]) + hsum256(acc_t[k]);
+            out[k] = hsum512(_mm512_add_ps(acc[k][0], acc[k][1])) + hsum256(acc_t[k]);
         }
     }
 
