@@ -136,7 +136,7 @@ fn time_model(
 
 /// A model measured by this run: its text decoder, and the whole LLaVA model when it is one.
 enum Loaded {
-    Text(TextModel),
+    Text(Box<TextModel>),
     Llava(Box<Llava>),
     Engine(Box<Engine>),
 }
@@ -169,7 +169,7 @@ fn load(args: &DecodeArgs, format: WeightFormat) -> Result<Loaded> {
     }
     let config = presets::text_config(&args.random)?;
     let model = TextModel::load_as(&vb, &vb.pp("lm_head"), &config, Mode::Infer, &load)?;
-    Ok(Loaded::Text(model))
+    Ok(Loaded::Text(Box::new(model)))
 }
 
 /// Parameters of the whole model `args` names (the text decoder's, plus the vision tower's and

@@ -69,7 +69,8 @@ impl HalfMatrix {
     /// The values in `bytes` (little-endian 16-bit, `(rows, cols)`) without copying them; `None`
     /// when the length does not match or the bytes are not 2-byte aligned.
     pub fn shared(kind: HalfKind, bytes: SharedBytes, rows: usize, cols: usize) -> Option<Self> {
-        if bytes.len() != 2 * rows * cols || bytes.as_slice().as_ptr() as usize % 2 != 0 {
+        if bytes.len() != 2 * rows * cols || !(bytes.as_slice().as_ptr() as usize).is_multiple_of(2)
+        {
             return None;
         }
         if cfg!(target_endian = "big") {

@@ -69,7 +69,7 @@ impl WeightFormat {
     /// The format a matrix with `in_dim` columns gets: q8 / q4 need whole blocks of 32 along a
     /// row, otherwise bf16.
     pub fn for_in_dim(self, in_dim: usize) -> Self {
-        if self.is_quantized() && in_dim % BLOCK != 0 {
+        if self.is_quantized() && !in_dim.is_multiple_of(BLOCK) {
             Self::Bf16
         } else {
             self
@@ -137,7 +137,7 @@ impl From<QuantError> for glance_core::Error {
 }
 
 fn check_shape(len: usize, rows: usize, cols: usize) -> Result<(), QuantError> {
-    if len != rows * cols || cols % BLOCK != 0 {
+    if len != rows * cols || !cols.is_multiple_of(BLOCK) {
         return Err(QuantError::Shape(format!(
             "cannot quantize {len} values as ({rows}, {cols}) in blocks of {BLOCK}"
         )));

@@ -75,7 +75,10 @@ impl Q4Matrix {
         qs: Vec<u8>,
         scales: Vec<u16>,
     ) -> Result<Self, QuantError> {
-        if cols % BLOCK != 0 || qs.len() != rows * cols / 2 || scales.len() != rows * cols / BLOCK {
+        if !cols.is_multiple_of(BLOCK)
+            || qs.len() != rows * cols / 2
+            || scales.len() != rows * cols / BLOCK
+        {
             return Err(QuantError::Shape(format!(
                 "q4 ({rows}, {cols}) needs {} bytes and {} scales, got {} and {}",
                 rows * cols / 2,

@@ -66,7 +66,10 @@ impl Q8Matrix {
         qs: Vec<i8>,
         scales: Vec<u16>,
     ) -> Result<Self, QuantError> {
-        if cols % BLOCK != 0 || qs.len() != rows * cols || scales.len() != rows * cols / BLOCK {
+        if !cols.is_multiple_of(BLOCK)
+            || qs.len() != rows * cols
+            || scales.len() != rows * cols / BLOCK
+        {
             return Err(QuantError::Shape(format!(
                 "q8 ({rows}, {cols}) needs {} values and {} scales, got {} and {}",
                 rows * cols,
