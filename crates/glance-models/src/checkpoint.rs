@@ -1,6 +1,8 @@
 //! A Hugging Face model directory: `config.json` and weights in one `model.safetensors` or in shards
-//! listed by `model.safetensors.index.json`. Weights may be f32, f16 or bf16 on disk; glance
-//! computes in f32 on CPU.
+//! listed by `model.safetensors.index.json`. Weights may be f32, f16 or bf16 on disk (or packed
+//! q8 / q4 values written by `glance quantize`, `glance_nn::quant::store`); glance holds them as
+//! the load's weight format says ([`MappedTensors`] lends 16-bit tensors in place) and computes in
+//! f32 on CPU.
 //!
 //! A model directory is user input. Its small files are read through a size cap
 //! ([`glance_core::io`]); shard names of the index must stay inside the directory (plain relative
