@@ -275,14 +275,14 @@ pub fn run(args: DecodeArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    // The machine's yardsticks, once per thread count, shared by every format.
+    // Copy bandwidth and GEMM rate once per thread count, shared by every format (the read
+    // bandwidth is measured beside each decode, below).
     let mut yardsticks = Vec::new();
     for &t in &thread_counts {
-        let bandwidth = read_bandwidth(t, args.reps.max(3))?;
         let copy = copy_bandwidth(t, args.reps.max(3))?;
         let pool = glance_engine::thread_pool(t)?;
         let gemm = pool.install(|| gemm_rate(1024, 1024, 1024, args.reps.max(3)))?;
-        yardsticks.push((t, bandwidth, copy, gemm));
+        yardsticks.push((t, copy, gemm));
     }
     println!(
         "{:>6} {:>7} | {:>9} {:>9} {:>8} | {:>9} {:>8} {:>7} | {:>9} {:>9} {:>7}",
@@ -312,7 +312,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
         let step_bytes = weight_bytes + kv_bytes(&c, mean_kv);
         first_step_bytes.get_or_insert(step_bytes);
         let mut rss_after_decode = None;
-        for &(t, _, copy, gemm) in &yardsticks {
+        for &(t, copy, gemm) in &yardsticks {
             // The read bandwidth again, just before this format's timing: the machine is shared
             // and its bandwidth moves over minutes, so each bound is taken side by side with the
             // decode it judges.
