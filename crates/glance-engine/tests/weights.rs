@@ -29,7 +29,11 @@ fn requests() -> Vec<Request> {
 fn formats_keep_glance_tiny_top1_and_answers() {
     let requests = requests();
     let load = |f: WeightFormat| {
-        Engine::load(&glance_tiny(), EngineOptions::single_request().with_weights(f)).unwrap()
+        Engine::load(
+            &glance_tiny(),
+            EngineOptions::single_request().with_weights(f),
+        )
+        .unwrap()
     };
     let reference = load(WeightFormat::F32);
     let want: Vec<_> = requests
@@ -77,6 +81,10 @@ fn formats_keep_glance_tiny_top1_and_answers() {
         );
         assert!(top1 >= min_top1, "{f}: top-1 agreement {top1}");
         assert!(err <= max_err, "{f}: logits differ by {err}");
-        assert!(same_frac >= min_same, "{f}: {same} of {} answers", requests.len());
+        assert!(
+            same_frac >= min_same,
+            "{f}: {same} of {} answers",
+            requests.len()
+        );
     }
 }

@@ -3,6 +3,9 @@
 //! explicit positions, and a KV cache built for rollback (append, mark / rollback in O(layers),
 //! keep an accepted speculative path in O(k × layers), fork, compact).
 //!
+//! Weight formats (bf16 / f16 kept as 16-bit values, q8 / q4 quantized per block of 32) and their
+//! kernels live in [`quant`]; a [`Linear`] holds an f32 tensor or a packed matrix.
+//!
 //! Shapes: glance runs batch 1 at this level. Token rows are `(t, hidden)`; attention works on
 //! `(1, heads, t, head_dim)`.
 //!
