@@ -41,7 +41,7 @@ impl QuantRows {
             let mut sum = 0i32;
             for (q, v) in qb.iter_mut().zip(xb) {
                 // `as` saturates (NaN → 0): never out of range.
-                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                *q = super::round_small((v * inv).clamp(-127.0, 127.0)) as i8;
                 sum += *q as i32;
             }
             d[b] = scale;

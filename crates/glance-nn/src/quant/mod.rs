@@ -154,6 +154,18 @@ fn f16_bits(v: f32) -> Result<u16, QuantError> {
     Ok(h.to_bits())
 }
 
+/// Blocks per parallel task when quantizing a matrix.
+const CHUNK_BLOCKS: usize = 1024;
+
+/// `v` (|v| ≤ 2²²) rounded to the nearest integer, ties to even, without a libm call (baseline
+/// x86-64 has no rounding instruction): adding and subtracting 1.5 · 2²³ drops the fraction.
+/// NaN stays NaN.
+#[inline(always)]
+fn round_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
+
 #[inline(always)]
 fn f16_value(bits: u16) -> f32 {
     ::half::f16::from_bits(bits).to_f32()
@@ -513,6 +525,21 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_ties_even() {
+        for (v, want) in [
+            (0.4, 0.0),
+            (0.5, 0.0),
+            (1.5, 2.0),
+            (-2.5, -2.0),
+            (126.6, 127.0),
+            (-7.51, -8.0),
+        ] {
+            assert_eq!(round_small(v), want, "{v}");
+        }
+        assert!(round_small(f32::NAN).is_nan());
     }
 
     #[test]

@@ -19,7 +19,8 @@
 
 use super::act::QuantRows;
 use super::half::Isa;
-use super::{f16_bits, f16_value, QuantError, BLOCK};
+use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
+use rayon::prelude::*;
 
 /// A `(rows, cols)` q4 matrix; `cols` is a multiple of 32.
 #[derive(Clone)]
@@ -43,23 +44,30 @@ impl Q4Matrix {
         super::check_shape(data.len(), rows, cols)?;
         let mut qs = vec![0u8; rows * cols / 2];
         let mut scales = vec![0u16; rows * cols / BLOCK];
-        for (b, (wb, qb)) in data
-            .chunks_exact(BLOCK)
-            .zip(qs.chunks_exact_mut(BLOCK / 2))
-            .enumerate()
-        {
-            let extreme = wb
-                .iter()
-                .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
-            let d = f16_bits(extreme / -8.0)?;
-            let dv = f16_value(d);
-            let inv = if dv != 0.0 { 1.0 / dv } else { 0.0 };
-            let level = |w: f32| ((w * inv).round() + 8.0).clamp(0.0, 15.0) as u8;
-            for j in 0..BLOCK / 2 {
-                qb[j] = level(wb[j]) | (level(wb[j + BLOCK / 2]) << 4);
-            }
-            scales[b] = d;
-        }
+        // Chunks of blocks in parallel (the same values in any order: each block alone).
+        data.par_chunks(BLOCK * CHUNK_BLOCKS)
+            .zip(qs.par_chunks_mut(BLOCK / 2 * CHUNK_BLOCKS))
+            .zip(scales.par_chunks_mut(CHUNK_BLOCKS))
+            .try_for_each(|((data, qs), scales)| {
+                for ((wb, qb), s) in data
+                    .chunks_exact(BLOCK)
+                    .zip(qs.chunks_exact_mut(BLOCK / 2))
+                    .zip(scales.iter_mut())
+                {
+                    let extreme = wb
+                        .iter()
+                        .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                    let d = f16_bits(extreme / -8.0)?;
+                    let dv = f16_value(d);
+                    let inv = if dv != 0.0 { 1.0 / dv } else { 0.0 };
+                    let level = |w: f32| (round_small((w * inv).clamp(-8.0, 7.0)) + 8.0) as u8;
+                    for j in 0..BLOCK / 2 {
+                        qb[j] = level(wb[j]) | (level(wb[j + BLOCK / 2]) << 4);
+                    }
+                    *s = d;
+                }
+                Ok::<(), QuantError>(())
+            })?;
         Ok(Self {
             rows,
             cols,

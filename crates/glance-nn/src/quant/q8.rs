@@ -13,7 +13,8 @@
 
 use super::act::QuantRows;
 use super::half::Isa;
-use super::{f16_bits, f16_value, QuantError, BLOCK};
+use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
+use rayon::prelude::*;
 
 /// A `(rows, cols)` q8 matrix; `cols` is a multiple of 32.
 #[derive(Clone)]
@@ -37,20 +38,27 @@ impl Q8Matrix {
         super::check_shape(data.len(), rows, cols)?;
         let mut qs = vec![0i8; rows * cols];
         let mut scales = vec![0u16; rows * cols / BLOCK];
-        for (b, (wb, qb)) in data
-            .chunks_exact(BLOCK)
-            .zip(qs.chunks_exact_mut(BLOCK))
-            .enumerate()
-        {
-            let amax = wb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = f16_bits(amax / 127.0)?;
-            let dv = f16_value(d);
-            let inv = if dv > 0.0 { 1.0 / dv } else { 0.0 };
-            for (q, w) in qb.iter_mut().zip(wb) {
-                *q = (w * inv).round().clamp(-127.0, 127.0) as i8;
-            }
-            scales[b] = d;
-        }
+        // Chunks of blocks in parallel (the same values in any order: each block alone).
+        data.par_chunks(BLOCK * CHUNK_BLOCKS)
+            .zip(qs.par_chunks_mut(BLOCK * CHUNK_BLOCKS))
+            .zip(scales.par_chunks_mut(CHUNK_BLOCKS))
+            .try_for_each(|((data, qs), scales)| {
+                for ((wb, qb), s) in data
+                    .chunks_exact(BLOCK)
+                    .zip(qs.chunks_exact_mut(BLOCK))
+                    .zip(scales.iter_mut())
+                {
+                    let amax = wb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let d = f16_bits(amax / 127.0)?;
+                    let dv = f16_value(d);
+                    let inv = if dv > 0.0 { 1.0 / dv } else { 0.0 };
+                    for (q, w) in qb.iter_mut().zip(wb) {
+                        *q = round_small((w * inv).clamp(-127.0, 127.0)) as i8;
+                    }
+                    *s = d;
+                }
+                Ok::<(), QuantError>(())
+            })?;
         Ok(Self {
             rows,
             cols,
