@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use glance_core::SamplingParams;
-use glance_decode::TreeSettings;
+use glance_decode::{DiffusionSettings, TreeSettings};
 use glance_engine::messages::{read_image_file, read_messages_file, ImageSources};
 use glance_engine::{
     Budget, DecodeSpec, Engine, EngineOptions, Message, Policy, Prompt, PruneSpec, Request,
@@ -182,8 +182,11 @@ impl GenArgs {
 #[derive(Args, Clone, Debug, Default)]
 pub struct DecodeArgs {
     /// Decoding strategy: `ar` (autoregressive, one token per forward pass), `vispec`
-    /// (speculative decoding with the vision-aware ViSpec draft head) or `eagle` (the same with
-    /// the text-only head). Speculative output is identical to `ar` under greedy decoding.
+    /// (speculative decoding with the vision-aware ViSpec draft head), `eagle` (the same with
+    /// the text-only head), or, on a model converted with `glance train diffusion`,
+    /// `diffusion-threshold` (parallel unmasking, lossy), `diffusion-linear` or
+    /// `diffusion-quadratic` (block-diffusion self-speculation). Every strategy but
+    /// diffusion-threshold gives the same output as `ar` under greedy decoding.
     #[arg(long, value_name = "STRATEGY", default_value = "ar")]
     pub decode: String,
     /// Draft head directory for vispec / eagle (repeatable; each serves the kind its config
@@ -192,6 +195,8 @@ pub struct DecodeArgs {
     pub draft: Vec<PathBuf>,
     #[command(flatten)]
     pub tree: TreeArgs,
+    #[command(flatten)]
+    pub diffusion: DiffusionFlags,
 }
 
 impl DecodeArgs {
@@ -204,6 +209,12 @@ impl DecodeArgs {
                  --decode vispec or eagle, not `{spec}`"
             );
         }
+        if spec.diffusion_mode().is_none() && self.diffusion.any() {
+            bail!(
+                "--block, --threshold and --dynamic-block apply to --decode diffusion-threshold, \
+                 diffusion-linear or diffusion-quadratic, not `{spec}`"
+            );
+        }
         Ok(spec)
     }
 
@@ -212,8 +223,42 @@ impl DecodeArgs {
         Ok(EngineOptions {
             drafts: self.draft.clone(),
             tree: self.tree.settings()?,
+            diffusion: self.diffusion.settings()?,
             ..base
         })
+    }
+}
+
+/// Block-diffusion decoding.
+#[derive(Args, Clone, Debug, Default)]
+pub struct DiffusionFlags {
+    /// Block diffusion: tokens per block B, 1 to 64 [default: the model's `block_diffusion`
+    /// block size]. With --dynamic-block, the first block size.
+    #[arg(long, value_name = "B")]
+    pub block: Option<usize>,
+    /// diffusion-threshold: unmask every slot whose confidence is at least τ (at least one per
+    /// pass) [default: 0.9].
+    #[arg(long, value_name = "TAU")]
+    pub threshold: Option<f32>,
+    /// Block diffusion: grow the block (doubling, up to 32) while every draft is accepted, halve
+    /// it (down to 2) when fewer than a quarter are.
+    #[arg(long)]
+    pub dynamic_block: bool,
+}
+
+impl DiffusionFlags {
+    pub fn any(&self) -> bool {
+        self.block.is_some() || self.threshold.is_some() || self.dynamic_block
+    }
+
+    /// The settings the flags give (`None` when no flag is set: the model's defaults apply).
+    pub fn settings(&self) -> Result<Option<DiffusionSettings>> {
+        if !self.any() {
+            return Ok(None);
+        }
+        let s = DiffusionSettings::sized(self.block, self.threshold, self.dynamic_block);
+        s.validate()?;
+        Ok(Some(s))
     }
 }
 

@@ -16,7 +16,9 @@ mod run;
 mod serve;
 mod threads;
 mod train;
+mod train_diffusion;
 mod train_draft;
+mod train_flags;
 mod world;
 
 use anyhow::Result;

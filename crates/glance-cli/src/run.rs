@@ -56,6 +56,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     report["weights"] = json!(engine.options().weights.name());
     report["timings"]["load_s"] = json!(engine.load_time().as_secs_f64());
     report["pruning"] = json!({"policy": spec.policy.name(), "keep": spec.budget.to_string()});
+    // Tokens after the first (which the prefill gives) per forward pass after the prefill.
+    let passes = response.decode.forward_passes;
+    if passes > 0 {
+        let decoded = response.token_ids.len().saturating_sub(1) as f64;
+        report["decode"]["tokens_per_forward"] = json!(decoded / passes as f64);
+    }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

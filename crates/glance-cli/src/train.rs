@@ -17,6 +17,9 @@ pub enum TrainCommand {
     /// Train an EAGLE / ViSpec draft head for a LLaVA target on the target's own answers to
     /// world prompts (writes OUT/head: config.json + model.safetensors).
     Draft(crate::train_draft::DraftArgs),
+    /// Convert an autoregressive LLaVA model into a block-diffusion one (Fast-dVLM) on its own
+    /// answers to world prompts (writes OUT/model, a model directory).
+    Diffusion(crate::train_diffusion::DiffusionArgs),
     /// Validation accuracy against training time from training runs' metrics.jsonl: a table,
     /// an SVG plot and JSON.
     Curve(crate::curve::CurveArgs),
@@ -103,6 +106,7 @@ pub fn run(cmd: TrainCommand) -> Result<()> {
     match cmd {
         TrainCommand::World(a) => world(a),
         TrainCommand::Draft(a) => crate::train_draft::run(a),
+        TrainCommand::Diffusion(a) => crate::train_diffusion::run(a),
         TrainCommand::Curve(a) => crate::curve::run(a),
     }
 }

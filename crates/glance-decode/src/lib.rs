@@ -7,9 +7,13 @@
 //!   settings live;
 //! * [`autoregressive`]: one token per forward pass, the reference every faster strategy must
 //!   reproduce token for token under greedy decoding;
+//! * [`speculative`]: draft-head speculative decoding (EAGLE, ViSpec);
+//! * [`diffusion`]: block-diffusion decoding of converted models (Fast-dVLM): threshold, linear
+//!   and quadratic self-speculation;
 //! * [`stop`]: stop-string matching over streamed text.
 
 pub mod autoregressive;
+pub mod diffusion;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;
@@ -19,6 +23,7 @@ pub use autoregressive::{
     check_prompt, generate, prefill, Autoregressive, FinishReason, GenerateConfig, Generation,
     Prefilled, PrefilledImage,
 };
+pub use diffusion::{BlockDiffusion, DiffusionMode, DiffusionSettings};
 pub use sampler::Sampler;
 pub use speculative::{Speculative, TreeSettings};
 pub use stop::StopStrings;

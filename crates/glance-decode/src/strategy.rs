@@ -10,6 +10,7 @@
 //! reporting their own counters in [`DecodeStats`].
 
 use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
+use crate::diffusion::DiffusionMode;
 use crate::sampler::Sampler;
 use glance_core::{Error, Result, TokenId};
 use glance_nn::CausalLm;
@@ -53,25 +54,57 @@ pub enum DecodeSpec {
     /// Speculative decoding with the text-only EAGLE-style head: the same head without the
     /// vision parts, the baseline ViSpec is measured against.
     Eagle,
+    /// Block diffusion, threshold unmasking (Fast-dVLM; a converted model): lossy.
+    DiffusionThreshold,
+    /// Block diffusion, linear self-speculation: lossless.
+    DiffusionLinear,
+    /// Block diffusion, quadratic self-speculation: lossless, one pass per step.
+    DiffusionQuadratic,
 }
 
 impl DecodeSpec {
     /// Every strategy glance can run.
-    pub const ALL: [DecodeSpec; 3] = [DecodeSpec::Ar, DecodeSpec::Vispec, DecodeSpec::Eagle];
+    pub const ALL: [DecodeSpec; 6] = [
+        DecodeSpec::Ar,
+        DecodeSpec::Vispec,
+        DecodeSpec::Eagle,
+        DecodeSpec::DiffusionThreshold,
+        DecodeSpec::DiffusionLinear,
+        DecodeSpec::DiffusionQuadratic,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             DecodeSpec::Ar => "ar",
             DecodeSpec::Vispec => "vispec",
             DecodeSpec::Eagle => "eagle",
+            DecodeSpec::DiffusionThreshold => "diffusion-threshold",
+            DecodeSpec::DiffusionLinear => "diffusion-linear",
+            DecodeSpec::DiffusionQuadratic => "diffusion-quadratic",
         }
+    }
+
+    /// The block-diffusion mode of the strategy, if it is one.
+    pub fn diffusion_mode(self) -> Option<DiffusionMode> {
+        match self {
+            DecodeSpec::DiffusionThreshold => Some(DiffusionMode::Threshold),
+            DecodeSpec::DiffusionLinear => Some(DiffusionMode::Linear),
+            DecodeSpec::DiffusionQuadratic => Some(DiffusionMode::Quadratic),
+            _ => None,
+        }
+    }
+
+    /// Whether greedy decoding with it returns exactly the autoregressive tokens of the model
+    /// it runs.
+    pub fn lossless(self) -> bool {
+        self != DecodeSpec::DiffusionThreshold
     }
 
     /// The kind of draft head the strategy needs (`vispec`, `eagle`), if any.
     pub fn draft_kind(self) -> Option<&'static str> {
         match self {
-            DecodeSpec::Ar => None,
             DecodeSpec::Vispec | DecodeSpec::Eagle => Some(self.name()),
+            _ => None,
         }
     }
 }
@@ -90,6 +123,9 @@ impl FromStr for DecodeSpec {
             "ar" | "autoregressive" => Ok(DecodeSpec::Ar),
             "vispec" => Ok(DecodeSpec::Vispec),
             "eagle" => Ok(DecodeSpec::Eagle),
+            "diffusion-threshold" => Ok(DecodeSpec::DiffusionThreshold),
+            "diffusion-linear" => Ok(DecodeSpec::DiffusionLinear),
+            "diffusion-quadratic" => Ok(DecodeSpec::DiffusionQuadratic),
             _ => {
                 let known: Vec<&str> = Self::ALL.iter().map(|d| d.name()).collect();
                 Err(Error::InvalidParam(format!(

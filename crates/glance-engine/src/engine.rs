@@ -26,8 +26,8 @@ use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_decode::stop::StopStatus;
 use glance_decode::{
-    Autoregressive, DecodeStrategy, GenerateConfig, Prefilled, PrefilledImage, Sampler,
-    Speculative, StopStrings,
+    Autoregressive, BlockDiffusion, DecodeStrategy, DiffusionSettings, GenerateConfig, Prefilled,
+    PrefilledImage, Sampler, Speculative, StopStrings,
 };
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::{
@@ -237,6 +237,33 @@ impl Engine {
 
     /// The strategy `request` names, with what it needs loaded.
     fn strategy(&self, request: &Request) -> Result<Box<dyn DecodeStrategy>> {
+        if let Some(mode) = request.decode.diffusion_mode() {
+            let bd = self
+                .model
+                .config()
+                .block_diffusion
+                .as_ref()
+                .ok_or_else(|| {
+                    Error::InvalidParam(format!(
+                        "--decode {}: this model is not converted for block diffusion (its \
+                     config.json has no `block_diffusion` entry); convert it with `glance train \
+                     diffusion --from DIR`",
+                        request.decode
+                    ))
+                })?;
+            let settings = match (&request.diffusion, &self.options.diffusion) {
+                (Some(s), _) | (None, Some(s)) => s.clone(),
+                (None, None) => DiffusionSettings {
+                    block: bd.block_size.min(glance_decode::diffusion::MAX_BLOCK),
+                    ..DiffusionSettings::default()
+                },
+            };
+            return Ok(Box::new(BlockDiffusion::new(
+                mode,
+                settings,
+                bd.mask_token_id,
+            )?));
+        }
         Ok(match request.decode.draft_kind() {
             None => Box::new(Autoregressive),
             Some(kind) => {

@@ -29,5 +29,5 @@ pub use request::{
     Role, Timings, Usage, MAX_STOP_BYTES, MAX_STOP_STRINGS,
 };
 
-pub use glance_decode::{DecodeSpec, DecodeStats};
+pub use glance_decode::{DecodeSpec, DecodeStats, DiffusionSettings};
 pub use glance_prune::{Budget, Policy, PruneSpec};

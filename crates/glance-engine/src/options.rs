@@ -6,7 +6,7 @@
 //! one. (candle's element-wise kernels keep their own small spin pool, sized once per process.)
 
 use glance_core::{Error, Result};
-use glance_decode::TreeSettings;
+use glance_decode::{DiffusionSettings, TreeSettings};
 use glance_models::processing::image::DEFAULT_MAX_PIXELS;
 pub use glance_nn::WeightFormat;
 use std::path::PathBuf;
@@ -34,6 +34,9 @@ pub struct EngineOptions {
     pub drafts: Vec<PathBuf>,
     /// How speculative decoding grows its draft tree unless a request says otherwise.
     pub tree: TreeSettings,
+    /// Block-diffusion settings unless a request says otherwise (`None`: the defaults with the
+    /// block size of the model's `block_diffusion` config).
+    pub diffusion: Option<DiffusionSettings>,
     /// How the text decoder's linear weights are held (the vision tower and projector in
     /// [`WeightFormat::companion`]): f32, bf16 / f16 as stored, or quantized to q8 / q4 as they
     /// load.
@@ -50,6 +53,7 @@ impl Default for EngineOptions {
             max_images: 16,
             drafts: Vec::new(),
             tree: TreeSettings::default(),
+            diffusion: None,
             weights: WeightFormat::F32,
         }
     }

@@ -5,7 +5,7 @@
 //! glance's own per-request options: visual-token pruning and the decoding strategy.
 
 use glance_core::{Error, Result, SamplingParams, TokenId};
-use glance_decode::{DecodeSpec, DecodeStats, TreeSettings};
+use glance_decode::{DecodeSpec, DecodeStats, DiffusionSettings, TreeSettings};
 use glance_prune::PruneSpec;
 use serde::Serialize;
 use std::sync::Arc;
@@ -167,6 +167,9 @@ pub struct Request {
     pub decode: DecodeSpec,
     /// The draft tree of speculative strategies (`None`: the engine's setting).
     pub tree: Option<TreeSettings>,
+    /// Block size, threshold and dynamic sizing of block-diffusion strategies (`None`: the
+    /// engine's setting, else the model's).
+    pub diffusion: Option<DiffusionSettings>,
 }
 
 impl Request {
@@ -180,6 +183,7 @@ impl Request {
             prune: None,
             decode: DecodeSpec::default(),
             tree: None,
+            diffusion: None,
         }
     }
 
@@ -217,6 +221,9 @@ impl Request {
         }
         if let Some(t) = &self.tree {
             t.validate()?;
+        }
+        if let Some(d) = &self.diffusion {
+            d.validate()?;
         }
         if let Prompt::Chat(messages) = &self.prompt {
             if messages.is_empty() {

@@ -332,12 +332,8 @@ pub fn attention(
     let (b, h, t, d) = q.dims4()?;
     let (_, kv_h, s, _) = k.dims4()?;
     let n_rep = h / kv_h;
-    let rowwise = mode == Mode::Infer
-        && !want_probs
-        && b == 1
-        && t <= MAX_ROWWISE_ROWS
-        && q.device().is_cpu()
-        && [q, k, v].iter().all(|x| x.dtype() == DType::F32);
+    let rowwise =
+        mode == Mode::Infer && !want_probs && t <= MAX_ROWWISE_ROWS && rowwise_applies(q, k, v);
     if rowwise {
         return Ok(AttnOutput {
             out: attention_rowwise(q, k, v, mask, scale)?,
@@ -364,6 +360,31 @@ pub fn attention(
         None
     };
     Ok(AttnOutput { out, probs })
+}
+
+/// [`attention`]'s row-wise kernel at any number of rows (batch 1, f32, CPU; otherwise plain
+/// [`attention`]): `(1, h, t, d)`. Each row's result depends only on the keys it sees, so rows
+/// run among many others (a block-diffusion pass of `B (B + 1)` rows) equal the same rows run
+/// as decode steps, bit for bit.
+pub fn attention_exact(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+) -> Result<Tensor> {
+    if rowwise_applies(q, k, v) {
+        attention_rowwise(q, k, v, mask, scale)
+    } else {
+        Ok(attention(q, k, v, mask, scale, Mode::Infer, false)?.out)
+    }
+}
+
+/// Batch 1, f32, on the CPU: what the row-wise kernel takes.
+fn rowwise_applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    q.dims().first() == Some(&1)
+        && q.device().is_cpu()
+        && [q, k, v].iter().all(|x| x.dtype() == DType::F32)
 }
 
 /// The row-wise kernel of [`attention`] (batch 1, f32, CPU): `(1, h, t, d)`.

@@ -34,6 +34,21 @@ pub trait CausalLm {
         cache: &mut KvCache,
     ) -> Result<Tensor>;
 
+    /// [`CausalLm::forward`] with every row computed as a decode step computes a row alone
+    /// (row-wise attention over its visible keys, canonical-order matrix products) at any
+    /// number of rows: a row verified among many others (block-diffusion passes of `B (B + 1)`
+    /// rows) gets bit for bit what one-token decoding gets. Models without such kernels run
+    /// [`CausalLm::forward`].
+    fn forward_exact(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        self.forward(xs, positions, mask, cache)
+    }
+
     /// Hidden states `(t, hidden)` → logits `(t, vocab)`.
     fn logits(&self, hidden: &Tensor) -> Result<Tensor>;
 

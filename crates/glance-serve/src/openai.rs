@@ -10,7 +10,8 @@ use crate::error::ApiError;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
 use glance_engine::{
-    Budget, DecodeSpec, FinishReason, Policy, Prompt, PruneSpec, Request, Response, Usage,
+    Budget, DecodeSpec, DiffusionSettings, FinishReason, Policy, Prompt, PruneSpec, Request,
+    Response, Usage,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -72,8 +73,32 @@ pub enum Stop {
 #[serde(deny_unknown_fields)]
 pub struct GlanceOptions {
     pub prune: Option<PruneOptions>,
-    /// `ar`, `vispec` or `eagle`.
+    /// `ar`, `vispec`, `eagle`, or on a converted model `diffusion-threshold`,
+    /// `diffusion-linear`, `diffusion-quadratic`.
     pub decode: Option<String>,
+    /// Block diffusion: tokens per block (1 to 64).
+    pub block: Option<usize>,
+    /// diffusion-threshold: the confidence τ that unmasks a slot.
+    pub threshold: Option<f32>,
+    /// Block diffusion: grow and shrink the block with acceptance.
+    pub dynamic_block: Option<bool>,
+}
+
+impl GlanceOptions {
+    /// The block-diffusion settings the request gives (`None`: the server's).
+    fn diffusion(&self) -> Result<Option<DiffusionSettings>, ApiError> {
+        if self.block.is_none() && self.threshold.is_none() && self.dynamic_block.is_none() {
+            return Ok(None);
+        }
+        let s = DiffusionSettings::sized(
+            self.block,
+            self.threshold,
+            self.dynamic_block.unwrap_or(false),
+        );
+        s.validate()
+            .map_err(|e| ApiError::bad_param("glance.block", e.to_string()))?;
+        Ok(Some(s))
+    }
 }
 
 /// Visual-token pruning, as `glance run --prune … --keep …`.
@@ -183,8 +208,19 @@ impl ChatRequest {
                 },
             ),
         };
+        let diffusion = match &self.glance {
+            Some(g) => g.diffusion()?,
+            None => None,
+        };
+        if diffusion.is_some() && decode.diffusion_mode().is_none() {
+            return Err(ApiError::bad_param(
+                "glance.block",
+                format!("block, threshold and dynamic_block apply to diffusion strategies, not `{decode}`"),
+            ));
+        }
         let messages = parse_messages(&self.messages, sources).map_err(ApiError::from)?;
         let request = Request {
+            diffusion,
             sampling,
             max_new_tokens: max_tokens as usize,
             stop,
@@ -417,7 +453,16 @@ mod tests {
         assert_eq!(r.sampling.seed, 3);
         let p = r.prune.unwrap();
         assert_eq!((p.policy, p.budget), (Policy::Pool, Budget::Ratio(0.5)));
+        let (r, _) = convert(json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "glance": {"decode": "diffusion-quadratic", "block": 16, "dynamic_block": true}
+        }))
+        .unwrap();
+        assert_eq!(r.decode, DecodeSpec::DiffusionQuadratic);
+        let d = r.diffusion.unwrap();
+        assert_eq!((d.block, d.dynamic), (16, true));
         let (r, s) = convert(json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
+        assert!(r.diffusion.is_none());
         assert!(!s.stream);
         assert_eq!(r.max_new_tokens, 16);
         assert_eq!(r.sampling.temperature, 1.0);
@@ -466,6 +511,16 @@ mod tests {
                 json!({"messages": m, "glance": {"decode": "magic"}}),
                 400,
                 "magic",
+            ),
+            (
+                json!({"messages": m, "glance": {"decode": "ar", "block": 8}}),
+                400,
+                "diffusion strategies",
+            ),
+            (
+                json!({"messages": m, "glance": {"decode": "diffusion-linear", "block": 0}}),
+                400,
+                "block size",
             ),
             (
                 json!({"messages": m, "stream_options": {"include_usage": true}}),

@@ -262,6 +262,21 @@ pub enum Budget {
     Seconds(f64),
 }
 
+impl Budget {
+    /// At least one step, or a positive finite time.
+    pub fn validate(&self) -> crate::Result<()> {
+        match *self {
+            Budget::Steps(0) => Err(crate::TrainError::Config(
+                "the run needs at least one step".into(),
+            )),
+            Budget::Seconds(s) if !(s.is_finite() && s > 0.0) => Err(crate::TrainError::Config(
+                "the time budget must be positive".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// One stage of the recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageSpec {

@@ -10,26 +10,9 @@ use glance_nn::{AttnMask, CausalLm, DraftLm, DraftPrompt, Mode};
 use glance_train::draft::passes::{sample_loss, PassSettings, Perturbation};
 use glance_train::draft::trainer::{Quiet, RunEnd};
 use glance_train::draft::{Curriculum, DraftTrainConfig, DraftTrainer, Length};
-use glance_train::export::{write_model_files, write_weights};
-use glance_train::{Budget, ModelSpec, TrainModel};
+use glance_train::Budget;
 use glance_world::Split;
 use std::path::Path;
-
-/// A random tiny LLaVA target (patch 56: 16 visual tokens, width 32) written to `dir`, its LM
-/// head scaled up so that its next-token distributions are peaked (a freshly initialised one is
-/// near uniform, leaving the draft little to learn beyond the entropy floor).
-fn tiny_target(dir: &Path) {
-    common::setup();
-    let spec = ModelSpec::tiny();
-    write_model_files(dir, &spec).unwrap();
-    let model = TrainModel::new(&spec, 5, &Device::Cpu).unwrap();
-    for p in model.export_params() {
-        if p.name.ends_with("lm_head.weight") {
-            p.var.set(&(p.var.as_tensor() * 100.0).unwrap()).unwrap();
-        }
-    }
-    write_weights(dir, &model.export_params()).unwrap();
-}
 
 /// Small pools, short answers, one curriculum stage throughout (half long answers, some
 /// distractors), so a few steps see repeated samples.
@@ -70,7 +53,7 @@ fn settings(c: &DraftTrainConfig) -> PassSettings {
 #[test]
 fn every_head_tensor_gets_a_gradient() {
     let dir = common::scratch("draft-grads");
-    tiny_target(&dir.join("target"));
+    common::tiny_target(&dir.join("target"), 100.0);
     let c = tiny_config(&dir.join("target"), 1);
     let mut t = DraftTrainer::new(c.clone(), &dir.join("out")).unwrap();
     let s = t.source.get(Split::Train, Length::Long, 0).unwrap();
@@ -138,7 +121,7 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 #[test]
 fn passes_match_cached_inference() {
     let dir = common::scratch("draft-passes");
-    tiny_target(&dir.join("target"));
+    common::tiny_target(&dir.join("target"), 100.0);
     let c = tiny_config(&dir.join("target"), 1);
     let mut t = DraftTrainer::new(c.clone(), &dir.join("out")).unwrap();
     let s = t.source.get(Split::Train, Length::Long, 2).unwrap();
@@ -206,7 +189,7 @@ fn losses(dir: &Path) -> Vec<f64> {
 #[test]
 fn a_short_run_lowers_the_loss_and_exports_a_loadable_head() {
     let dir = common::scratch("draft-loss");
-    tiny_target(&dir.join("target"));
+    common::tiny_target(&dir.join("target"), 100.0);
     let out = dir.join("out");
     let mut t = DraftTrainer::new(tiny_config(&dir.join("target"), 40), &out).unwrap();
     assert_eq!(t.run(&mut Quiet, None).unwrap(), RunEnd::Finished);
@@ -223,7 +206,7 @@ fn a_short_run_lowers_the_loss_and_exports_a_loadable_head() {
 #[test]
 fn resume_reproduces_the_uninterrupted_run() {
     let dir = common::scratch("draft-resume");
-    tiny_target(&dir.join("target"));
+    common::tiny_target(&dir.join("target"), 100.0);
     let c = tiny_config(&dir.join("target"), 6);
     let (a, b) = (dir.join("a"), dir.join("b"));
     let mut full = DraftTrainer::new(c.clone(), &a).unwrap();
@@ -234,15 +217,6 @@ fn resume_reproduces_the_uninterrupted_run() {
     let mut rest = DraftTrainer::resume(&b).unwrap();
     assert_eq!(rest.state.step, 4);
     assert_eq!(rest.run(&mut Quiet, None).unwrap(), RunEnd::Finished);
-    for (x, y) in full.params().iter().zip(rest.params()) {
-        assert_eq!(x.name, y.name);
-        let xv: Vec<f32> = x.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        let yv: Vec<f32> = y.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        assert!(
-            xv.iter().zip(&yv).all(|(p, q)| p.to_bits() == q.to_bits()),
-            "{} differs after resume",
-            x.name
-        );
-    }
+    common::assert_same_params(full.params(), rest.params());
     assert_eq!(losses(&a), losses(&b));
 }

@@ -2,13 +2,16 @@
 //! measured side by side in one run (this machine is shared and noisy).
 
 mod decode;
+mod diffusion;
 mod machine;
 mod prune;
 mod serve;
 mod spec;
+mod tally;
 
 use anyhow::Result;
 use clap::Subcommand;
+use glance_engine::ImageInput;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -26,6 +29,11 @@ pub enum BenchCommand {
     /// `glance serve` under 1–16 concurrent streaming clients, with and without continuous
     /// batching: aggregate tokens/s, time to first token and per output token (p50 / p99).
     Serve(serve::ServeBenchArgs),
+    /// Block-diffusion decoding of a converted model (Fast-dVLM) on the world test split:
+    /// autoregressive decoding of the original and the converted model, threshold, linear and
+    /// quadratic self-speculation at each block size, dynamic blocks, with pruning: tokens per
+    /// forward (NFE), tokens/s side by side, accuracy and description F1, greedy equality.
+    Diffusion(diffusion::DiffusionBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -34,6 +42,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Prune(a) => prune::run(a),
         BenchCommand::Spec(a) => spec::run(a),
         BenchCommand::Serve(a) => serve::run(a),
+        BenchCommand::Diffusion(a) => diffusion::run(a),
     }
 }
 
@@ -45,4 +54,61 @@ pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(
     }
     std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The most world test images a benchmark takes (the split has far more; this bounds a typo).
+pub const MAX_IMAGES: usize = 100_000;
+
+/// Checks `--n` world test images from `--start`.
+pub fn check_test_images(n: usize, start: u64) -> Result<()> {
+    if n == 0 || n > MAX_IMAGES {
+        anyhow::bail!("--n must be between 1 and {MAX_IMAGES} (world test images)");
+    }
+    let last = start.checked_add(n as u64 - 1);
+    if last.is_none_or(|l| glance_world::Split::Test.seed(l).is_err()) {
+        anyhow::bail!("--start {start} with --n {n} runs past the end of the test split");
+    }
+    Ok(())
+}
+
+/// The first independent question of world test image `start` and the image: what the
+/// question benchmarks answer once, untimed, before measuring.
+pub fn warm_up_question(start: u64) -> Result<Option<(glance_world::Qa, ImageInput)>> {
+    let ex = glance_world::sample(glance_world::Split::Test, start)?;
+    let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
+    Ok(ex
+        .questions
+        .into_iter()
+        .find(|q| !q.follow_up)
+        .map(|qa| (qa, image)))
+}
+
+/// Calls `f` on every independent question (no follow-up turns) of world test images
+/// `start .. start + n`, in order, with a progress bar labelled `label`; returns the seconds
+/// taken.
+pub fn for_each_question(
+    label: &str,
+    n: usize,
+    start: u64,
+    mut f: impl FnMut(&glance_world::Example, &glance_world::Qa, &ImageInput) -> Result<()>,
+) -> Result<f64> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    let bar = ProgressBar::new(n as u64);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{label} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} images (eta {{eta}})"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let t0 = std::time::Instant::now();
+    for index in start..start + n as u64 {
+        let ex = glance_world::sample(glance_world::Split::Test, index)?;
+        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
+        for qa in ex.questions.iter().filter(|q| !q.follow_up) {
+            f(&ex, qa, &image)?;
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(t0.elapsed().as_secs_f64())
 }

@@ -116,6 +116,25 @@ pub struct LlavaConfig {
     /// Indices into the vision tower's hidden-state tuple (normalised to be ≥ 0); several are
     /// concatenated along the feature dimension.
     pub feature_layers: Vec<usize>,
+    /// Set on a model converted for block-diffusion decoding (`glance train diffusion`).
+    pub block_diffusion: Option<BlockDiffusionConfig>,
+}
+
+/// The `block_diffusion` entry of a converted model's `config.json` (glance's own key; Hugging
+/// Face loaders ignore it): the mask token the conversion trained, and the block size decoding
+/// uses unless told otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BlockDiffusionConfig {
+    pub mask_token_id: u32,
+    #[serde(default = "default_block")]
+    pub block_size: usize,
+    /// Block sizes the conversion trained (informational).
+    #[serde(default)]
+    pub trained_block_sizes: Vec<usize>,
+}
+
+fn default_block() -> usize {
+    8
 }
 
 #[derive(Deserialize)]
@@ -132,6 +151,8 @@ struct Raw {
     multimodal_projector_bias: Option<bool>,
     vision_feature_select_strategy: Option<FeatureSelect>,
     vision_feature_layer: Option<Value>,
+    #[serde(default)]
+    block_diffusion: Option<BlockDiffusionConfig>,
 }
 
 impl LlavaConfig {
@@ -233,7 +254,17 @@ impl LlavaConfig {
                 text.vocab_size
             )));
         }
+        if let Some(bd) = &raw.block_diffusion {
+            if bd.mask_token_id as usize >= text.vocab_size || bd.block_size == 0 {
+                return Err(Error::Config(format!(
+                    "block_diffusion: mask_token_id {} must be in the text vocabulary ({}) and \
+                     block_size ({}) at least 1",
+                    bd.mask_token_id, text.vocab_size, bd.block_size
+                )));
+            }
+        }
         Ok(Self {
+            block_diffusion: raw.block_diffusion,
             vision,
             text,
             image_token_id,

@@ -18,7 +18,7 @@ mod processor;
 mod projector;
 mod vision;
 
-pub use config::{FeatureSelect, LlavaConfig, VisionConfig};
+pub use config::{BlockDiffusionConfig, FeatureSelect, LlavaConfig, VisionConfig};
 pub use model::{ImageEncoding, Llava, WeightLayout};
 pub use plan::{PromptPlan, Segment, SegmentKind};
 pub use processor::{LlavaProcessor, PreparedPrompt, PromptFormat};

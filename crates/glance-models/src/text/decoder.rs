@@ -13,8 +13,8 @@ use glance_core::{Error, Result};
 use glance_nn::quant::{PackedMatrix, WeightFormat};
 use glance_nn::weights::{linear_as, param, rms_norm};
 use glance_nn::{
-    attention, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode, RmsNorm, RotaryEmbedding,
-    WeightLoad,
+    attention, attention_exact, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode, RmsNorm,
+    RotaryEmbedding, WeightLoad,
 };
 
 struct Attention {
@@ -71,7 +71,12 @@ impl Attention {
     ) -> candle_core::Result<AttnResult> {
         let t = x.dim(0)?;
         let hd = self.head_dim;
-        let (q, k, v) = self.qkv(x, step, Linear::forward)?;
+        let project = if step.exact {
+            Linear::forward_rows
+        } else {
+            Linear::forward
+        };
+        let (q, k, v) = self.qkv(x, step, project)?;
         // (1, kv_heads, s, hd): the keys and values these rows attend over.
         let (all_k, all_v) = match keys {
             Keys::Cache(c) => c.append(&k, &v)?,
@@ -79,12 +84,17 @@ impl Attention {
             Keys::After(pk, pv) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let att = attention(&q, &all_k, &all_v, mask, scale, step.mode, want_probs)?;
+        let (out, probs) = if step.exact && !want_probs {
+            (attention_exact(&q, &all_k, &all_v, mask, scale)?, None)
+        } else {
+            let att = attention(&q, &all_k, &all_v, mask, scale, step.mode, want_probs)?;
+            (att.out, att.probs)
+        };
         // (1, heads, t, hd) -> (t, heads * hd)
-        let out = att.out.transpose(1, 2)?.reshape((t, self.num_heads * hd))?;
+        let out = out.transpose(1, 2)?.reshape((t, self.num_heads * hd))?;
         Ok(AttnResult {
-            out: self.o.forward(&out)?,
-            probs: att.probs,
+            out: project(&self.o, &out)?,
+            probs,
             k,
             v,
         })
@@ -150,6 +160,8 @@ pub(crate) struct Step<'a> {
     /// `(t,)` u32
     pub positions: &'a Tensor,
     pub mode: Mode,
+    /// Every row as a decode step computes it alone ([`CausalLm::forward_exact`]).
+    pub exact: bool,
 }
 
 /// Materialised masks of one forward pass, keyed by (sliding window, keys): the mask is described
@@ -237,7 +249,12 @@ impl Layer {
         let h = self.input_norm.forward(x)?;
         let att = self.attn.forward(&h, step, mask, keys, want_probs)?;
         let x = (x + &att.out)?;
-        let h = self.mlp.forward(&self.post_norm.forward(&x)?)?;
+        let post = self.post_norm.forward(&x)?;
+        let h = if step.exact {
+            self.mlp.forward_rows(&post)?
+        } else {
+            self.mlp.forward(&post)?
+        };
         Ok(((x + h)?, att))
     }
 }
@@ -260,6 +277,16 @@ impl Layer {
         let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
         x + h
     }
+}
+
+/// Which kernels a pass runs on.
+#[derive(Debug, Clone, Copy)]
+enum Kernels {
+    /// GEMM for many rows, the decode kernels for a few; `Some(l)`: also return layer `l`'s
+    /// attention probabilities of the last row.
+    Default(Option<usize>),
+    /// Every row as a decode step computes it alone ([`CausalLm::forward_exact`]).
+    Exact,
 }
 
 /// A Llama-family decoder with its LM head.
@@ -403,7 +430,8 @@ impl TextModel {
         mask: &AttnMask,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
-        let (x, _) = self.run_layers(xs, positions, mask, cache, 0..self.layers.len(), None)?;
+        let all = 0..self.layers.len();
+        let (x, _) = self.run_layers(xs, positions, mask, cache, all, Kernels::Default(None))?;
         Ok(self.norm.forward(&x)?)
     }
 
@@ -427,7 +455,14 @@ impl TextModel {
                 self.layers.len()
             )));
         }
-        self.run_layers(xs, positions, mask, Some(cache), layers, probe)
+        self.run_layers(
+            xs,
+            positions,
+            mask,
+            Some(cache),
+            layers,
+            Kernels::Default(probe),
+        )
     }
 
     /// One decode step of several sequences (continuous batching): row `r` of `rows`
@@ -464,6 +499,7 @@ impl TextModel {
             rope: &self.rope,
             positions: &pos,
             mode: self.mode,
+            exact: true,
         };
         let mut x = rows.clone();
         for (i, layer) in self.layers.iter().enumerate() {
@@ -490,8 +526,12 @@ impl TextModel {
         mask: &AttnMask,
         mut cache: Option<&mut KvCache>,
         layers: std::ops::Range<usize>,
-        probe: Option<usize>,
+        kernels: Kernels,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        let (probe, exact) = match kernels {
+            Kernels::Default(probe) => (probe, false),
+            Kernels::Exact => (None, true),
+        };
         let t = xs.dim(0)?;
         if positions.len() != t {
             return Err(Error::Input(format!(
@@ -502,7 +542,10 @@ impl TextModel {
         let max = self.config.max_position_embeddings;
         let past = cache.as_ref().map_or(0, |c| c.len());
         if let Some(&p) = positions.iter().max() {
-            if p as usize >= max || past + t > max {
+            // Exact passes may hold more speculative rows than the context has positions (a
+            // quadratic block-diffusion pass runs `B (B + 1)` rows at `2B` positions); only the
+            // positions are bounded there.
+            if p as usize >= max || (!exact && past + t > max) {
                 return Err(Error::PromptTooLong {
                     len: (past + t).max(p as usize + 1),
                     max,
@@ -536,6 +579,7 @@ impl TextModel {
                 rope: &self.rope,
                 positions: &pos,
                 mode: self.mode,
+                exact,
             };
             let (out, att) = layer.forward(&x, &step, m, keys, want)?;
             if let Some(p) = att.probs {
@@ -591,6 +635,18 @@ impl CausalLm for TextModel {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         self.run(xs, positions, mask, Some(cache))
+    }
+
+    fn forward_exact(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let all = 0..self.layers.len();
+        let (x, _) = self.run_layers(xs, positions, mask, Some(cache), all, Kernels::Exact)?;
+        Ok(self.norm.forward(&x)?)
     }
 
     fn logits(&self, hidden: &Tensor) -> Result<Tensor> {

@@ -224,10 +224,6 @@ impl DraftTrainConfig {
         if !(ok(self.noise, false) && ok(self.hidden_weight, false) && ok(self.pass_decay, true)) {
             return bad("noise and hidden_weight must be ≥ 0, pass_decay > 0");
         }
-        match self.budget {
-            Budget::Steps(0) => bad("the run needs at least one step"),
-            Budget::Seconds(s) if !ok(s, true) => bad("the time budget must be positive"),
-            _ => Ok(()),
-        }
+        self.budget.validate()
     }
 }

@@ -55,6 +55,8 @@ pub struct Sample {
     pub image_rows: Vec<usize>,
     /// Prompt rows; rows `prompt_len..` are the answer.
     pub prompt_len: usize,
+    /// The prompt's token ids, one per prompt row (the image's rows hold image tokens).
+    pub prompt_ids: Vec<u32>,
     /// The answer's token ids.
     pub answer: Vec<u32>,
     pub question: String,
@@ -128,6 +130,11 @@ impl SampleSource {
             generated: 0,
             generate_seconds: 0.0,
         })
+    }
+
+    /// The id of a token of the target's tokenizer.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.data.processor.text.token_id(token)
     }
 
     /// Sample `j` of `length`'s pool in `split` (generated on first use, then cached while the
@@ -212,6 +219,7 @@ impl SampleSource {
             hidden,
             image_rows,
             prompt_len: p,
+            prompt_ids: ids,
             answer,
             question,
             world_index: index,

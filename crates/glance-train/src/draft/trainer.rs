@@ -22,6 +22,8 @@ use crate::config::Budget;
 use crate::export::{write_atomic, write_weights};
 use crate::optim::AdamW;
 use crate::params::{init_params, Param};
+use crate::run_loop::{Progress, Steps};
+pub use crate::trainer::RunEnd;
 use crate::{Result, TrainError};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -35,8 +37,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Steps timed before a time budget fixes the step count (the first is not timed).
-pub const PROBE_STEPS: u64 = 4;
 /// Stream of the per-step data draws.
 const DRAW_STREAM: u64 = 0x6472_6177_7300;
 
@@ -99,15 +99,6 @@ pub trait DraftObserver {
 /// Ignores everything.
 pub struct Quiet;
 impl DraftObserver for Quiet {}
-
-/// Why [`DraftTrainer::run`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunEnd {
-    /// Every step is done and the head is exported.
-    Finished,
-    /// `stop_after` steps were taken; the checkpoint holds the state.
-    Stopped,
-}
 
 /// One sample slot of a step.
 #[derive(Debug, Clone, Copy)]
@@ -341,48 +332,11 @@ impl DraftTrainer {
         Ok(())
     }
 
-    /// Trains until the budget is spent (then exports the head and validates) or, with
-    /// `stop_after`, until that many steps of this call are done (then checkpoints).
+    /// Trains until the budget is spent (then exports and validates) or, with `stop_after`,
+    /// until that many steps of this call are done (then checkpoints).
     pub fn run(&mut self, obs: &mut dyn DraftObserver, stop_after: Option<u64>) -> Result<RunEnd> {
-        let mut taken = 0u64;
-        let mut probe_time = 0.0;
         obs.started(self.state.step, self.state.total);
-        while self.state.total.is_none_or(|t| self.state.step < t) {
-            if stop_after.is_some_and(|n| taken >= n) {
-                self.save_checkpoint()?;
-                return Ok(RunEnd::Stopped);
-            }
-            let report = self.train_step()?;
-            taken += 1;
-            let step = self.state.step;
-            if let (Budget::Seconds(budget), None) = (self.state.config.budget, self.state.total) {
-                if step > 1 {
-                    probe_time += report.seconds;
-                }
-                if step == PROBE_STEPS.max(2) {
-                    let per_step = probe_time / (step - 1) as f64;
-                    let total = ((budget / per_step).floor() as u64).max(step);
-                    self.state.total = Some(total);
-                    self.optim.total_steps = total;
-                    obs.message(&format!(
-                        "{per_step:.2} s/step over the probe → {total} steps in {budget:.0} s"
-                    ));
-                }
-            }
-            obs.step(&report);
-            let c = &self.state.config;
-            let done = self.state.total.is_some_and(|t| step >= t);
-            if c.checkpoint_every > 0 && step.is_multiple_of(c.checkpoint_every) && !done {
-                self.save_checkpoint()?;
-            }
-            if c.eval_every > 0 && step.is_multiple_of(c.eval_every) && !done {
-                self.run_eval(obs)?;
-            }
-        }
-        self.export()?;
-        self.save_checkpoint()?;
-        self.run_eval(obs)?;
-        Ok(RunEnd::Finished)
+        crate::run_loop::run(&mut Driven { t: self, obs }, stop_after)
     }
 
     /// One optimiser step over a batch of samples.
@@ -559,6 +513,52 @@ fn init_head(varmap: &VarMap, seed: u64, hidden: usize) -> Result<()> {
         var.set(&Tensor::from_vec(w, t.shape(), t.device())?)?;
     }
     Ok(())
+}
+
+/// The trainer and its observer as the shared step loop drives them.
+struct Driven<'a> {
+    t: &'a mut DraftTrainer,
+    obs: &'a mut dyn DraftObserver,
+}
+
+impl Steps for Driven<'_> {
+    fn progress(&self) -> Progress {
+        let c = &self.t.state.config;
+        Progress {
+            step: self.t.state.step,
+            total: self.t.state.total,
+            budget: c.budget,
+            checkpoint_every: c.checkpoint_every,
+            eval_every: c.eval_every,
+        }
+    }
+
+    fn step(&mut self) -> Result<f64> {
+        let report = self.t.train_step()?;
+        self.obs.step(&report);
+        Ok(report.seconds)
+    }
+
+    fn fix_total(&mut self, total: u64) {
+        self.t.state.total = Some(total);
+        self.t.optim.total_steps = total;
+    }
+
+    fn message(&mut self, text: &str) {
+        self.obs.message(text);
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        self.t.save_checkpoint()
+    }
+
+    fn validate(&mut self) -> Result<()> {
+        self.t.run_eval(self.obs)
+    }
+
+    fn export(&mut self) -> Result<()> {
+        self.t.export().map(|_| ())
+    }
 }
 
 #[cfg(test)]

@@ -72,3 +72,36 @@ pub fn tiny(name: &str) -> (TrainModel, WorldData, Scratch) {
     let data = WorldData::new(&dir, &model.config, &Device::Cpu).unwrap();
     (model, data, dir)
 }
+
+/// A random tiny LLaVA target (patch 56: 16 visual tokens, width 32) written to `dir`, its LM
+/// head scaled by `head_scale`: scaled up, its next-token distributions are peaked (a freshly
+/// initialised one is near uniform, leaving a draft little to learn beyond the entropy floor).
+pub fn tiny_target(dir: &std::path::Path, head_scale: f64) {
+    setup();
+    let spec = ModelSpec::tiny();
+    write_model_files(dir, &spec).unwrap();
+    let model = TrainModel::new(&spec, 5, &Device::Cpu).unwrap();
+    for p in model.export_params() {
+        if p.name.ends_with("lm_head.weight") {
+            p.var
+                .set(&(p.var.as_tensor() * head_scale).unwrap())
+                .unwrap();
+        }
+    }
+    glance_train::export::write_weights(dir, &model.export_params()).unwrap();
+}
+
+/// Two runs' parameters are the same, name for name and bit for bit.
+pub fn assert_same_params(a: &[glance_train::params::Param], b: &[glance_train::params::Param]) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.name, y.name);
+        let xv: Vec<f32> = x.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let yv: Vec<f32> = y.var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        assert!(
+            xv.iter().zip(&yv).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{} differs after resume",
+            x.name
+        );
+    }
+}

@@ -21,9 +21,9 @@
 
 mod projection;
 mod report;
-mod tally;
 
 use crate::args::{check_writable, ModelArgs, TreeArgs};
+use crate::bench::tally::{Kind, Tally};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::Args;
@@ -34,11 +34,9 @@ use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::random::random_var_builder;
 use glance_nn::{CausalLm, DraftLm, Mode};
-use glance_world::{description_prf, exact_match, Family, Split};
-use indicatif::{ProgressBar, ProgressStyle};
+use glance_world::{description_prf, exact_match, Family};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tally::{Kind, Tally};
 
 #[derive(Args)]
 pub struct SpecBenchArgs {
@@ -103,8 +101,6 @@ pub struct SpecBenchArgs {
 
 /// The most timed repetitions per projection measurement.
 const MAX_REPS: usize = 100;
-/// The most images (the test split has far more; this bounds a typo).
-const MAX_IMAGES: usize = 100_000;
 /// Adaptor queries of the untrained ViSpec head of `--random-heads`.
 const RANDOM_QUERIES: usize = 16;
 
@@ -149,17 +145,7 @@ pub struct Measured {
 }
 
 fn validate(args: &SpecBenchArgs) -> Result<TreeSettings> {
-    if args.n == 0 || args.n > MAX_IMAGES {
-        bail!("--n must be between 1 and {MAX_IMAGES} (world test images)");
-    }
-    let last = args.start.checked_add(args.n as u64 - 1);
-    if last.is_none_or(|l| Split::Test.seed(l).is_err()) {
-        bail!(
-            "--start {} with --n {} runs past the end of the test split",
-            args.start,
-            args.n
-        );
-    }
+    super::check_test_images(args.n, args.start)?;
     if args.max_new_tokens == 0 {
         bail!("--max-new-tokens must be at least 1");
     }
@@ -186,7 +172,7 @@ fn validate(args: &SpecBenchArgs) -> Result<TreeSettings> {
 }
 
 /// Greedy at 0, else plain sampling at `t` (no top-k / top-p) with `seed`.
-fn sampling(t: f32, seed: u64) -> SamplingParams {
+pub(crate) fn sampling(t: f32, seed: u64) -> SamplingParams {
     if t == 0.0 {
         SamplingParams::greedy()
     } else {
@@ -318,7 +304,7 @@ fn answer(
 }
 
 /// The evaluation's score of an answer: exact match, or the description's object F1.
-fn score(ex: &glance_world::Example, qa: &glance_world::Qa, text: &str) -> f64 {
+pub(crate) fn score(ex: &glance_world::Example, qa: &glance_world::Qa, text: &str) -> f64 {
     if qa.family == Family::Description {
         description_prf(text, &ex.scene.objects).f1
     } else {
@@ -358,9 +344,7 @@ fn measure(
         }
     };
     // Warm-up: every strategy answers the first question once, untimed.
-    let first = glance_world::sample(Split::Test, args.start)?;
-    if let Some(qa) = first.questions.iter().find(|q| !q.follow_up) {
-        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(first.image.clone()));
+    if let Some((qa, image)) = crate::bench::warm_up_question(args.start)? {
         for col in cols {
             let s = sampling(temps[0], 0);
             answer(
@@ -374,55 +358,42 @@ fn measure(
             )?;
         }
     }
-    let bar = ProgressBar::new(args.n as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "spec [{elapsed_precise}] {bar:30} {pos}/{len} images (eta {eta})",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let start = std::time::Instant::now();
     let mut serial = 0usize;
-    for index in args.start..args.start + args.n as u64 {
-        let ex = glance_world::sample(Split::Test, index)?;
-        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
-        for qa in ex.questions.iter().filter(|q| !q.follow_up) {
-            let kind = Kind::of(qa.family);
-            for (ti, &t) in temps.iter().enumerate() {
-                let group = &mut groups[ti * Kind::ALL.len() + kind as usize];
-                let s = sampling(t, serial as u64);
-                let mut ids: Vec<Vec<u32>> = vec![Vec::new(); cols.len()];
-                for k in 0..cols.len() {
-                    let c = (k + serial) % cols.len();
-                    let r = answer(
-                        engine,
-                        &cols[c],
-                        &qa.question,
-                        &image,
-                        s.clone(),
-                        max_tokens(qa.family),
-                        tree,
-                    )?;
-                    let text = engine.processor().text.decode(&r.token_ids, true)?;
-                    group.tallies[c].add(&r, qa.family, score(&ex, qa, &text));
-                    ids[c] = r.token_ids;
-                }
-                for (c, tally) in group.tallies.iter_mut().enumerate() {
-                    if let Some(m) = tally.mismatches.as_mut() {
-                        *m += usize::from(ids[c] != ids[0]);
-                    }
-                }
-                serial += 1;
+    let seconds = crate::bench::for_each_question("spec", args.n, args.start, |ex, qa, image| {
+        let kind = Kind::of(qa.family);
+        for (ti, &t) in temps.iter().enumerate() {
+            let group = &mut groups[ti * Kind::ALL.len() + kind as usize];
+            let s = sampling(t, serial as u64);
+            let mut ids: Vec<Vec<u32>> = vec![Vec::new(); cols.len()];
+            for k in 0..cols.len() {
+                let c = (k + serial) % cols.len();
+                let r = answer(
+                    engine,
+                    &cols[c],
+                    &qa.question,
+                    image,
+                    s.clone(),
+                    max_tokens(qa.family),
+                    tree,
+                )?;
+                let text = engine.processor().text.decode(&r.token_ids, true)?;
+                group.tallies[c].add(&r, qa.family, score(ex, qa, &text));
+                ids[c] = r.token_ids;
             }
+            for (c, tally) in group.tallies.iter_mut().enumerate() {
+                if let Some(m) = tally.mismatches.as_mut() {
+                    *m += usize::from(ids[c] != ids[0]);
+                }
+            }
+            serial += 1;
         }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
+        Ok(())
+    })?;
     Ok(Measured {
         images: args.n,
         questions: serial / temps.len(),
         groups,
-        seconds: start.elapsed().as_secs_f64(),
+        seconds,
     })
 }
 

@@ -30,8 +30,8 @@
 //! the target's LM head). The gap between the two is what glance's multi-row kernels leave on the
 //! table.
 
-use super::tally::num;
 use super::{label, Column, Measured, SpecBenchArgs};
+use crate::bench::tally::num;
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 use glance_decode::TreeSettings;

@@ -2,8 +2,8 @@
 //! two plots: acceptance rate by draft depth, and tokens per round by position in the
 //! description (the "middle-forgetting" curve).
 
-use super::tally::{num, Kind, Tally, PHASES};
 use super::{Column, Measured, SpecBenchArgs};
+use crate::bench::tally::{num, Kind, Tally, PHASES};
 use crate::plot::{write_line_plot, Axes, Series};
 use anyhow::Result;
 use glance_decode::speculative::POSITION_BUCKET;

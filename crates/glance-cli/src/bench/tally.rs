@@ -55,6 +55,14 @@ pub struct Tally {
     pub offered_by_depth: Vec<u64>,
     pub rounds_by_position: Vec<u64>,
     pub emitted_by_position: Vec<u64>,
+    /// Block diffusion ([`glance_decode::BlockDiffusion`]): steps, tokens of the blocks,
+    /// denoising passes (threshold), microseconds in forward passes, steps by accepted drafts
+    /// (threshold: passes by tokens decided).
+    pub steps: u64,
+    pub block_tokens: u64,
+    pub iterations: u64,
+    pub forward_us: u64,
+    pub accepted_length: Vec<u64>,
     /// Microseconds of decode time by phase, as [`PHASES`] names them.
     pub phase_us: [u64; 4],
     /// (sum of scores, questions) per family, in [`Family::ALL`] order.
@@ -77,7 +85,7 @@ fn add_into(into: &mut Vec<u64>, from: &[u64]) {
     into.iter_mut().zip(from).for_each(|(a, b)| *a += b);
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
+pub fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
     } else {
@@ -115,6 +123,10 @@ impl Tally {
         self.accepted += c("accepted_tokens");
         self.draft_forwards += c("draft_forwards");
         self.recovered += c("recovered_tokens");
+        self.steps += c("steps");
+        self.block_tokens += c("block_tokens");
+        self.iterations += c("iterations");
+        self.forward_us += c("time_forward_us");
         for (t, p) in self.phase_us.iter_mut().zip(PHASES) {
             *t += c(&format!("time_{p}_us"));
         }
@@ -123,6 +135,7 @@ impl Tally {
         add_into(&mut self.offered_by_depth, h("offered_by_depth"));
         add_into(&mut self.rounds_by_position, h("rounds_by_position"));
         add_into(&mut self.emitted_by_position, h("emitted_by_position"));
+        add_into(&mut self.accepted_length, h("accepted_length"));
         let i = Family::ALL
             .iter()
             .position(|&f| f == family)

@@ -1,0 +1,445 @@
+//! Block-diffusion decoding of a converted model (Fast-dVLM): the same weights draft a block of
+//! tokens in parallel (bidirectional attention inside the block) and run causally.
+//!
+//! * **threshold** ([`threshold`]): a block `[x, M, …, M]` is denoised in passes; each pass
+//!   unmasks every slot whose prediction has confidence ≥ τ (at least the most confident one).
+//!   The finished block then runs causally into the cache, and that pass's last row gives the
+//!   next block's first token. Lossy: tokens come from the bidirectional drafts.
+//! * **linear self-speculation** ([`selfspec`]): one bidirectional pass drafts the `B − 1` masked
+//!   slots of `[x, M, …, M]`, one causal pass verifies `[x, d₁ … d_{B−1}]`; the agreeing prefix
+//!   and the causal model's own next token are emitted. Two passes per step.
+//! * **quadratic self-speculation** ([`selfspec`]): one pass verifies the current drafts and, for
+//!   every possible acceptance length, pre-drafts the next block ([`layout::QuadraticLayout`]).
+//!   One pass per step.
+//! * **dynamic block size** ([`BlockSize`]): the block doubles after a step that accepted every
+//!   draft and halves after one that accepted fewer than a quarter of them.
+//!
+//! The self-speculative modes are lossless: verification is [`crate::speculative::verify`] on a
+//! chain (greedy: the causal argmax; sampling: point-mass rejection sampling), and every pass runs
+//! through [`glance_nn::CausalLm::forward_exact`], so a verified row equals the decode step of
+//! the same token bit for bit — the emitted tokens are exactly the converted model's
+//! autoregressive ones. Finished tokens' rows stay in the KV cache; speculative rows are dropped
+//! with [`glance_nn::KvCache::keep_speculative`] / [`glance_nn::KvCache::rollback`].
+
+pub mod layout;
+pub mod selfspec;
+pub mod threshold;
+
+use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
+use crate::sampler::Sampler;
+use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
+use candle_core::Tensor;
+use glance_core::{Error, Result, TokenId};
+use glance_nn::{AttnMask, CausalLm, KvCache};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Largest block: a quadratic pass runs `B (B + 1)` rows, and the verification rows must stay
+/// within the exact few-row kernels' reach of one-token decoding.
+pub const MAX_BLOCK: usize = 64;
+
+/// Which block-diffusion mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiffusionMode {
+    Threshold,
+    Linear,
+    Quadratic,
+}
+
+impl DiffusionMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            DiffusionMode::Threshold => "diffusion-threshold",
+            DiffusionMode::Linear => "diffusion-linear",
+            DiffusionMode::Quadratic => "diffusion-quadratic",
+        }
+    }
+}
+
+/// Block size, threshold and dynamic sizing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiffusionSettings {
+    /// Tokens per block `B` (the first block size when dynamic).
+    pub block: usize,
+    /// Threshold mode: unmask slots with confidence ≥ τ.
+    pub threshold: f32,
+    /// Grow and shrink the block with acceptance.
+    pub dynamic: bool,
+    /// Bounds of the dynamic block size.
+    pub min_block: usize,
+    pub max_block: usize,
+}
+
+impl Default for DiffusionSettings {
+    fn default() -> Self {
+        Self {
+            block: 8,
+            threshold: 0.9,
+            dynamic: false,
+            min_block: 2,
+            max_block: 32,
+        }
+    }
+}
+
+impl DiffusionSettings {
+    /// Block `block` (default 8), threshold `threshold` (default 0.9), dynamic or not, the
+    /// dynamic bounds `2 … 32` widened to take `block` in.
+    pub fn sized(block: Option<usize>, threshold: Option<f32>, dynamic: bool) -> Self {
+        let base = Self::default();
+        let block = block.unwrap_or(base.block);
+        Self {
+            block,
+            threshold: threshold.unwrap_or(base.threshold),
+            dynamic,
+            min_block: base.min_block.min(block),
+            max_block: base.max_block.max(block),
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidParam(m));
+        for (name, b) in [
+            ("block size", self.block),
+            ("minimum block size", self.min_block),
+            ("maximum block size", self.max_block),
+        ] {
+            if !(1..=MAX_BLOCK).contains(&b) {
+                return bad(format!("the {name} must be in 1..={MAX_BLOCK}, got {b}"));
+            }
+        }
+        if self.dynamic && !(self.min_block <= self.block && self.block <= self.max_block) {
+            return bad(format!(
+                "dynamic block size: need min {} ≤ block {} ≤ max {}",
+                self.min_block, self.block, self.max_block
+            ));
+        }
+        if !(self.threshold > 0.0 && self.threshold <= 1.0) {
+            return bad(format!(
+                "the threshold τ must be in (0, 1], got {}",
+                self.threshold
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The block size of the next step.
+#[derive(Debug, Clone)]
+pub struct BlockSize {
+    size: usize,
+    settings: DiffusionSettings,
+}
+
+impl BlockSize {
+    pub fn new(settings: &DiffusionSettings) -> Self {
+        Self {
+            size: settings.block,
+            settings: settings.clone(),
+        }
+    }
+
+    pub fn get(&self) -> usize {
+        self.size
+    }
+
+    /// After a step that accepted `accepted` of `offered` drafts: doubles when all were accepted,
+    /// halves when fewer than a quarter were (within the bounds); fixed when not dynamic.
+    pub fn update(&mut self, accepted: usize, offered: usize) {
+        if !self.settings.dynamic || offered == 0 {
+            return;
+        }
+        if accepted >= offered {
+            self.size = (self.size * 2).min(self.settings.max_block);
+        } else if 4 * accepted < offered {
+            self.size = (self.size / 2).max(self.settings.min_block);
+        }
+    }
+}
+
+/// Block-diffusion decoding of a converted model whose mask token is `mask`.
+pub struct BlockDiffusion {
+    mode: DiffusionMode,
+    settings: DiffusionSettings,
+    mask: TokenId,
+}
+
+impl BlockDiffusion {
+    pub fn new(mode: DiffusionMode, settings: DiffusionSettings, mask: TokenId) -> Result<Self> {
+        settings.validate()?;
+        Ok(Self {
+            mode,
+            settings,
+            mask,
+        })
+    }
+
+    pub fn settings(&self) -> &DiffusionSettings {
+        &self.settings
+    }
+}
+
+impl DecodeStrategy for BlockDiffusion {
+    fn name(&self) -> &'static str {
+        self.mode.name()
+    }
+
+    fn decode(
+        &self,
+        model: &dyn CausalLm,
+        state: Prefilled,
+        sampler: Sampler,
+        config: &GenerateConfig,
+        on_token: TokenSink<'_>,
+    ) -> Result<Generation> {
+        if self.mask as usize >= model.vocab_size() {
+            return Err(Error::InvalidParam(format!(
+                "the mask token {} is outside the vocabulary ({})",
+                self.mask,
+                model.vocab_size()
+            )));
+        }
+        let run = Run {
+            model,
+            mask: self.mask,
+            settings: &self.settings,
+        };
+        match self.mode {
+            DiffusionMode::Threshold => threshold::decode(&run, state, sampler, config, on_token),
+            DiffusionMode::Linear => {
+                selfspec::decode(&run, false, state, sampler, config, on_token)
+            }
+            DiffusionMode::Quadratic => {
+                selfspec::decode(&run, true, state, sampler, config, on_token)
+            }
+        }
+    }
+}
+
+/// How every mode starts: the first token comes from the prefill's last hidden state (its pick
+/// is counted in the prefill time, as time to first token).
+pub(crate) struct Begin {
+    /// The first token, at position `n`, not in the cache.
+    pub x: TokenId,
+    pub n: u32,
+    pub cache: KvCache,
+    pub prompt_len: usize,
+    pub prefill: std::time::Duration,
+    /// When decoding started.
+    pub start: Instant,
+    /// The model's context (positions).
+    pub cache_max: usize,
+}
+
+impl Begin {
+    pub fn new(model: &dyn CausalLm, state: Prefilled, sampler: &mut Sampler) -> Result<Self> {
+        let start = Instant::now();
+        let x = crate::autoregressive::pick(model, &state.last_hidden()?, sampler)?;
+        Ok(Self {
+            x,
+            n: state.last_pos() + 1,
+            prompt_len: state.prompt_len(),
+            prefill: state.elapsed + start.elapsed(),
+            cache: state.cache,
+            start: Instant::now(),
+            cache_max: model.max_positions(),
+        })
+    }
+
+    /// Emits the first token; `Some(reason)` when generation ends with it (or before it, when
+    /// no token is wanted).
+    pub fn emit_first(
+        &self,
+        tokens: &mut Vec<TokenId>,
+        config: &GenerateConfig,
+        on_token: TokenSink<'_>,
+    ) -> Result<Option<crate::autoregressive::FinishReason>> {
+        if config.max_new_tokens == 0 {
+            return Ok(Some(crate::autoregressive::FinishReason::Length));
+        }
+        let max = self.cache_max;
+        crate::autoregressive::emit(self.x, tokens, self.n - 1, max, config, on_token)
+    }
+
+    /// The generation that ended with `finish` after `tokens`.
+    pub fn generation(
+        &self,
+        tokens: Vec<TokenId>,
+        finish: crate::autoregressive::FinishReason,
+        tally: Tally,
+        name: &str,
+    ) -> Generation {
+        Generation {
+            tokens,
+            finish,
+            prompt_len: self.prompt_len,
+            prefill: self.prefill,
+            decode: self.start.elapsed(),
+            stats: tally.stats(name),
+        }
+    }
+}
+
+/// What every mode's loop shares.
+pub(crate) struct Run<'a> {
+    pub model: &'a dyn CausalLm,
+    pub mask: TokenId,
+    pub settings: &'a DiffusionSettings,
+}
+
+impl Run<'_> {
+    /// One exact forward pass of `ids` at `positions` under `mask`, appended to `cache`; the
+    /// logits of rows `rows` as `Vec`s. Times the pass into `tally`.
+    pub fn pass(
+        &self,
+        ids: &[TokenId],
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+        tally: &mut Tally,
+    ) -> Result<Tensor> {
+        let t = Instant::now();
+        let x = self.model.embed_tokens(ids)?;
+        // (rows, hidden)
+        let h = self.model.forward_exact(&x, positions, mask, cache)?;
+        tally.forwards += 1;
+        tally.forward_us += t.elapsed().as_micros() as u64;
+        Ok(h)
+    }
+
+    /// Logits of `hidden` rows `start .. start + n` as one `Vec` per row.
+    pub fn logits(
+        &self,
+        hidden: &Tensor,
+        start: usize,
+        n: usize,
+        tally: &mut Tally,
+    ) -> Result<Vec<Vec<f32>>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let t = Instant::now();
+        // (n, vocab)
+        let l = self.model.logits(&hidden.narrow(0, start, n)?)?;
+        let rows = l.to_vec2::<f32>()?;
+        tally.forward_us += t.elapsed().as_micros() as u64;
+        Ok(rows)
+    }
+}
+
+/// Counters of a run, turned into [`DecodeStats`].
+#[derive(Default)]
+pub(crate) struct Tally {
+    pub forwards: u64,
+    pub steps: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub block_tokens: u64,
+    pub iterations: u64,
+    pub forward_us: u64,
+    /// Steps by accepted drafts (self-speculation) or tokens decided per pass (threshold).
+    pub accepted_length: Vec<u64>,
+    /// Steps by block size.
+    pub block_size: Vec<u64>,
+}
+
+impl Tally {
+    pub fn step(&mut self, block: usize, offered: usize, accepted: usize) {
+        self.steps += 1;
+        self.block_tokens += block as u64;
+        self.draft_tokens += offered as u64;
+        self.accepted_tokens += accepted as u64;
+        bump(&mut self.accepted_length, accepted);
+        bump(&mut self.block_size, block);
+    }
+
+    pub fn stats(self, name: &str) -> DecodeStats {
+        let mut s = DecodeStats::new(name, self.forwards);
+        for (k, v) in [
+            ("steps", self.steps),
+            ("draft_tokens", self.draft_tokens),
+            ("accepted_tokens", self.accepted_tokens),
+            ("block_tokens", self.block_tokens),
+            ("iterations", self.iterations),
+            ("time_forward_us", self.forward_us),
+        ] {
+            s.counters.insert(k.into(), v);
+        }
+        s.histograms
+            .insert("accepted_length".into(), self.accepted_length);
+        s.histograms.insert("block_size".into(), self.block_size);
+        s
+    }
+}
+
+pub(crate) fn bump(h: &mut Vec<u64>, i: usize) {
+    if h.len() <= i {
+        h.resize(i + 1, 0);
+    }
+    h[i] += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_block_grows_on_full_acceptance_and_shrinks_on_little() {
+        let s = DiffusionSettings {
+            block: 8,
+            dynamic: true,
+            min_block: 2,
+            max_block: 16,
+            ..DiffusionSettings::default()
+        };
+        let mut b = BlockSize::new(&s);
+        b.update(7, 7);
+        assert_eq!(b.get(), 16);
+        b.update(15, 15);
+        assert_eq!(b.get(), 16);
+        b.update(5, 15);
+        assert_eq!(b.get(), 16);
+        b.update(3, 15);
+        assert_eq!(b.get(), 8);
+        for _ in 0..5 {
+            b.update(0, 7);
+        }
+        assert_eq!(b.get(), 2);
+        let mut fixed = BlockSize::new(&DiffusionSettings::default());
+        fixed.update(7, 7);
+        assert_eq!(fixed.get(), 8);
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(DiffusionSettings::default().validate().is_ok());
+        for bad in [
+            DiffusionSettings {
+                block: 0,
+                ..Default::default()
+            },
+            DiffusionSettings {
+                block: 65,
+                ..Default::default()
+            },
+            DiffusionSettings {
+                threshold: 0.0,
+                ..Default::default()
+            },
+            DiffusionSettings {
+                threshold: f32::NAN,
+                ..Default::default()
+            },
+            DiffusionSettings {
+                dynamic: true,
+                block: 64,
+                max_block: 32,
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}

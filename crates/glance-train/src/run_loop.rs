@@ -1,0 +1,77 @@
+//! The step loop of the single-stage trainers (draft heads, block-diffusion conversion): train
+//! until the budget is spent, fixing the step count of a time budget after the first steps,
+//! checkpointing and validating on their cadence, then export, checkpoint and validate once more;
+//! or stop with a checkpoint after `stop_after` steps of this call.
+
+use crate::config::Budget;
+use crate::trainer::{RunEnd, PROBE_STEPS};
+use crate::Result;
+
+/// Where a run stands and how often it checkpoints and validates.
+pub(crate) struct Progress {
+    pub step: u64,
+    pub total: Option<u64>,
+    pub budget: Budget,
+    pub checkpoint_every: u64,
+    pub eval_every: u64,
+}
+
+/// What a trainer does for [`run`].
+pub(crate) trait Steps {
+    /// The run's position and cadence.
+    fn progress(&self) -> Progress;
+    /// One optimiser step: its wall time in seconds (the trainer's step counter advances).
+    fn step(&mut self) -> Result<f64>;
+    /// A time budget fixed the step count at `total`.
+    fn fix_total(&mut self, total: u64);
+    /// A line for the user.
+    fn message(&mut self, text: &str);
+    fn checkpoint(&mut self) -> Result<()>;
+    fn validate(&mut self) -> Result<()>;
+    fn export(&mut self) -> Result<()>;
+}
+
+/// Runs `t` to the end of its budget, or `stop_after` steps of this call.
+pub(crate) fn run(t: &mut impl Steps, stop_after: Option<u64>) -> Result<RunEnd> {
+    let mut taken = 0u64;
+    let mut probe_time = 0.0;
+    loop {
+        let p = t.progress();
+        if p.total.is_some_and(|total| p.step >= total) {
+            break;
+        }
+        if stop_after.is_some_and(|n| taken >= n) {
+            t.checkpoint()?;
+            return Ok(RunEnd::Stopped);
+        }
+        let seconds = t.step()?;
+        taken += 1;
+        let p = t.progress();
+        let step = p.step;
+        if let (Budget::Seconds(budget), None) = (p.budget, p.total) {
+            if step > 1 {
+                probe_time += seconds;
+            }
+            if step == PROBE_STEPS.max(2) {
+                let per_step = probe_time / (step - 1) as f64;
+                let total = ((budget / per_step).floor() as u64).max(step);
+                t.fix_total(total);
+                t.message(&format!(
+                    "{per_step:.2} s/step over the probe → {total} steps in {budget:.0} s"
+                ));
+            }
+        }
+        let p = t.progress();
+        let done = p.total.is_some_and(|total| step >= total);
+        if p.checkpoint_every > 0 && step.is_multiple_of(p.checkpoint_every) && !done {
+            t.checkpoint()?;
+        }
+        if p.eval_every > 0 && step.is_multiple_of(p.eval_every) && !done {
+            t.validate()?;
+        }
+    }
+    t.export()?;
+    t.checkpoint()?;
+    t.validate()?;
+    Ok(RunEnd::Finished)
+}
