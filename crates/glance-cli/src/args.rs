@@ -53,6 +53,16 @@ pub struct ModelArgs {
     /// Threads for the tensor kernels (default: one per core; at most 4 per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// How the text decoder's linear weights are held: f32, bf16 or f16 (kept as stored when the
+    /// checkpoint has that dtype), q8 (8-bit, blocks of 32) or q4 (4-bit Q4_0). The vision tower
+    /// and projector use f32 with f32, else a 16-bit float.
+    #[arg(long, default_value = "f32", value_parser = parse_weights)]
+    pub weights: glance_engine::WeightFormat,
+}
+
+/// `--weights`.
+pub fn parse_weights(s: &str) -> std::result::Result<glance_engine::WeightFormat, String> {
+    s.parse().map_err(|e: glance_core::Error| e.to_string())
 }
 
 impl ModelArgs {
@@ -64,7 +74,10 @@ impl ModelArgs {
     pub fn engine(&self, options: EngineOptions) -> Result<(PathBuf, Engine)> {
         glance_engine::resolve_threads(self.threads).context("--threads")?;
         let dir = self.dir()?;
-        let engine = Engine::load(&dir, options.with_threads(self.threads))
+        let options = options
+            .with_threads(self.threads)
+            .with_weights(self.weights);
+        let engine = Engine::load(&dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))?;
         Ok((dir, engine))
     }

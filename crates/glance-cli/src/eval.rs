@@ -113,6 +113,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         let mut v = serde_json::to_value(&report)?;
         v["model"] = json!(dir);
         v["threads"] = json!(engine.threads());
+        v["weights"] = json!(engine.options().weights.name());
         v["decode"] = json!(decode.name());
         v["start"] = json!(args.start);
         crate::bench::write_json(path, &v)?;

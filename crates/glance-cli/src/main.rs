@@ -11,6 +11,7 @@ mod eval;
 mod logits;
 mod plot;
 mod progress;
+mod quantize;
 mod run;
 mod serve;
 mod threads;
@@ -47,6 +48,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Write the logits of every prompt position to a .npy file (for parity checks).
     Logits(logits::LogitsArgs),
+    /// Write a model directory with its weights packed (bf16, f16, q8 or q4) so that loading it
+    /// with the same --weights reads them as they are.
+    Quantize(quantize::QuantizeArgs),
     /// Measure speed: prints a table and writes JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -67,6 +71,7 @@ fn main() {
         Command::Eval(a) => eval::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Logits(a) => logits::run(a),
+        Command::Quantize(a) => quantize::run(a),
         Command::Bench(b) => bench::run(b),
         Command::World(w) => world::run(w),
         Command::Train(t) => train::run(t),

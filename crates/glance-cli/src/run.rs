@@ -53,6 +53,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut report = serde_json::to_value(&response)?;
     report["model"] = json!(dir);
     report["threads"] = json!(engine.threads());
+    report["weights"] = json!(engine.options().weights.name());
     report["timings"]["load_s"] = json!(engine.load_time().as_secs_f64());
     report["pruning"] = json!({"policy": spec.policy.name(), "keep": spec.budget.to_string()});
     // Tokens after the first (which the prefill gives) per forward pass after the prefill.

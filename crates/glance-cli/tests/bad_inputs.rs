@@ -491,3 +491,48 @@ fn bad_draft_heads_and_tree_flags() {
         expect_failure(&flags.join(" "), &run_args(s(&m), s(&img), flags), keyword);
     }
 }
+
+/// `--weights`: an unknown format is refused by the parser naming the formats; a checkpoint
+/// written by `glance quantize` runs in its own format and is refused in any other with an
+/// error naming the one it holds.
+#[test]
+fn weight_formats_and_quantized_checkpoints() {
+    let (m, img) = (fixture("models/mistral"), fixture("images/astronaut.png"));
+    let mut args = run_args(s(&m), s(&img), &["--weights", "q3"]);
+    let (code, err) = run_bounded("--weights q3", &args);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("unknown weight format") && err.contains("q4"),
+        "{err}"
+    );
+    for f in ["bf16", "f16", "q8", "q4"] {
+        args = run_args(s(&m), s(&img), &["--weights", f]);
+        let (code, err) = run_bounded(f, &args);
+        assert_eq!(code, Some(0), "{f}: {err}");
+    }
+    let root = std::env::temp_dir().join(format!("glance-cli-quantize-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let out = root.join("mistral-q4");
+    let (code, err) = run_bounded("quantize", &["quantize", "--weights", "q4", s(&m), s(&out)]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = run_bounded("q4 run", &run_args(s(&out), s(&img), &["--weights", "q4"]));
+    assert_eq!(code, Some(0), "{err}");
+    expect_failure(
+        "q8 of q4",
+        &run_args(s(&out), s(&img), &["--weights", "q8"]),
+        "--weights q4",
+    );
+    expect_failure(
+        "f32 of q4",
+        &run_args(s(&out), s(&img), &[]),
+        "--weights q4",
+    );
+    // The output directory exists now: refused.
+    expect_failure(
+        "quantize twice",
+        &["quantize", "--weights", "q4", s(&m), s(&out)],
+        "exists",
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -109,7 +109,7 @@ impl Engine {
         let (model, processor) = pool.install(|| -> Result<_> {
             let config = LlavaConfig::from_dir(dir)?;
             let processor = LlavaProcessor::from_dir(dir, &config)?;
-            let model = Llava::load(dir, &Device::Cpu)?;
+            let model = Llava::load_as(dir, &Device::Cpu, options.weights)?;
             Ok((model, processor))
         })?;
         let mut engine =

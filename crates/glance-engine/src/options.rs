@@ -8,6 +8,7 @@
 use glance_core::{Error, Result};
 use glance_decode::{DiffusionSettings, TreeSettings};
 use glance_models::processing::image::DEFAULT_MAX_PIXELS;
+pub use glance_nn::WeightFormat;
 use std::path::PathBuf;
 
 /// Settings of an [`crate::Engine`].
@@ -36,6 +37,10 @@ pub struct EngineOptions {
     /// Block-diffusion settings unless a request says otherwise (`None`: the defaults with the
     /// block size of the model's `block_diffusion` config).
     pub diffusion: Option<DiffusionSettings>,
+    /// How the text decoder's linear weights are held (the vision tower and projector in
+    /// [`WeightFormat::companion`]): f32, bf16 / f16 as stored, or quantized to q8 / q4 as they
+    /// load.
+    pub weights: WeightFormat,
 }
 
 impl Default for EngineOptions {
@@ -49,6 +54,7 @@ impl Default for EngineOptions {
             drafts: Vec::new(),
             tree: TreeSettings::default(),
             diffusion: None,
+            weights: WeightFormat::F32,
         }
     }
 }
@@ -65,6 +71,11 @@ impl EngineOptions {
 
     pub fn with_threads(mut self, threads: Option<usize>) -> Self {
         self.threads = threads;
+        self
+    }
+
+    pub fn with_weights(mut self, weights: WeightFormat) -> Self {
+        self.weights = weights;
         self
     }
 

@@ -164,8 +164,7 @@ fn threshold_decoding_reports_its_passes() {
         assert!(!got.token_ids.is_empty() && got.token_ids.len() <= 20);
         // One causal pass per block beside its denoising passes (none for the block that ends
         // the answer); a block of 4 takes 1 to 3 denoising passes.
-        let (passes, steps, iterations) =
-            (got.decode.forward_passes, c["steps"], c["iterations"]);
+        let (passes, steps, iterations) = (got.decode.forward_passes, c["steps"], c["iterations"]);
         assert!(passes + 1 >= iterations + steps && passes <= iterations + steps);
         assert!(iterations >= steps && iterations <= 3 * steps);
         if tau == 1.0 {

@@ -1,6 +1,8 @@
 //! A Hugging Face model directory: `config.json` and weights in one `model.safetensors` or in shards
-//! listed by `model.safetensors.index.json`. Weights may be f32, f16 or bf16 on disk; glance
-//! computes in f32 on CPU.
+//! listed by `model.safetensors.index.json`. Weights may be f32, f16 or bf16 on disk (or packed
+//! q8 / q4 values written by `glance quantize`, `glance_nn::quant::store`); glance holds them as
+//! the load's weight format says ([`MappedTensors`] lends 16-bit tensors in place) and computes in
+//! f32 on CPU.
 //!
 //! A model directory is user input. Its small files are read through a size cap
 //! ([`glance_core::io`]); shard names of the index must stay inside the directory (plain relative
@@ -127,6 +129,86 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
     unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(Error::Candle)
 }
 
+/// The checkpoint's tensors as stored, memory-mapped (read-only), for weights kept in place
+/// ([`glance_nn::quant::RawSource`]): bf16 / f16 weights loaded in that same format are not
+/// copied. Each file is validated as by [`var_builder`].
+pub struct MappedTensors {
+    /// Name → (file, dtype as stored, shape, byte range in the file).
+    index:
+        std::collections::BTreeMap<String, (usize, safetensors::Dtype, Vec<usize>, usize, usize)>,
+    maps: Vec<std::sync::Arc<memmap2::Mmap>>,
+}
+
+impl MappedTensors {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let mut index = std::collections::BTreeMap::new();
+        let mut maps = Vec::new();
+        for (f, path) in weight_files(dir)?.into_iter().enumerate() {
+            validate_safetensors(&path)?;
+            let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+            // SAFETY: read-only map of a checkpoint glance never writes while it is open.
+            let mmap = unsafe { memmap_file(&file) }.map_err(|e| Error::io(&path, e))?;
+            let st =
+                safetensors::SafeTensors::deserialize(&mmap).map_err(|e| Error::Safetensors {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            let base = mmap.as_ptr() as usize;
+            for (name, view) in st.tensors() {
+                let start = view.data().as_ptr() as usize - base;
+                let entry = (
+                    f,
+                    view.dtype(),
+                    view.shape().to_vec(),
+                    start,
+                    view.data().len(),
+                );
+                index.insert(name, entry);
+            }
+            maps.push(std::sync::Arc::new(mmap));
+        }
+        Ok(Self { index, maps })
+    }
+
+    /// Every tensor as stored, by name: dtype, shape, bytes.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, safetensors::Dtype, &[usize], &[u8])> {
+        self.index
+            .iter()
+            .map(|(name, (f, dtype, shape, start, len))| {
+                (
+                    name.as_str(),
+                    *dtype,
+                    shape.as_slice(),
+                    &self.maps[*f][*start..*start + *len],
+                )
+            })
+    }
+}
+
+impl glance_nn::quant::RawSource for MappedTensors {
+    fn raw(&self, name: &str) -> Option<glance_nn::quant::RawTensor> {
+        let (f, stored, shape, start, len) = self.index.get(name)?;
+        let dtype = match stored {
+            safetensors::Dtype::BF16 => DType::BF16,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::F32 => DType::F32,
+            // Packed values (glance_nn::quant::store): bytes, signed for q8.
+            safetensors::Dtype::U8 | safetensors::Dtype::I8
+                if glance_nn::quant::store::is_packed_name(name) =>
+            {
+                DType::U8
+            }
+            _ => return None,
+        };
+        let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = self.maps[*f].clone();
+        Some(glance_nn::quant::RawTensor {
+            dtype,
+            shape: shape.clone(),
+            bytes: glance_nn::quant::SharedBytes::new(owner, *start, *len)?,
+        })
+    }
+}
+
 /// Parses the header of a safetensors file and checks every tensor lies inside the file and that
 /// no weight is stored as integers or booleans: converting those to float would load garbage
 /// silently. (Integer index buffers such as CLIP's `position_ids` are allowed.)
@@ -146,10 +228,13 @@ fn validate_safetensors(path: &Path) -> Result<()> {
         let dtype = view.dtype();
         // Integer index buffers (CLIP's `position_ids`) are never read as weights.
         let is_index = name.ends_with("_ids") || name.ends_with("num_batches_tracked");
-        if !is_index && !is_float(dtype) {
+        // q8 / q4 values of a checkpoint written by `glance quantize` (glance_nn::quant::store).
+        let packed = glance_nn::quant::store::is_packed_name(name)
+            && matches!(dtype, safetensors::Dtype::I8 | safetensors::Dtype::U8);
+        if !is_index && !packed && !is_float(dtype) {
             return Err(bad(format!(
                 "tensor `{name}` is stored as {dtype:?}, but weights must be floating point \
-                 (F32, F16 or BF16; quantised checkpoints are not supported)"
+                 (F32, F16 or BF16; q8 / q4 values only as written by `glance quantize`)"
             )));
         }
     }

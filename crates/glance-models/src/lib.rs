@@ -4,7 +4,8 @@
 //! * [`text`]: the Llama-family decoders (Llama, Mistral, Qwen2) behind [`glance_nn::CausalLm`];
 //! * [`llava`]: `LlavaForConditionalGeneration` — CLIP vision tower, projector, text decoder;
 //! * [`processing`]: image pre-processing, tokenizer, chat template;
-//! * [`presets`]: the model shapes benchmarks build with random weights.
+//! * [`presets`]: the model shapes benchmarks build with random weights;
+//! * [`quantize`]: a checkpoint rewritten with packed (bf16 / f16 / q8 / q4) weights.
 //!
 //! Models return hidden states and logits; they never sample and never know about requests.
 
@@ -13,5 +14,6 @@ pub mod draft;
 pub mod llava;
 pub mod presets;
 pub mod processing;
+pub mod quantize;
 pub mod random;
 pub mod text;

@@ -11,7 +11,24 @@ use glance_core::{Error, Result};
 use serde_json::{json, Value};
 
 /// The text backbones, smallest first.
-pub const TEXT_PRESETS: [&str; 3] = ["llama-134m", "tinyllama-1.1b", "sheared-llama-2.7b"];
+pub const TEXT_PRESETS: [&str; 4] = [
+    "llama-134m",
+    "tinyllama-1.1b",
+    "sheared-llama-2.7b",
+    "llama-2-7b",
+];
+
+/// Whole LLaVA models: `llava-7b` is LLaVA-1.5-7B's shape (CLIP ViT-L/14-336 in front of
+/// Llama-2-7B), see [`llava_preset`].
+pub const LLAVA_PRESETS: [&str; 1] = ["llava-7b"];
+
+/// The LLaVA preset `name` ([`LLAVA_PRESETS`]), or `None` if `name` is not one.
+pub fn llava_preset(name: &str) -> Option<Result<LlavaConfig>> {
+    match name {
+        "llava-7b" => Some(llava_config("llama-2-7b")),
+        _ => None,
+    }
+}
 
 /// LLaVA-1.5's vocabulary: the base 32000 plus the added image and pad tokens, padded to 32064.
 pub const LLAVA_VOCAB: usize = 32064;
@@ -28,10 +45,14 @@ pub fn text_config_value(name: &str) -> Result<Value> {
         "sheared-llama-2.7b" => json!({"model_type": "llama", "vocab_size": 32000,
             "hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 32,
             "num_attention_heads": 20, "num_key_value_heads": 20, "max_position_embeddings": 4096}),
+        "llama-2-7b" => json!({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "max_position_embeddings": 4096}),
         other => {
             return Err(Error::InvalidParam(format!(
-                "unknown model shape `{other}` (available: {})",
-                TEXT_PRESETS.join(", ")
+                "unknown model shape `{other}` (available: {}, {})",
+                TEXT_PRESETS.join(", "),
+                LLAVA_PRESETS.join(", ")
             )))
         }
     })
@@ -71,6 +92,13 @@ mod tests {
             assert_eq!(l.image_tokens_per_image(), 576);
         }
         let e = text_config("llama-1b").unwrap_err().to_string();
-        assert!(e.contains("tinyllama-1.1b"), "{e}");
+        assert!(
+            e.contains("tinyllama-1.1b") && e.contains("llava-7b"),
+            "{e}"
+        );
+        let l = llava_preset("llava-7b").unwrap().unwrap();
+        assert_eq!((l.text.hidden_size, l.text.num_layers), (4096, 32));
+        assert_eq!(l.vision.hidden_size, 1024);
+        assert!(llava_preset("llama-2-7b").is_none());
     }
 }

@@ -16,7 +16,9 @@ type Drawn = Arc<Mutex<HashMap<String, Tensor>>>;
 
 struct RandomBackend {
     seed: u64,
-    made: Drawn,
+    /// Where drawn tensors are recorded (for [`with_random_weights`]); `None`: not kept (a name
+    /// asked for twice is drawn twice, identically — the stream is seeded by the name).
+    made: Option<Drawn>,
 }
 
 impl SimpleBackend for RandomBackend {
@@ -28,9 +30,10 @@ impl SimpleBackend for RandomBackend {
         dtype: DType,
         dev: &Device,
     ) -> Result<Tensor> {
-        let mut made = self.made.lock().expect("not poisoned");
-        if let Some(t) = made.get(name) {
-            return Ok(t.clone());
+        if let Some(made) = &self.made {
+            if let Some(t) = made.lock().expect("not poisoned").get(name) {
+                return Ok(t.clone());
+            }
         }
         let n = s.elem_count();
         let is_norm_weight = name.ends_with("norm.weight")
@@ -53,7 +56,10 @@ impl SimpleBackend for RandomBackend {
             });
         }
         let t = Tensor::from_vec(data, s, dev)?.to_dtype(dtype)?;
-        made.insert(name.to_string(), t.clone());
+        if let Some(made) = &self.made {
+            let mut made = made.lock().expect("not poisoned");
+            made.insert(name.to_string(), t.clone());
+        }
         Ok(t)
     }
 
@@ -66,16 +72,19 @@ impl SimpleBackend for RandomBackend {
     }
 }
 
-/// A `VarBuilder` that makes seeded random f32 weights of whatever shape is asked for.
+/// A `VarBuilder` that makes seeded random f32 weights of whatever shape is asked for. Nothing
+/// is kept beyond what the model keeps, so a model loaded with packed weights
+/// ([`glance_nn::WeightLoad`]) never holds all its weights in f32 at once.
 pub fn random_var_builder(seed: u64, device: &Device) -> VarBuilder<'static> {
-    recording_var_builder(seed, device).0
+    let backend = RandomBackend { seed, made: None };
+    VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone())
 }
 
 fn recording_var_builder(seed: u64, device: &Device) -> (VarBuilder<'static>, Drawn) {
     let made = Drawn::default();
     let backend = RandomBackend {
         seed,
-        made: made.clone(),
+        made: Some(made.clone()),
     };
     let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone());
     (vb, made)

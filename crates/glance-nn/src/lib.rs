@@ -3,6 +3,9 @@
 //! explicit positions, and a KV cache built for rollback (append, mark / rollback in O(layers),
 //! keep an accepted speculative path in O(k × layers), fork, compact).
 //!
+//! Weight formats (bf16 / f16 kept as 16-bit values, q8 / q4 quantized per block of 32) and their
+//! kernels live in [`quant`]; a [`Linear`] holds an f32 tensor or a packed matrix.
+//!
 //! Shapes: glance runs batch 1 at this level. Token rows are `(t, hidden)`; attention works on
 //! `(1, heads, t, head_dim)`.
 //!
@@ -19,6 +22,7 @@ pub mod linear;
 pub mod lm;
 pub mod matvec;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod runtime;
 pub mod weights;
@@ -29,6 +33,7 @@ pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
 pub use lm::{CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart};
 pub use norm::{LayerNorm, RmsNorm};
+pub use quant::{WeightFormat, WeightLoad};
 pub use rope::{RopeScaling, RotaryEmbedding};
 
 /// Whether a layer is built for inference (fast fused kernels) or training (differentiable ops).

@@ -57,19 +57,33 @@ pub fn matmul_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
     };
     let w_slice = &ws.as_slice::<f32>()?[wa..wb];
     let x_slice = &xs.as_slice::<f32>()?[xa..xb];
+    let y = rows_parallel(out_dim, m, |first, rows, ys| {
+        let w_rows = &w_slice[first * in_dim..(first + rows) * in_dim];
+        block(w_rows, x_slice, in_dim, m, ys);
+    });
+    drop((w_data, x_data));
+    Tensor::from_vec(y, (m, out_dim), w.device())
+}
+
+/// Runs `kernel(first, rows, ys)` over the `out_dim` output rows in tasks of [`ROWS_PER_TASK`]
+/// on the current rayon pool — `ys` `(rows, m)`: the outputs of weight rows
+/// `first..first + rows` for the `m` input rows — and returns the outputs `(m, out_dim)`.
+/// Every weight format's kernel runs through here.
+pub(crate) fn rows_parallel(
+    out_dim: usize,
+    m: usize,
+    kernel: impl Fn(usize, usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
     // (out, m): each task fills whole weight rows' outputs.
     let mut yt = vec![0f32; out_dim * m];
+    if m == 0 {
+        return yt;
+    }
     yt.par_chunks_mut(ROWS_PER_TASK * m)
         .enumerate()
-        .for_each(|(c, ys)| {
-            let first = c * ROWS_PER_TASK;
-            let rows = ys.len() / m;
-            let w_rows = &w_slice[first * in_dim..(first + rows) * in_dim];
-            block(w_rows, x_slice, in_dim, m, ys);
-        });
-    drop((w_data, x_data));
+        .for_each(|(c, ys)| kernel(c * ROWS_PER_TASK, ys.len() / m, ys));
     if m == 1 {
-        return Tensor::from_vec(yt, (1, out_dim), w.device());
+        return yt;
     }
     // (out, m) -> (m, out)
     let mut y = vec![0f32; m * out_dim];
@@ -78,7 +92,7 @@ pub fn matmul_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
             y[i * out_dim + r] = v;
         }
     }
-    Tensor::from_vec(y, (m, out_dim), w.device())
+    y
 }
 
 /// `out[r * m + i] = w_r · x_i` for the weight rows in `w` and the `m` input rows in `x`, each
@@ -105,12 +119,12 @@ pub(crate) fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn has_avx512() -> bool {
+pub(crate) fn has_avx512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
 }
 
 #[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
+pub(crate) fn has_avx2_fma() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
@@ -140,20 +154,23 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     total
 }
 
-/// One register-blocked kernel, instantiated per instruction set: `$lanes`-wide accumulators, tiles
+/// One register-blocked kernel, instantiated per instruction set and weight element type: `$lanes`-wide accumulators, tiles
 /// of `$tile` weight rows × up to 4 input rows (8 × 1 for a single input row), every output
 /// accumulated over the row's `$lanes`-element chunks in order, its lanes summed by `$hsum`, then
 /// the tail elements in order — the same sequence of operations in every tile.
+///
+/// Weights are `$wty` values, widened to f32 lanes by `$wload` (a vector) and `$wscalar` (one
+/// value): f32 here, bf16 / f16 in [`crate::quant::half`]. Inputs are always f32.
 macro_rules! simd_kernel {
     ($module:ident, $feature:literal, $lanes:literal, $tile:literal, $zero:ident, $load:ident,
-     $fmadd:ident, $hsum:expr) => {
+     $fmadd:ident, $hsum:expr, $wty:ty, $wload:path, $wscalar:path) => {
         #[cfg(target_arch = "x86_64")]
         mod $module {
             use std::arch::x86_64::*;
 
             /// See [`super::block`].
             #[target_feature(enable = $feature)]
-            pub unsafe fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
+            pub unsafe fn block(w: &[$wty], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
                 let rows = w.len() / n;
                 let (wp, xp) = (w.as_ptr(), x.as_ptr());
                 let mut r = 0;
@@ -189,7 +206,7 @@ macro_rules! simd_kernel {
             /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`.
             #[inline(always)]
             unsafe fn tile<const R: usize, const M: usize>(
-                wp: *const f32,
+                wp: *const $wty,
                 xp: *const f32,
                 n: usize,
                 r0: usize,
@@ -205,7 +222,7 @@ macro_rules! simd_kernel {
                         *v = $load(xp.add((i0 + i) * n + $lanes * c));
                     }
                     for (r, acc_r) in acc.iter_mut().enumerate() {
-                        let wv = $load(wp.add((r0 + r) * n + $lanes * c));
+                        let wv = $wload(wp.add((r0 + r) * n + $lanes * c));
                         for (a, v) in acc_r.iter_mut().zip(&xv) {
                             *a = $fmadd(wv, *v, *a);
                         }
@@ -215,7 +232,7 @@ macro_rules! simd_kernel {
                     for (i, a) in acc_r.iter().enumerate() {
                         let mut total = $hsum(*a);
                         for k in $lanes * chunks..n {
-                            total += *wp.add((r0 + r) * n + k) * *xp.add((i0 + i) * n + k);
+                            total += $wscalar(wp.add((r0 + r) * n + k)) * *xp.add((i0 + i) * n + k);
                         }
                         out[(r0 + r) * m + i0 + i] = total;
                     }
@@ -225,10 +242,21 @@ macro_rules! simd_kernel {
     };
 }
 
+pub(crate) use simd_kernel;
+
+/// One f32 weight (the kernels' scalar tail).
+///
+/// # Safety
+/// `p` must be valid for a read.
+#[inline(always)]
+pub(crate) unsafe fn read_f32(p: *const f32) -> f32 {
+    *p
+}
+
 /// Lanes of a 256-bit vector summed in a fixed tree.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
+pub(crate) unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
     use std::arch::x86_64::*;
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -239,7 +267,7 @@ unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
 /// Lanes of a 512-bit vector: the halves added, then [`hsum256`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn hsum512(v: std::arch::x86_64::__m512) -> f32 {
+pub(crate) unsafe fn hsum512(v: std::arch::x86_64::__m512) -> f32 {
     use std::arch::x86_64::*;
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -255,7 +283,10 @@ simd_kernel!(
     _mm512_setzero_ps,
     _mm512_loadu_ps,
     _mm512_fmadd_ps,
-    super::hsum512
+    super::hsum512,
+    f32,
+    _mm512_loadu_ps,
+    super::read_f32
 );
 // AVX2 + FMA: 8 lanes, 2 × 4 tiles (8 accumulators of 16 registers).
 simd_kernel!(
@@ -266,7 +297,10 @@ simd_kernel!(
     _mm256_setzero_ps,
     _mm256_loadu_ps,
     _mm256_fmadd_ps,
-    super::hsum256
+    super::hsum256,
+    f32,
+    _mm256_loadu_ps,
+    super::read_f32
 );
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! The same calls serve checkpoints (mmaped safetensors) and training (a `VarMap` backend creates
 //! the variables on first use).
 
+use crate::quant::{store, HalfKind, HalfMatrix, PackedMatrix, WeightFormat, WeightLoad};
 use crate::{LayerNorm, Linear, Mode, RmsNorm};
 use candle_core::{Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -39,6 +40,84 @@ pub fn linear(vb: &VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> Res
         None
     };
     Ok(Linear::new(w, b))
+}
+
+/// [`linear`] with the weight held in `load.format` (the bias stays f32): bf16 / f16 weights
+/// stored so in the checkpoint are used in place when `load` has the checkpoint's tensors as
+/// stored; otherwise the weight is read (as f32) and packed, one matrix at a time. q8 / q4
+/// matrices whose input size is not a multiple of 32 are held in bf16
+/// ([`WeightFormat::for_in_dim`]).
+pub fn linear_as(
+    vb: &VarBuilder,
+    in_dim: usize,
+    out_dim: usize,
+    bias: bool,
+    load: &WeightLoad,
+) -> Result<Linear> {
+    let format = load.format.for_in_dim(in_dim);
+    if format == WeightFormat::F32 {
+        if let Some(source) = &load.source {
+            let name = vb.pp("weight").prefix();
+            if let Some(Err(e)) =
+                store::from_stored(source.as_ref(), &name, (out_dim, in_dim), format)
+            {
+                return Err(Error::InvalidParam(e));
+            }
+        }
+        return linear(vb, in_dim, out_dim, bias);
+    }
+    let b = if bias {
+        Some(param(vb, out_dim, "bias")?.to_dtype(candle_core::DType::F32)?)
+    } else {
+        None
+    };
+    let packed = std::sync::Arc::new(packed_param(vb, (out_dim, in_dim), "weight", format, load)?);
+    if let Some(record) = &load.record {
+        let name = vb.pp("weight").prefix();
+        record
+            .lock()
+            .expect("not poisoned")
+            .push((name, packed.clone()));
+    }
+    Ok(Linear::packed(packed, b))
+}
+
+/// The matrix `name` `(rows, cols)` under `vb`'s prefix held in `format` (not f32).
+pub fn packed_param(
+    vb: &VarBuilder,
+    (rows, cols): (usize, usize),
+    name: &str,
+    format: WeightFormat,
+    load: &WeightLoad,
+) -> Result<PackedMatrix> {
+    let kind = match format {
+        WeightFormat::Bf16 => Some((HalfKind::Bf16, candle_core::DType::BF16)),
+        WeightFormat::F16 => Some((HalfKind::F16, candle_core::DType::F16)),
+        _ => None,
+    };
+    if let Some(source) = &load.source {
+        let full = vb.pp(name).prefix();
+        match store::from_stored(source.as_ref(), &full, (rows, cols), format) {
+            Some(Ok(p)) => return Ok(p),
+            Some(Err(e)) => return Err(Error::InvalidParam(e)),
+            None => {}
+        }
+    }
+    if let (Some((kind, dtype)), Some(source)) = (kind, &load.source) {
+        if let Some(raw) = source.raw(&vb.pp(name).prefix()) {
+            if raw.dtype == dtype && raw.shape == [rows, cols] {
+                if let Some(m) = HalfMatrix::shared(kind, raw.bytes, rows, cols) {
+                    return Ok(PackedMatrix::Half(m));
+                }
+            }
+        }
+    }
+    let w = param(vb, (rows, cols), name)?
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    PackedMatrix::pack(format, &w, rows, cols)
+        .map_err(|e| Error::InvalidParam(format!("{}: {e}", vb.pp(name).prefix())))
 }
 
 pub fn rms_norm(vb: &VarBuilder, size: usize, eps: f64, mode: Mode) -> Result<RmsNorm> {

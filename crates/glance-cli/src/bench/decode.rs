@@ -3,6 +3,12 @@
 //!
 //! The timed path is the engine's own: [`glance_decode::prefill`] and the autoregressive
 //! [`DecodeStrategy`], each thread count on its own pool (`glance_engine::thread_pool`).
+//!
+//! With `--weights f32,bf16,q8,q4` each weight format is loaded in turn (the previous model
+//! dropped first) and measured against its own bound: the bytes its weights stream per token
+//! (as held, scales included) over the measured read bandwidth. Resident memory is read from
+//! `/proc/self/status` after each load. Random weights are drawn one tensor at a time and packed
+//! as they are drawn, so a 7B shape never exists in f32.
 
 use super::machine::{copy_bandwidth, gemm_rate, read_bandwidth};
 use anyhow::{bail, Context, Result};
@@ -10,10 +16,11 @@ use clap::Args;
 use glance_core::SamplingParams;
 use glance_decode::{Autoregressive, DecodeStrategy, GenerateConfig, Sampler};
 use glance_engine::{Engine, EngineOptions};
+use glance_models::llava::{Llava, WeightLayout};
 use glance_models::presets;
 use glance_models::random::random_var_builder;
 use glance_models::text::{TextConfig, TextModel};
-use glance_nn::{CausalLm, Mode};
+use glance_nn::{CausalLm, Mode, WeightFormat, WeightLoad};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -23,10 +30,15 @@ pub struct DecodeArgs {
     #[arg(long, conflicts_with = "random")]
     pub model: Option<PathBuf>,
     /// Instead of a checkpoint, a random-weight decoder of a preset shape: llama-134m (12 layers,
-    /// d768), tinyllama-1.1b (22 layers, d2048, GQA 32/4) or sheared-llama-2.7b (32 layers,
-    /// d2560).
+    /// d768), tinyllama-1.1b (22 layers, d2048, GQA 32/4), sheared-llama-2.7b (32 layers,
+    /// d2560), llama-2-7b (32 layers, d4096), or a whole random LLaVA: llava-7b (CLIP
+    /// ViT-L/14-336 + Llama-2-7B; its text decoder is timed, its resident memory is the whole
+    /// model's).
     #[arg(long, default_value = "llama-134m")]
     pub random: String,
+    /// Weight formats to measure, comma-separated, each loaded in turn: f32, bf16, f16, q8, q4.
+    #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = crate::args::parse_weights)]
+    pub weights: Vec<WeightFormat>,
     /// Prompt tokens for the prefill.
     #[arg(long, default_value_t = 512)]
     pub prompt_len: usize,
@@ -44,12 +56,32 @@ pub struct DecodeArgs {
     pub json: PathBuf,
 }
 
-/// Weight bytes a decode step streams (every matrix once; one embedding row), f32.
-fn weight_bytes_per_token(c: &TextConfig) -> f64 {
-    let emb = c.vocab_size * c.hidden_size;
-    let tied_extra = if c.tie_word_embeddings { emb } else { 0 };
-    let all = c.num_parameters() + tied_extra; // LM head read even when tied
-    ((all - emb + c.hidden_size) * 4) as f64
+/// Weight bytes a decode step streams: every linear matrix once as held (scales included), one
+/// embedding row and the norms.
+fn weight_bytes_per_token(model: &TextModel) -> f64 {
+    let c = model.config();
+    let row = c.hidden_size * model.embedding_bytes_per_value();
+    let norms = (2 * c.num_layers + 1) * c.hidden_size * 4;
+    (model.linear_weight_bytes() + row + norms) as f64
+}
+
+/// Resident memory of this process (`VmRSS`), bytes; `None` where /proc is not available. Freed
+/// heap pages are handed back to the system first (glibc keeps them otherwise, and a model
+/// measured after another would be charged for its predecessor's memory).
+pub fn resident_bytes() -> Option<u64> {
+    glance_nn::runtime::release_free_memory();
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Memory the system can still give (`MemAvailable`), bytes.
+fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// KV bytes a decode step reads at cache length `len`.
@@ -102,9 +134,66 @@ fn time_model(
     Ok((best_prefill, best_step))
 }
 
+/// A model measured by this run: its text decoder, and the whole LLaVA model when it is one.
+enum Loaded {
+    Text(Box<TextModel>),
+    Llava(Box<Llava>),
+    Engine(Box<Engine>),
+}
+
+impl Loaded {
+    fn text(&self) -> &TextModel {
+        match self {
+            Loaded::Text(t) => t,
+            Loaded::Llava(l) => l.text(),
+            Loaded::Engine(e) => e.model().text(),
+        }
+    }
+}
+
+/// Loads the model of `args` with its linear weights in `format`.
+fn load(args: &DecodeArgs, format: WeightFormat) -> Result<Loaded> {
+    let load = WeightLoad::new(format);
+    let cpu = candle_core::Device::Cpu;
+    if let Some(dir) = &args.model {
+        let options = EngineOptions::single_request().with_weights(format);
+        let engine = Engine::load(dir, options)
+            .with_context(|| format!("loading {} with {format} weights", dir.display()))?;
+        return Ok(Loaded::Engine(Box::new(engine)));
+    }
+    let vb = random_var_builder(0, &cpu);
+    if let Some(config) = presets::llava_preset(&args.random) {
+        let model =
+            Llava::from_var_builder_as(&vb, config?, &WeightLayout::hub(), Mode::Infer, &load)?;
+        return Ok(Loaded::Llava(Box::new(model)));
+    }
+    let config = presets::text_config(&args.random)?;
+    let model = TextModel::load_as(&vb, &vb.pp("lm_head"), &config, Mode::Infer, &load)?;
+    Ok(Loaded::Text(Box::new(model)))
+}
+
+/// Parameters of the whole model `args` names (the text decoder's, plus the vision tower's and
+/// projector's for a LLaVA preset), for a memory estimate before loading.
+fn all_parameters(args: &DecodeArgs, text: &TextConfig) -> Result<usize> {
+    Ok(match presets::llava_preset(&args.random) {
+        Some(c) if args.model.is_none() => {
+            let c = c?;
+            let v = &c.vision;
+            let per_layer =
+                4 * v.hidden_size * v.hidden_size + 2 * v.hidden_size * v.intermediate_size;
+            let proj = v.hidden_size * text.hidden_size + text.hidden_size * text.hidden_size;
+            text.num_parameters() + v.num_hidden_layers * per_layer + proj
+        }
+        _ => text.num_parameters(),
+    })
+}
+
 pub fn run(args: DecodeArgs) -> Result<()> {
     if args.prompt_len == 0 || args.new_tokens < 2 || args.reps == 0 || args.reps > MAX_REPS {
         bail!("--prompt-len ≥ 1, --new-tokens ≥ 2 and --reps in 1..={MAX_REPS} are required");
+    }
+    if args.weights.is_empty() {
+        bail!("--weights needs at least one format");
     }
     let cores = glance_engine::cores();
     let thread_counts = if args.threads.is_empty() {
@@ -125,7 +214,10 @@ pub fn run(args: DecodeArgs) -> Result<()> {
                 .with_context(|| format!("loading {}", dir.display()))?
                 .text
         }
-        None => presets::text_config(&args.random)?,
+        None => match presets::llava_preset(&args.random) {
+            Some(c) => c?.text,
+            None => presets::text_config(&args.random)?,
+        },
     };
     let context = config.max_position_embeddings;
     if args
@@ -139,55 +231,66 @@ pub fn run(args: DecodeArgs) -> Result<()> {
             args.new_tokens
         );
     }
-    let (label, owned_engine, owned_text);
-    let model: &TextModel = match &args.model {
-        Some(dir) => {
-            owned_engine = Engine::load(dir, EngineOptions::single_request())
-                .with_context(|| format!("loading {}", dir.display()))?;
-            label = dir.display().to_string();
-            owned_engine.model().text()
+    // Refuse a format whose weights cannot fit before spending minutes drawing them.
+    let params = all_parameters(&args, &config)?;
+    if let Some(avail) = available_bytes() {
+        for &f in &args.weights {
+            let need = params as f64 * f.bits_per_weight() / 8.0;
+            if need > 0.95 * avail as f64 {
+                bail!(
+                    "{f} weights of this model need about {:.1} GB; this machine has {:.1} GB \
+                     available (try --weights q4,q8,bf16)",
+                    need / 1e9,
+                    avail as f64 / 1e9
+                );
+            }
         }
-        None => {
-            eprintln!(
-                "building random-weight decoder `{}` ({:.0}M parameters)…",
-                args.random,
-                config.num_parameters() as f64 / 1e6
-            );
-            let vb = random_var_builder(0, &candle_core::Device::Cpu);
-            owned_text = TextModel::load(&vb, &vb.pp("lm_head"), &config, Mode::Infer)?;
-            label = format!("random {}", args.random);
-            &owned_text
-        }
+    }
+    let label = match &args.model {
+        Some(dir) => dir.display().to_string(),
+        None => format!("random {}", args.random),
     };
-    let c = model.config().clone();
-    let params = c.num_parameters();
+    let c = config;
     let ids: Vec<u32> = (0..args.prompt_len)
         .map(|i| ((i * 7919 + 13) % c.vocab_size) as u32)
         .collect();
     let positions: Vec<u32> = (0..args.prompt_len as u32).collect();
     let mean_kv = args.prompt_len + args.new_tokens / 2;
-    let step_bytes = weight_bytes_per_token(&c) + kv_bytes(&c, mean_kv);
     let flops = prefill_flops(&c, args.prompt_len);
-
     println!(
-        "model: {label} — {:.1}M parameters, {} layers, hidden {}, vocab {}",
+        "model: {label} — {:.1}M text parameters ({:.1}M in all), {} layers, hidden {}, vocab {}",
+        c.num_parameters() as f64 / 1e6,
         params as f64 / 1e6,
         c.num_layers,
         c.hidden_size,
         c.vocab_size
     );
     println!(
-        "prompt {} tokens, decode {} tokens; {:.1} MB streamed per decode step\n",
+        "prompt {} tokens, decode {} tokens; formats {}\n",
         args.prompt_len,
         args.new_tokens,
-        step_bytes / 1e6
+        args.weights
+            .iter()
+            .map(|f| f.name())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
+    // Copy bandwidth and GEMM rate once per thread count, shared by every format (the read
+    // bandwidth is measured beside each decode, below).
+    let mut yardsticks = Vec::new();
+    for &t in &thread_counts {
+        let copy = copy_bandwidth(t, args.reps.max(3))?;
+        let pool = glance_engine::thread_pool(t)?;
+        let gemm = pool.install(|| gemm_rate(1024, 1024, 1024, args.reps.max(3)))?;
+        yardsticks.push((t, copy, gemm));
+    }
     println!(
-        "{:>7} | {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}",
+        "{:>6} {:>7} | {:>9} {:>9} {:>8} | {:>9} {:>8} {:>7} | {:>9} {:>9} {:>7}",
+        "format",
         "threads",
+        "RSS GB",
+        "MB/token",
         "read GB/s",
-        "copy GB/s",
-        "GEMM GF/s",
         "prefill s",
         "GFLOP/s",
         "% GEMM",
@@ -196,56 +299,85 @@ pub fn run(args: DecodeArgs) -> Result<()> {
         "% bound"
     );
     let mut rows = Vec::new();
-    for &t in &thread_counts {
-        // Every kernel (candle's GEMM, glance's matvec, rayon-parallel element-wise ops) runs on
-        // a pool of exactly `t` threads.
-        let pool = glance_engine::thread_pool(t)?;
-        let bandwidth = read_bandwidth(t, args.reps.max(3))?;
-        let copy = copy_bandwidth(t, args.reps.max(3))?;
-        let (gemm, best_prefill, best_step) = pool.install(|| -> Result<(f64, f64, f64)> {
-            let gemm = gemm_rate(1024, 1024, 1024, args.reps.max(3))?;
-            let (prefill, step) = time_model(model, &ids, &positions, &args)?;
-            Ok((gemm, prefill, step))
-        })?;
-        let prefill_rate = flops / best_prefill;
-        let bound = step_bytes / bandwidth;
-        println!(
-            "{:>7} | {:>10.1} {:>10.1} {:>8.1} | {:>10.3} {:>10.1} {:>7.0}% | {:>10.2} {:>10.2} {:>7.0}%",
-            t,
-            bandwidth / 1e9,
-            copy / 1e9,
-            gemm / 1e9,
-            best_prefill,
-            prefill_rate / 1e9,
-            100.0 * prefill_rate / gemm,
-            best_step * 1e3,
-            bound * 1e3,
-            100.0 * bound / best_step
-        );
-        rows.push(json!({
-            "threads": t,
-            "read_bandwidth_gb_s": bandwidth / 1e9,
-            "copy_bandwidth_gb_s": copy / 1e9,
-            "gemm_gflop_s": gemm / 1e9,
-            "prefill_s": best_prefill,
-            "prefill_tokens_per_s": args.prompt_len as f64 / best_prefill,
-            "prefill_gflop_s": prefill_rate / 1e9,
-            "prefill_fraction_of_gemm": prefill_rate / gemm,
-            "decode_ms_per_token": best_step * 1e3,
-            "decode_tokens_per_s": 1.0 / best_step,
-            "decode_bound_ms_per_token": bound * 1e3,
-            "decode_fraction_of_bound": bound / best_step,
-            "decode_bound_by_copy_bandwidth_ms_per_token": step_bytes / copy * 1e3,
+    let mut formats = Vec::new();
+    let mut first_step_bytes = None;
+    for &format in &args.weights {
+        let rss_before = resident_bytes();
+        let start = std::time::Instant::now();
+        let loaded = load(&args, format)?;
+        let load_s = start.elapsed().as_secs_f64();
+        let rss = resident_bytes();
+        let model = loaded.text();
+        let weight_bytes = weight_bytes_per_token(model);
+        let step_bytes = weight_bytes + kv_bytes(&c, mean_kv);
+        first_step_bytes.get_or_insert(step_bytes);
+        let mut rss_after_decode = None;
+        for &(t, copy, gemm) in &yardsticks {
+            // The read bandwidth again, just before this format's timing: the machine is shared
+            // and its bandwidth moves over minutes, so each bound is taken side by side with the
+            // decode it judges.
+            let bandwidth = read_bandwidth(t, args.reps.max(3))?;
+            // Every kernel (candle's GEMM, glance's matvec, rayon-parallel element-wise ops) runs on
+            // a pool of exactly `t` threads.
+            let pool = glance_engine::thread_pool(t)?;
+            let (best_prefill, best_step) =
+                pool.install(|| time_model(model, &ids, &positions, &args))?;
+            rss_after_decode = resident_bytes();
+            let prefill_rate = flops / best_prefill;
+            let bound = step_bytes / bandwidth;
+            println!(
+                "{:>6} {:>7} | {:>9.2} {:>9.1} {:>8.1} | {:>9.3} {:>8.1} {:>6.0}% | {:>9.2} {:>9.2} {:>6.0}%",
+                format.name(),
+                t,
+                rss.unwrap_or(0) as f64 / 1e9,
+                step_bytes / 1e6,
+                bandwidth / 1e9,
+                best_prefill,
+                prefill_rate / 1e9,
+                100.0 * prefill_rate / gemm,
+                best_step * 1e3,
+                bound * 1e3,
+                100.0 * bound / best_step
+            );
+            rows.push(json!({
+                "weights": format.name(),
+                "threads": t,
+                "read_bandwidth_gb_s": bandwidth / 1e9,
+                "copy_bandwidth_gb_s": copy / 1e9,
+                "gemm_gflop_s": gemm / 1e9,
+                "prefill_s": best_prefill,
+                "prefill_tokens_per_s": args.prompt_len as f64 / best_prefill,
+                "prefill_gflop_s": prefill_rate / 1e9,
+                "prefill_fraction_of_gemm": prefill_rate / gemm,
+                "decode_ms_per_token": best_step * 1e3,
+                "decode_tokens_per_s": 1.0 / best_step,
+                "decode_bound_ms_per_token": bound * 1e3,
+                "decode_fraction_of_bound": bound / best_step,
+                "decode_bound_by_copy_bandwidth_ms_per_token": step_bytes / copy * 1e3,
+                "bytes_per_decode_step": step_bytes,
+            }));
+        }
+        formats.push(json!({
+            "weights": format.name(),
+            "load_s": load_s,
+            "resident_bytes_before_load": rss_before,
+            "resident_bytes_after_load": rss,
+            "resident_bytes_after_decode": rss_after_decode,
+            "linear_weight_bytes": model.linear_weight_bytes(),
+            "bytes_per_decode_step": step_bytes,
         }));
+        drop(loaded);
     }
     let report = json!({
         "bench": "decode",
         "model": label,
-        "parameters": params,
+        "parameters": c.num_parameters(),
+        "parameters_with_vision": params,
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
-        "bytes_per_decode_step": step_bytes,
+        "bytes_per_decode_step": first_step_bytes,
         "prefill_flops": flops,
+        "formats": formats,
         "rows": rows,
     });
     super::write_json(&args.json, &report)?;

@@ -91,10 +91,7 @@ pub(crate) fn decode(
                 .iter()
                 .position(|s| s.is_some_and(|t| config.eos_token_ids.contains(&t)))
                 .map_or(b, |e| e + 1);
-            let ids: Vec<TokenId> = slots[..end]
-                .iter()
-                .map(|s| s.unwrap_or(run.mask))
-                .collect();
+            let ids: Vec<TokenId> = slots[..end].iter().map(|s| s.unwrap_or(run.mask)).collect();
             let b = ids.len();
             // Emitted first: a block that ends the generation (end of sequence, token limit,
             // stop) needs no causal pass.

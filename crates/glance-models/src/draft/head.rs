@@ -108,7 +108,13 @@ impl DraftHead {
             fc: linear(&vb.pp("fc"), 2 * h, h, true)?,
             inject,
             adaptor,
-            layer: Layer::load(&vb.pp("layer"), &c, c.layer_windows[0], mode)?,
+            layer: Layer::load(
+                &vb.pp("layer"),
+                &c,
+                c.layer_windows[0],
+                mode,
+                &glance_nn::WeightLoad::f32(),
+            )?,
             norm: rms_norm(&vb.pp("norm"), h, c.rms_norm_eps, mode)?,
             rope: RotaryEmbedding::new(
                 c.head_dim,

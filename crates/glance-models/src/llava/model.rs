@@ -9,7 +9,7 @@ use crate::text::TextModel;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use glance_core::Result;
-use glance_nn::Mode;
+use glance_nn::{Mode, WeightFormat, WeightLoad};
 use std::path::Path;
 
 /// Where a checkpoint keeps each part (weight-name prefixes; see the module docs).
@@ -89,10 +89,24 @@ pub struct Llava {
 impl Llava {
     /// Loads a checkpoint directory (config.json + safetensors), computing in f32.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        Self::load_as(dir, device, WeightFormat::F32)
+    }
+
+    /// Loads a checkpoint directory with the text decoder's linear weights in `format` and the
+    /// vision tower's and projector's in [`WeightFormat::companion`] (f32 for f32, else a 16-bit
+    /// float: the anchors quantize the language model only). Weights the file already stores in
+    /// the wanted 16-bit dtype are used in place from the memory-mapped file.
+    pub fn load_as(dir: &Path, device: &Device, format: WeightFormat) -> Result<Self> {
         let config = LlavaConfig::from_dir(dir)?;
         let vb = checkpoint::var_builder(dir, DType::F32, device)?;
         let layout = WeightLayout::detect(&vb);
-        Self::from_var_builder(&vb, config, &layout, Mode::Infer)
+        let mut load = WeightLoad::new(format);
+        // The tensors as stored: 16-bit weights used in place, packed ones read as they are (and
+        // a checkpoint of packed weights refused by name in any other format).
+        if device.is_cpu() {
+            load = load.with_source(std::sync::Arc::new(checkpoint::MappedTensors::open(dir)?));
+        }
+        Self::from_var_builder_as(&vb, config, &layout, Mode::Infer, &load)
     }
 
     /// Builds the model from any `VarBuilder` (a checkpoint, or a `VarMap` when training).
@@ -102,12 +116,30 @@ impl Llava {
         layout: &WeightLayout,
         mode: Mode,
     ) -> Result<Self> {
+        Self::from_var_builder_as(vb, config, layout, mode, &WeightLoad::f32())
+    }
+
+    /// [`Llava::from_var_builder`] with the weights held as `load` says (see [`Llava::load_as`]).
+    pub fn from_var_builder_as(
+        vb: &VarBuilder,
+        config: LlavaConfig,
+        layout: &WeightLayout,
+        mode: Mode,
+        load: &WeightLoad,
+    ) -> Result<Self> {
+        let companion = load.as_format(load.format.companion());
         let deepest = *config
             .feature_layers
             .iter()
             .max()
             .expect("config validated: non-empty");
-        let vision = ClipVision::load(&vb.pp(&layout.vision), &config.vision, deepest, mode)?;
+        let vision = ClipVision::load_as(
+            &vb.pp(&layout.vision),
+            &config.vision,
+            deepest,
+            mode,
+            &companion,
+        )?;
         let proj_in = config.vision.hidden_size * config.feature_layers.len();
         let projector = Projector::load(
             &vb.pp(&layout.projector),
@@ -115,12 +147,14 @@ impl Llava {
             config.text.hidden_size,
             config.projector_hidden_act,
             config.projector_bias,
+            &companion,
         )?;
-        let text = TextModel::load(
+        let text = TextModel::load_as(
             &vb.pp(&layout.text),
             &vb.pp(&layout.lm_head),
             &config.text,
             mode,
+            load,
         )?;
         Ok(Self {
             config,

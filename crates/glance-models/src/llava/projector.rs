@@ -1,8 +1,8 @@
 //! `LlavaMultiModalProjector`: linear → activation → linear, vision features into the text space.
 
 use glance_core::Result;
-use glance_nn::weights::linear;
-use glance_nn::{Activation, Linear};
+use glance_nn::weights::linear_as;
+use glance_nn::{Activation, Linear, WeightLoad};
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -20,11 +20,12 @@ impl Projector {
         out_dim: usize,
         act: Activation,
         bias: bool,
+        load: &WeightLoad,
     ) -> Result<Self> {
         Ok(Self {
-            linear_1: linear(&vb.pp("linear_1"), in_dim, out_dim, bias)?,
+            linear_1: linear_as(&vb.pp("linear_1"), in_dim, out_dim, bias, load)?,
             act,
-            linear_2: linear(&vb.pp("linear_2"), out_dim, out_dim, bias)?,
+            linear_2: linear_as(&vb.pp("linear_2"), out_dim, out_dim, bias, load)?,
         })
     }
 

@@ -9,8 +9,8 @@ use super::config::VisionConfig;
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use glance_core::{Error, Result};
-use glance_nn::weights::{layer_norm, linear, param};
-use glance_nn::{attention, LayerNorm, Linear, Mode};
+use glance_nn::weights::{layer_norm, linear_as, param};
+use glance_nn::{attention, LayerNorm, Linear, Mode, WeightLoad};
 
 struct EncoderLayer {
     ln1: LayerNorm,
@@ -53,6 +53,18 @@ impl ClipVision {
         num_layers: usize,
         mode: Mode,
     ) -> Result<Self> {
+        Self::load_as(vb, config, num_layers, mode, &WeightLoad::f32())
+    }
+
+    /// [`ClipVision::load`] with the encoder layers' linear weights held as `load` says (the
+    /// patch and position embeddings and the norms stay f32).
+    pub fn load_as(
+        vb: &VarBuilder,
+        config: &VisionConfig,
+        num_layers: usize,
+        mode: Mode,
+        load: &WeightLoad,
+    ) -> Result<Self> {
         let c = config;
         let (h, p, ch) = (c.hidden_size, c.patch_size, c.num_channels);
         let emb = vb.pp("embeddings");
@@ -71,13 +83,13 @@ impl ClipVision {
                 let at = lv.pp("self_attn");
                 Ok(EncoderLayer {
                     ln1: layer_norm(&lv.pp("layer_norm1"), h, eps, mode)?,
-                    q: linear(&at.pp("q_proj"), h, h, true)?,
-                    k: linear(&at.pp("k_proj"), h, h, true)?,
-                    v: linear(&at.pp("v_proj"), h, h, true)?,
-                    out: linear(&at.pp("out_proj"), h, h, true)?,
+                    q: linear_as(&at.pp("q_proj"), h, h, true, load)?,
+                    k: linear_as(&at.pp("k_proj"), h, h, true, load)?,
+                    v: linear_as(&at.pp("v_proj"), h, h, true, load)?,
+                    out: linear_as(&at.pp("out_proj"), h, h, true, load)?,
                     ln2: layer_norm(&lv.pp("layer_norm2"), h, eps, mode)?,
-                    fc1: linear(&lv.pp("mlp.fc1"), h, c.intermediate_size, true)?,
-                    fc2: linear(&lv.pp("mlp.fc2"), c.intermediate_size, h, true)?,
+                    fc1: linear_as(&lv.pp("mlp.fc1"), h, c.intermediate_size, true, load)?,
+                    fc2: linear_as(&lv.pp("mlp.fc2"), c.intermediate_size, h, true, load)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

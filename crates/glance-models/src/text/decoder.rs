@@ -10,10 +10,11 @@ use super::config::TextConfig;
 use candle_core::{Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use glance_core::{Error, Result};
-use glance_nn::weights::{linear, param, rms_norm};
+use glance_nn::quant::{PackedMatrix, WeightFormat};
+use glance_nn::weights::{linear_as, param, rms_norm};
 use glance_nn::{
     attention, attention_exact, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode, RmsNorm,
-    RotaryEmbedding,
+    RotaryEmbedding, WeightLoad,
 };
 
 struct Attention {
@@ -27,13 +28,13 @@ struct Attention {
 }
 
 impl Attention {
-    fn load(vb: &VarBuilder, c: &TextConfig) -> Result<Self> {
+    fn load(vb: &VarBuilder, c: &TextConfig, load: &WeightLoad) -> Result<Self> {
         let (h, hd) = (c.hidden_size, c.head_dim);
         Ok(Self {
-            q: linear(&vb.pp("q_proj"), h, c.num_heads * hd, c.qkv_bias)?,
-            k: linear(&vb.pp("k_proj"), h, c.num_kv_heads * hd, c.qkv_bias)?,
-            v: linear(&vb.pp("v_proj"), h, c.num_kv_heads * hd, c.qkv_bias)?,
-            o: linear(&vb.pp("o_proj"), c.num_heads * hd, h, c.o_bias)?,
+            q: linear_as(&vb.pp("q_proj"), h, c.num_heads * hd, c.qkv_bias, load)?,
+            k: linear_as(&vb.pp("k_proj"), h, c.num_kv_heads * hd, c.qkv_bias, load)?,
+            v: linear_as(&vb.pp("v_proj"), h, c.num_kv_heads * hd, c.qkv_bias, load)?,
+            o: linear_as(&vb.pp("o_proj"), c.num_heads * hd, h, c.o_bias, load)?,
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: hd,
@@ -176,12 +177,12 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn load(vb: &VarBuilder, c: &TextConfig) -> Result<Self> {
+    fn load(vb: &VarBuilder, c: &TextConfig, load: &WeightLoad) -> Result<Self> {
         let (h, i) = (c.hidden_size, c.intermediate_size);
         Ok(Self {
-            gate: linear(&vb.pp("gate_proj"), h, i, c.mlp_bias)?,
-            up: linear(&vb.pp("up_proj"), h, i, c.mlp_bias)?,
-            down: linear(&vb.pp("down_proj"), i, h, c.mlp_bias)?,
+            gate: linear_as(&vb.pp("gate_proj"), h, i, c.mlp_bias, load)?,
+            up: linear_as(&vb.pp("up_proj"), h, i, c.mlp_bias, load)?,
+            down: linear_as(&vb.pp("down_proj"), i, h, c.mlp_bias, load)?,
             act: c.hidden_act,
         })
     }
@@ -214,6 +215,7 @@ impl Layer {
         c: &TextConfig,
         window: Option<usize>,
         mode: Mode,
+        load: &WeightLoad,
     ) -> Result<Self> {
         Ok(Layer {
             input_norm: rms_norm(
@@ -222,14 +224,14 @@ impl Layer {
                 c.rms_norm_eps,
                 mode,
             )?,
-            attn: Attention::load(&vb.pp("self_attn"), c)?,
+            attn: Attention::load(&vb.pp("self_attn"), c, load)?,
             post_norm: rms_norm(
                 &vb.pp("post_attention_layernorm"),
                 c.hidden_size,
                 c.rms_norm_eps,
                 mode,
             )?,
-            mlp: Mlp::load(&vb.pp("mlp"), c)?,
+            mlp: Mlp::load(&vb.pp("mlp"), c, load)?,
             window,
         })
     }
@@ -308,7 +310,26 @@ impl TextModel {
         config: &TextConfig,
         mode: Mode,
     ) -> Result<Self> {
+        Self::load_as(vb, head_vb, config, mode, &WeightLoad::f32())
+    }
+
+    /// [`TextModel::load`] with the linear weights (attention, MLP, LM head) held as `load`
+    /// says; the token embeddings are kept in [`WeightFormat::companion`] (f32, or a 16-bit
+    /// float), the norms in f32. Packed weights are for inference (`mode` Infer).
+    pub fn load_as(
+        vb: &VarBuilder,
+        head_vb: &VarBuilder,
+        config: &TextConfig,
+        mode: Mode,
+        load: &WeightLoad,
+    ) -> Result<Self> {
         let c = config;
+        if load.format != WeightFormat::F32 && mode == Mode::Train {
+            return Err(Error::InvalidParam(format!(
+                "{} weights are for inference; training needs f32",
+                load.format
+            )));
+        }
         let embed_w = param(
             &vb.pp("embed_tokens"),
             (c.vocab_size, c.hidden_size),
@@ -326,12 +347,26 @@ impl TextModel {
             )));
         }
         let layers = (0..c.num_layers)
-            .map(|i| Layer::load(&vb.pp(format!("layers.{i}")), c, c.layer_windows[i], mode))
+            .map(|i| {
+                let lv = vb.pp(format!("layers.{i}"));
+                Layer::load(&lv, c, c.layer_windows[i], mode, load)
+            })
             .collect::<Result<Vec<_>>>()?;
-        let lm_head = if c.tie_word_embeddings {
+        let head_format = load.format.for_in_dim(c.hidden_size);
+        let lm_head = if c.tie_word_embeddings && head_format == WeightFormat::F32 {
             Linear::new(embed_w.clone(), None)
+        } else if c.tie_word_embeddings {
+            let w = embed_w.flatten_all()?.to_vec1::<f32>()?;
+            let packed = PackedMatrix::pack(head_format, &w, c.vocab_size, c.hidden_size)?;
+            Linear::packed(packed, None)
         } else {
-            linear(head_vb, c.hidden_size, c.vocab_size, false)?
+            linear_as(head_vb, c.hidden_size, c.vocab_size, false, load)?
+        };
+        // (vocab, hidden) in the companion format: a 16-bit float beside packed weights.
+        let embed_w = match load.format.companion() {
+            WeightFormat::Bf16 => embed_w.to_dtype(candle_core::DType::BF16)?,
+            WeightFormat::F16 => embed_w.to_dtype(candle_core::DType::F16)?,
+            _ => embed_w,
         };
         let rope = RotaryEmbedding::new(
             c.head_dim,
@@ -354,6 +389,28 @@ impl TextModel {
 
     pub fn config(&self) -> &TextConfig {
         &self.config
+    }
+
+    /// Every linear layer (attention, MLP per layer, then the LM head).
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut out = Vec::with_capacity(7 * self.layers.len() + 1);
+        for l in &self.layers {
+            let (a, m) = (&l.attn, &l.mlp);
+            out.extend([&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down]);
+        }
+        out.push(&self.lm_head);
+        out
+    }
+
+    /// Bytes of one stored token-embedding value (4 in f32, 2 beside packed weights).
+    pub fn embedding_bytes_per_value(&self) -> usize {
+        self.embed.embeddings().dtype().size_in_bytes()
+    }
+
+    /// Bytes of the linear weights as held: what one decode step streams, besides one embedding
+    /// row and the norms.
+    pub fn linear_weight_bytes(&self) -> usize {
+        self.linears().iter().map(|l| l.weight_bytes()).sum()
     }
 
     /// Full-sequence forward without a cache (training, reference checks): `xs` `(t, hidden)`.
@@ -564,7 +621,10 @@ impl CausalLm for TextModel {
             )));
         }
         let ids = Tensor::new(ids, &self.device)?;
-        Ok(self.embed.forward(&ids)?)
+        Ok(self
+            .embed
+            .forward(&ids)?
+            .to_dtype(candle_core::DType::F32)?)
     }
 
     fn forward(

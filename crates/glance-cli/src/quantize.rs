@@ -1,0 +1,39 @@
+//! `glance quantize --weights q4 DIR OUT`: a copy of a model directory with its weights packed
+//! (the layout of `glance_nn::quant::store`); `glance run --model OUT --weights q4` then loads the
+//! packed values without quantizing again.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use glance_engine::WeightFormat;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// Format to write: bf16, f16, q8 or q4 (the text decoder's linear weights; the vision tower
+    /// and projector in bf16, or f16 with f16).
+    #[arg(long, value_parser = crate::args::parse_weights)]
+    pub weights: WeightFormat,
+    /// The model directory to read (Hugging Face LLaVA layout).
+    pub dir: PathBuf,
+    /// The directory to write (must not exist).
+    pub out: PathBuf,
+}
+
+pub fn run(args: QuantizeArgs) -> Result<()> {
+    if args.weights == WeightFormat::F32 {
+        bail!("--weights f32 is what checkpoints already are: choose bf16, f16, q8 or q4");
+    }
+    let start = std::time::Instant::now();
+    let s = glance_models::quantize::quantize_dir(&args.dir, &args.out, args.weights)
+        .with_context(|| format!("quantizing {}", args.dir.display()))?;
+    println!(
+        "wrote {} ({} matrices in {}, {} tensors copied; {:.1} MB) in {:.1} s",
+        args.out.display(),
+        s.packed,
+        args.weights,
+        s.copied,
+        s.bytes as f64 / 1e6,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

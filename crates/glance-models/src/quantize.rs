@@ -1,0 +1,122 @@
+//! `glance quantize`: a LLaVA checkpoint rewritten with its weights packed in a format, in the
+//! layout of [`glance_nn::quant::store`], so that loading it in that format reads the packed
+//! values as they are (no quantization at load time).
+//!
+//! The model is loaded as [`Llava::load_as`] loads it, recording every packed matrix by name; the
+//! output's `model.safetensors` holds those in packed form and every other tensor as the source
+//! stores it. The directory's other files (config, tokenizer, templates) are copied;
+//! sub-directories (draft heads) are not.
+
+use crate::checkpoint::MappedTensors;
+use crate::llava::{Llava, LlavaConfig, WeightLayout};
+use candle_core::{DType, Device};
+use glance_core::{Error, Result};
+use glance_nn::quant::store::{self, StoredTensor};
+use glance_nn::quant::{PackedMatrix, Recorder};
+use glance_nn::{Mode, WeightFormat, WeightLoad};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What [`quantize_dir`] wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizeSummary {
+    /// Matrices written packed.
+    pub packed: usize,
+    /// Tensors copied as stored.
+    pub copied: usize,
+    /// Bytes of the written `model.safetensors`.
+    pub bytes: u64,
+}
+
+fn safetensors_dtype(name: &str, d: DType) -> safetensors::Dtype {
+    match d {
+        DType::U8 if store::stored_dtype_is_i8(name) => safetensors::Dtype::I8,
+        DType::U8 => safetensors::Dtype::U8,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::F16 => safetensors::Dtype::F16,
+        _ => safetensors::Dtype::F32,
+    }
+}
+
+/// Writes `src` with its weights in `format` (not f32) to the new directory `out`.
+pub fn quantize_dir(src: &Path, out: &Path, format: WeightFormat) -> Result<QuantizeSummary> {
+    if format == WeightFormat::F32 {
+        return Err(Error::InvalidParam(
+            "quantize writes packed weights: choose bf16, f16, q8 or q4".into(),
+        ));
+    }
+    if out.exists() {
+        return Err(Error::InvalidParam(format!(
+            "{} already exists; quantize writes a new directory",
+            out.display()
+        )));
+    }
+    let config = LlavaConfig::from_dir(src)?;
+    let vb = crate::checkpoint::var_builder(src, DType::F32, &Device::Cpu)?;
+    let layout = WeightLayout::detect(&vb);
+    let mapped = Arc::new(MappedTensors::open(src)?);
+    let record = Recorder::default();
+    let mut load = WeightLoad::new(format).with_source(mapped.clone());
+    load.record = Some(record.clone());
+    let model = Llava::from_var_builder_as(&vb, config, &layout, Mode::Infer, &load)?;
+    drop(model);
+    let packed: HashMap<String, Arc<PackedMatrix>> =
+        std::mem::take(&mut *record.lock().expect("not poisoned"))
+            .into_iter()
+            .collect();
+    // Everything written: packed matrices' parts, then the other tensors as stored.
+    let mut stored: Vec<StoredTensor> = Vec::new();
+    let mut copied: Vec<(&str, safetensors::Dtype, &[usize], &[u8])> = Vec::new();
+    for (name, dtype, shape, bytes) in mapped.tensors() {
+        match packed.get(name) {
+            Some(p) => stored.extend(store::to_stored(name, p)),
+            None => copied.push((name, dtype, shape, bytes)),
+        }
+    }
+    let mut views = Vec::with_capacity(stored.len() + copied.len());
+    let bad = |e: safetensors::SafeTensorError| Error::Safetensors {
+        path: out.join("model.safetensors"),
+        reason: e.to_string(),
+    };
+    for t in &stored {
+        let view = safetensors::tensor::TensorView::new(
+            safetensors_dtype(&t.name, t.dtype),
+            t.shape.clone(),
+            &t.bytes,
+        )
+        .map_err(bad)?;
+        views.push((t.name.clone(), view));
+    }
+    for (name, dtype, shape, bytes) in &copied {
+        let view =
+            safetensors::tensor::TensorView::new(*dtype, shape.to_vec(), bytes).map_err(bad)?;
+        views.push((name.to_string(), view));
+    }
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    for entry in std::fs::read_dir(src).map_err(|e| Error::io(src, e))? {
+        let path = entry.map_err(|e| Error::io(src, e))?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";
+        if path.is_file() && !weights {
+            std::fs::copy(&path, out.join(&*name)).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    let metadata = HashMap::from([
+        ("glance_weights".to_string(), format.name().to_string()),
+        (
+            "glance_layout_version".to_string(),
+            store::LAYOUT_VERSION.to_string(),
+        ),
+    ]);
+    let file = out.join("model.safetensors");
+    safetensors::serialize_to_file(views, Some(metadata), &file).map_err(bad)?;
+    let bytes = std::fs::metadata(&file)
+        .map_err(|e| Error::io(&file, e))?
+        .len();
+    Ok(QuantizeSummary {
+        packed: packed.len(),
+        copied: copied.len(),
+        bytes,
+    })
+}

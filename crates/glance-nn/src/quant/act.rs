@@ -1,0 +1,86 @@
+//! Input rows quantized to 8 bits per block of 32 for the integer dot products of the q8 / q4
+//! kernels (as llama.cpp's Q8_0 activations): `x ≈ d · q`, `q` in `-127..=127`, one f32 `d` per
+//! block. Done once per linear call, before the weight rows are split over threads.
+
+use super::BLOCK;
+
+/// `m` rows of `n` values (`n` a multiple of [`BLOCK`]), quantized per block.
+pub struct QuantRows {
+    pub m: usize,
+    pub n: usize,
+    /// `(m, n)` 8-bit values.
+    pub qs: Vec<i8>,
+    /// `(m, n / 32)` scales.
+    pub d: Vec<f32>,
+    /// `qs` with each pair of blocks `(2p, 2p + 1)` reordered as [values 0..16 of block 2p, of
+    /// block 2p + 1, values 16..32 of block 2p, of block 2p + 1] — the order in which the q4
+    /// AVX-512 kernel unpacks two weight blocks (an odd last block stays as it is). Empty unless
+    /// made by [`QuantRows::with_nibble_order`].
+    pub nibble_order: Vec<i8>,
+    /// `(m, n / 32)`: `8 · d · Σ q` per block — the term a q4 weight block's offset of 8 removes.
+    pub offset8: Vec<f32>,
+}
+
+impl QuantRows {
+    /// `x` `(m, n)` row-major.
+    pub fn new(x: &[f32], m: usize, n: usize) -> Self {
+        debug_assert_eq!(x.len(), m * n);
+        debug_assert_eq!(n % BLOCK, 0);
+        let nb = n / BLOCK;
+        let mut qs = vec![0i8; m * n];
+        let mut d = vec![0f32; m * nb];
+        let mut offset8 = vec![0f32; m * nb];
+        for (b, (xb, qb)) in x
+            .chunks_exact(BLOCK)
+            .zip(qs.chunks_exact_mut(BLOCK))
+            .enumerate()
+        {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, v) in qb.iter_mut().zip(xb) {
+                // `as` saturates (NaN → 0): never out of range.
+                *q = super::round_small((v * inv).clamp(-127.0, 127.0)) as i8;
+                sum += *q as i32;
+            }
+            d[b] = scale;
+            offset8[b] = 8.0 * scale * sum as f32;
+        }
+        Self {
+            m,
+            n,
+            qs,
+            d,
+            offset8,
+            nibble_order: Vec::new(),
+        }
+    }
+
+    /// Fills [`QuantRows::nibble_order`].
+    pub fn with_nibble_order(mut self) -> Self {
+        let mut out = self.qs.clone();
+        let half = BLOCK / 2;
+        for (src, dst) in self
+            .qs
+            .chunks_exact(self.n)
+            .zip(out.chunks_exact_mut(self.n))
+        {
+            for (s, d) in src
+                .chunks_exact(2 * BLOCK)
+                .zip(dst.chunks_exact_mut(2 * BLOCK))
+            {
+                d[..half].copy_from_slice(&s[..half]);
+                d[half..2 * half].copy_from_slice(&s[BLOCK..BLOCK + half]);
+                d[2 * half..3 * half].copy_from_slice(&s[half..BLOCK]);
+                d[3 * half..].copy_from_slice(&s[BLOCK + half..]);
+            }
+        }
+        self.nibble_order = out;
+        self
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.n / BLOCK
+    }
+}

@@ -1,0 +1,414 @@
+//! bf16 / f16 weights kept as 16-bit values (owned, or borrowed from a memory-mapped checkpoint
+//! that already stores them so), with f32 accumulation.
+//!
+//! The kernels are the f32 decode kernels of [`crate::matvec`] instantiated with a widening load
+//! (bf16: the 16 bits shifted into the high half of an f32; f16: the hardware conversion, F16C /
+//! AVX-512F), so every output follows the one summation order described there: a row computed
+//! among others equals the row alone, bit for bit.
+
+use super::SharedBytes;
+use crate::matvec::{has_avx2_fma, has_avx512, simd_kernel};
+
+/// Which 16-bit float.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HalfKind {
+    Bf16,
+    F16,
+}
+
+/// The 16-bit values, row-major `(rows, cols)`.
+#[derive(Clone)]
+enum HalfData {
+    Owned(Vec<u16>),
+    /// Borrowed from a memory-mapped file, 2-byte aligned (checked when made).
+    Shared(SharedBytes),
+}
+
+/// A `(rows, cols)` matrix of bf16 or f16 values.
+#[derive(Clone)]
+pub struct HalfMatrix {
+    kind: HalfKind,
+    rows: usize,
+    cols: usize,
+    data: HalfData,
+}
+
+impl std::fmt::Debug for HalfMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shared = matches!(self.data, HalfData::Shared(_));
+        write!(
+            f,
+            "HalfMatrix({:?}, {}x{}, shared: {shared})",
+            self.kind, self.rows, self.cols
+        )
+    }
+}
+
+impl HalfMatrix {
+    /// Rounds `data` `(rows, cols)` to the nearest 16-bit value.
+    pub fn from_f32(kind: HalfKind, data: &[f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(data.len(), rows * cols, "HalfMatrix::from_f32: shape");
+        let bits = match kind {
+            HalfKind::Bf16 => data
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect(),
+            HalfKind::F16 => data
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect(),
+        };
+        Self {
+            kind,
+            rows,
+            cols,
+            data: HalfData::Owned(bits),
+        }
+    }
+
+    /// The values in `bytes` (little-endian 16-bit, `(rows, cols)`) without copying them; `None`
+    /// when the length does not match or the bytes are not 2-byte aligned.
+    pub fn shared(kind: HalfKind, bytes: SharedBytes, rows: usize, cols: usize) -> Option<Self> {
+        if bytes.len() != 2 * rows * cols || !(bytes.as_slice().as_ptr() as usize).is_multiple_of(2)
+        {
+            return None;
+        }
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        Some(Self {
+            kind,
+            rows,
+            cols,
+            data: HalfData::Shared(bytes),
+        })
+    }
+
+    pub fn kind(&self) -> HalfKind {
+        self.kind
+    }
+
+    pub fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Whether the values are borrowed from a mapped file (not copied).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.data, HalfData::Shared(_))
+    }
+
+    /// The raw 16-bit values, row-major.
+    pub fn bits(&self) -> &[u16] {
+        match &self.data {
+            HalfData::Owned(v) => v,
+            HalfData::Shared(b) => {
+                let bytes = b.as_slice();
+                // SAFETY: any two bytes are a valid u16; alignment and length were checked in
+                // `shared` (a mis-aligned remainder would land in the prefix, which is empty).
+                let (pre, mid, _) = unsafe { bytes.align_to::<u16>() };
+                debug_assert!(pre.is_empty());
+                mid
+            }
+        }
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        2 * self.rows * self.cols
+    }
+
+    /// Rows `first..first + out.len() / cols` widened to f32 into `out`.
+    pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
+        let src = &self.bits()[first * self.cols..first * self.cols + out.len()];
+        for (o, &b) in out.iter_mut().zip(src) {
+            *o = widen(self.kind, b);
+        }
+    }
+
+    /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`, `x` `(m, cols)`.
+    pub fn block(&self, first: usize, rows: usize, x: &[f32], m: usize, out: &mut [f32]) {
+        let n = self.cols;
+        let w = &self.bits()[first * n..(first + rows) * n];
+        block(self.kind, w, x, n, m, out, Isa::best());
+    }
+}
+
+/// One 16-bit value widened to f32.
+#[inline(always)]
+pub fn widen(kind: HalfKind, bits: u16) -> f32 {
+    match kind {
+        HalfKind::Bf16 => f32::from_bits((bits as u32) << 16),
+        HalfKind::F16 => half::f16::from_bits(bits).to_f32(),
+    }
+}
+
+/// The instruction sets a kernel can be run with (tests run every one the CPU has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    /// The fastest this CPU has.
+    pub fn best() -> Self {
+        Self::available()[0]
+    }
+
+    /// Every instruction set this CPU can run, fastest first.
+    pub fn available() -> Vec<Self> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if has_avx512() {
+                v.push(Isa::Avx512);
+            }
+            if has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c") {
+                v.push(Isa::Avx2);
+            }
+        }
+        v.push(Isa::Portable);
+        v
+    }
+}
+
+/// `out[r * m + i] = w_r · x_i` for the 16-bit weight rows `w` and f32 inputs `x` `(m, n)`, with
+/// the kernel of `isa` (which the CPU must have: see [`Isa::available`]).
+pub fn block(kind: HalfKind, w: &[u16], x: &[f32], n: usize, m: usize, out: &mut [f32], isa: Isa) {
+    #[cfg(target_arch = "x86_64")]
+    match (isa, kind) {
+        (Isa::Avx512, _) if has_avx512() => {
+            // SAFETY: the CPU supports AVX-512F (checked in this arm's guard).
+            unsafe {
+                match kind {
+                    HalfKind::Bf16 => avx512_bf16::block(w, x, n, m, out),
+                    HalfKind::F16 => avx512_f16::block(w, x, n, m, out),
+                }
+            }
+            return;
+        }
+        (Isa::Avx2, _) if has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c") => {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked in this arm's guard).
+            unsafe {
+                match kind {
+                    HalfKind::Bf16 => avx2_bf16::block(w, x, n, m, out),
+                    HalfKind::F16 => avx2_f16::block(w, x, n, m, out),
+                }
+            }
+            return;
+        }
+        _ => {}
+    }
+    let _ = isa;
+    for (r, wr) in w.chunks_exact(n).enumerate() {
+        for (i, xi) in x.chunks_exact(n).enumerate() {
+            out[r * m + i] = dot_portable(kind, wr, xi);
+        }
+    }
+}
+
+/// The portable order of [`crate::matvec`]: eight lanes over 8-element chunks, lanes summed in
+/// the same tree, then the tail.
+fn dot_portable(kind: HalfKind, w: &[u16], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (cw, cx) = (w.chunks_exact(8), x.chunks_exact(8));
+    let (tw, tx) = (cw.remainder(), cx.remainder());
+    for (a, b) in cw.zip(cx) {
+        for i in 0..8 {
+            acc[i] += widen(kind, a[i]) * b[i];
+        }
+    }
+    let mut total =
+        ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (a, b) in tw.iter().zip(tx) {
+        total += widen(kind, *a) * b;
+    }
+    total
+}
+
+/// Sixteen bf16 values widened to f32: each shifted into the high half of a 32-bit lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_bf16_512(p: *const u16) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let h = _mm256_loadu_si256(p as *const __m256i);
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+}
+
+/// Sixteen f16 values widened to f32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_f16_512(p: *const u16) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// Eight bf16 values widened to f32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn load_bf16_256(p: *const u16) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// Eight f16 values widened to f32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn load_f16_256(p: *const u16) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// One bf16 weight widened (the kernels' scalar tail).
+///
+/// # Safety
+/// `p` must be valid for a read.
+#[inline(always)]
+unsafe fn read_bf16(p: *const u16) -> f32 {
+    widen(HalfKind::Bf16, *p)
+}
+
+/// One f16 weight widened (the kernels' scalar tail).
+///
+/// # Safety
+/// `p` must be valid for a read.
+#[inline(always)]
+unsafe fn read_f16(p: *const u16) -> f32 {
+    widen(HalfKind::F16, *p)
+}
+
+simd_kernel!(
+    avx512_bf16,
+    "avx512f",
+    16,
+    4,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_fmadd_ps,
+    crate::matvec::hsum512,
+    u16,
+    super::load_bf16_512,
+    super::read_bf16
+);
+simd_kernel!(
+    avx512_f16,
+    "avx512f",
+    16,
+    4,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_fmadd_ps,
+    crate::matvec::hsum512,
+    u16,
+    super::load_f16_512,
+    super::read_f16
+);
+simd_kernel!(
+    avx2_bf16,
+    "avx2,fma,f16c",
+    8,
+    2,
+    _mm256_setzero_ps,
+    _mm256_loadu_ps,
+    _mm256_fmadd_ps,
+    crate::matvec::hsum256,
+    u16,
+    super::load_bf16_256,
+    super::read_bf16
+);
+simd_kernel!(
+    avx2_f16,
+    "avx2,fma,f16c",
+    8,
+    2,
+    _mm256_setzero_ps,
+    _mm256_loadu_ps,
+    _mm256_fmadd_ps,
+    crate::matvec::hsum256,
+    u16,
+    super::load_f16_256,
+    super::read_f16
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let h = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
+                (h % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Every instruction set against a plain f64 reference of the same 16-bit weights, on odd
+    /// sizes; each row of a batch bit for bit the row alone.
+    #[test]
+    fn kernels_match_the_reference_on_odd_sizes() {
+        for kind in [HalfKind::Bf16, HalfKind::F16] {
+            for (m, rows, n) in [
+                (1, 1, 1),
+                (1, 9, 33),
+                (3, 13, 47),
+                (5, 70, 100),
+                (17, 9, 301),
+            ] {
+                let w = HalfMatrix::from_f32(kind, &values(rows * n, 1), rows, n);
+                let x = values(m * n, 7);
+                for isa in Isa::available() {
+                    let mut out = vec![0f32; rows * m];
+                    block(kind, w.bits(), &x, n, m, &mut out, isa);
+                    for r in 0..rows {
+                        for i in 0..m {
+                            let want: f64 = (0..n)
+                                .map(|k| {
+                                    widen(kind, w.bits()[r * n + k]) as f64 * x[i * n + k] as f64
+                                })
+                                .sum();
+                            let got = out[r * m + i] as f64;
+                            assert!(
+                                (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                                "{kind:?} {isa:?} ({m},{rows},{n}) [{r},{i}]: {got} vs {want}"
+                            );
+                            let mut alone = vec![0f32; rows];
+                            block(
+                                kind,
+                                w.bits(),
+                                &x[i * n..(i + 1) * n],
+                                n,
+                                1,
+                                &mut alone,
+                                isa,
+                            );
+                            assert_eq!(alone[r].to_bits(), out[r * m + i].to_bits());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shared_bytes_are_used_in_place() {
+        let v: Vec<u16> = (0..12u16)
+            .map(|i| half::bf16::from_f32(i as f32).to_bits())
+            .collect();
+        let bytes: Vec<u8> = v.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(bytes);
+        let sb = SharedBytes::new(owner.clone(), 0, 24).unwrap();
+        let m = HalfMatrix::shared(HalfKind::Bf16, sb, 3, 4).unwrap();
+        assert!(m.is_shared());
+        assert_eq!(m.bits().as_ptr() as *const u8, (*owner).as_ref().as_ptr());
+        assert_eq!(m.bits(), &v[..]);
+        // Wrong length: refused.
+        let sb = SharedBytes::new(owner, 0, 22).unwrap();
+        assert!(HalfMatrix::shared(HalfKind::Bf16, sb, 3, 4).is_none());
+    }
+}

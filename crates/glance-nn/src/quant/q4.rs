@@ -1,0 +1,428 @@
+//! q4: llama.cpp's Q4_0 — blocks of 32 values along a row, `w ≈ d · (q − 8)` with `q` in
+//! `0..=15` and one f16 scale `d` per block: 4.5 bits per weight.
+//!
+//! **Why Q4_0 and not scale + minimum (Q4_1 / k-quants).** Decode is bound by the bytes read per
+//! token; Q4_0 is the smallest 4-bit layout (18 bytes per 32 weights against 20 for a scale and a
+//! minimum), which is what the memory target at the 7B shape (≤ 5 GB) and the speed comparison
+//! with llama.cpp's Q4_0 ask for. Linear weights of trained transformers are centred near zero,
+//! so a per-block minimum buys little; the scale is chosen so that the block's largest magnitude
+//! maps to −8 exactly (llama.cpp's choice: the full range of 16 levels is used on that side).
+//!
+//! Layout: `qs` `(rows, cols / 2)` bytes — per block 16 bytes, byte `j` holding value `j` in its
+//! low nibble and value `j + 16` in its high nibble (llama.cpp's order, which lets one AND and
+//! one shift unpack a block into 32 bytes in order) — and `scales` `(rows, cols / 32)` f16 bits.
+//!
+//! Kernels: integer dot products against the input quantized to 8 bits per block
+//! ([`super::act`]): the nibbles are unsigned bytes, so `vpdpbusd` / `maddubs` take them directly
+//! and the offset of 8 is removed once per block as `d_w · 8 · d_x · Σ q_x`, precomputed per
+//! input block. One accumulation order per output whatever the number of input rows.
+
+use super::act::QuantRows;
+use super::half::Isa;
+use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
+use rayon::prelude::*;
+
+/// A `(rows, cols)` q4 matrix; `cols` is a multiple of 32.
+#[derive(Clone)]
+pub struct Q4Matrix {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) qs: Vec<u8>,
+    pub(crate) scales: Vec<u16>,
+}
+
+impl std::fmt::Debug for Q4Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Q4Matrix({}x{})", self.rows, self.cols)
+    }
+}
+
+impl Q4Matrix {
+    /// Quantizes `data` `(rows, cols)`: per block the value of largest magnitude `v` sets
+    /// `d = v / −8` (rounded to f16), `q = clamp(round(w / d) + 8, 0, 15)`.
+    pub fn quantize(data: &[f32], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        super::check_shape(data.len(), rows, cols)?;
+        let mut qs = vec![0u8; rows * cols / 2];
+        let mut scales = vec![0u16; rows * cols / BLOCK];
+        // Chunks of blocks in parallel (the same values in any order: each block alone).
+        data.par_chunks(BLOCK * CHUNK_BLOCKS)
+            .zip(qs.par_chunks_mut(BLOCK / 2 * CHUNK_BLOCKS))
+            .zip(scales.par_chunks_mut(CHUNK_BLOCKS))
+            .try_for_each(|((data, qs), scales)| {
+                for ((wb, qb), s) in data
+                    .chunks_exact(BLOCK)
+                    .zip(qs.chunks_exact_mut(BLOCK / 2))
+                    .zip(scales.iter_mut())
+                {
+                    let extreme = wb
+                        .iter()
+                        .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                    let d = f16_bits(extreme / -8.0)?;
+                    let dv = f16_value(d);
+                    let inv = if dv != 0.0 { 1.0 / dv } else { 0.0 };
+                    let level = |w: f32| (round_small((w * inv).clamp(-8.0, 7.0)) + 8.0) as u8;
+                    for j in 0..BLOCK / 2 {
+                        qb[j] = level(wb[j]) | (level(wb[j + BLOCK / 2]) << 4);
+                    }
+                    *s = d;
+                }
+                Ok::<(), QuantError>(())
+            })?;
+        Ok(Self {
+            rows,
+            cols,
+            qs,
+            scales,
+        })
+    }
+
+    /// From stored parts (a quantized checkpoint), checked for size.
+    pub fn from_parts(
+        rows: usize,
+        cols: usize,
+        qs: Vec<u8>,
+        scales: Vec<u16>,
+    ) -> Result<Self, QuantError> {
+        if !cols.is_multiple_of(BLOCK)
+            || qs.len() != rows * cols / 2
+            || scales.len() != rows * cols / BLOCK
+        {
+            return Err(QuantError::Shape(format!(
+                "q4 ({rows}, {cols}) needs {} bytes and {} scales, got {} and {}",
+                rows * cols / 2,
+                rows * cols / BLOCK,
+                qs.len(),
+                scales.len()
+            )));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            qs,
+            scales,
+        })
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        self.qs.len() + 2 * self.scales.len()
+    }
+
+    /// The level `q` (0..=15) of value `k` of row `r`.
+    #[cfg(test)]
+    pub(crate) fn level(&self, r: usize, k: usize) -> u8 {
+        let (b, j) = (k / BLOCK, k % BLOCK);
+        let byte = self.qs[(r * self.cols + b * BLOCK) / 2 + j % (BLOCK / 2)];
+        if j < BLOCK / 2 {
+            byte & 0x0f
+        } else {
+            byte >> 4
+        }
+    }
+
+    /// Rows `first..` widened into `out` (whole rows).
+    pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
+        let start = first * self.cols;
+        let qs = &self.qs[start / 2..(start + out.len()) / 2];
+        let scales = &self.scales[start / BLOCK..];
+        for ((ob, qb), &s) in out
+            .chunks_exact_mut(BLOCK)
+            .zip(qs.chunks_exact(BLOCK / 2))
+            .zip(scales)
+        {
+            let d = f16_value(s);
+            for j in 0..BLOCK / 2 {
+                ob[j] = d * ((qb[j] & 0x0f) as f32 - 8.0);
+                ob[j + BLOCK / 2] = d * ((qb[j] >> 4) as f32 - 8.0);
+            }
+        }
+    }
+
+    /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`.
+    pub fn block(&self, first: usize, rows: usize, x: &QuantRows, out: &mut [f32], isa: Isa) {
+        let (n, nb) = (self.cols, self.cols / BLOCK);
+        let qs = &self.qs[first * n / 2..(first + rows) * n / 2];
+        let sc = &self.scales[first * nb..(first + rows) * nb];
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            Isa::Avx512 if super::has_vnni() => {
+                // SAFETY: the CPU supports AVX-512 F/BW/VL/VNNI and F16C (checked in the guard).
+                unsafe { x86::block_vnni(qs, sc, x, rows, out) };
+                return;
+            }
+            Isa::Avx2 | Isa::Avx512 if super::has_avx2_f16c() => {
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked in the guard).
+                unsafe { x86::block_avx2(qs, sc, x, rows, out) };
+                return;
+            }
+            _ => {}
+        }
+        let _ = isa;
+        block_portable(qs, sc, x, rows, out);
+    }
+}
+
+/// The reference: per block `(d_w · d_x) · Σ (q_w − 8) q_x`, added in block order.
+fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
+    let (m, n, nb) = (x.m, x.n, x.blocks());
+    for r in 0..rows {
+        for i in 0..m {
+            let mut total = 0f32;
+            for b in 0..nb {
+                let wb = &qs[(r * n + b * BLOCK) / 2..(r * n + (b + 1) * BLOCK) / 2];
+                let xq = &x.qs[i * n + b * BLOCK..i * n + (b + 1) * BLOCK];
+                let mut dot = 0i32;
+                for j in 0..BLOCK / 2 {
+                    dot += ((wb[j] & 0x0f) as i32 - 8) * xq[j] as i32;
+                    dot += ((wb[j] >> 4) as i32 - 8) * xq[j + BLOCK / 2] as i32;
+                }
+                total += f16_value(sc[r * nb + b]) * x.d[i * nb + b] * dot as f32;
+            }
+            out[r * m + i] = total;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::act::QuantRows;
+    use super::super::x86::scale_256;
+    use super::BLOCK;
+    use crate::matvec::{hsum256, hsum512};
+    use std::arch::x86_64::*;
+
+    /// See [`super::Q4Matrix::block`]: AVX-512 VNNI, two blocks per 512-bit step, groups of 8
+    /// blocks sharing one scale load; the last `nb % 8` blocks one at a time in 256 bits.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn block_vnni(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
+        let m = x.m;
+        // (Tiles of 2 or 4 weight rows for one input row measured slower here: 14–17 GB/s
+        // against 21 on one thread.)
+        let mut r = 0;
+        while r < rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                tile_vnni::<1, 4>(qs, sc, x, r, i, out);
+                i += 4;
+            }
+            match m - i {
+                3 => tile_vnni::<1, 3>(qs, sc, x, r, i, out),
+                2 => tile_vnni::<1, 2>(qs, sc, x, r, i, out),
+                1 => tile_vnni::<1, 1>(qs, sc, x, r, i, out),
+                _ => {}
+            }
+            r += 1;
+        }
+    }
+
+    /// 16 bytes of one block → its 32 levels in order (low nibbles, then high nibbles).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn unpack_256(p: *const u8) -> __m256i {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let lo = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// Indices that spread scales `2p` and `2p + 1` of 8 over the 128-bit chunks of a 512-bit
+    /// vector as [2p, 2p + 1, 2p, 2p + 1] (4 lanes each), for `p` in `0..4`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn nibble_pair_index() -> [__m512i; 4] {
+        let mut out = [_mm512_setzero_si512(); 4];
+        for (p, o) in out.iter_mut().enumerate() {
+            let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
+            *o = _mm512_set_epi32(b, b, b, b, a, a, a, a, b, b, b, b, a, a, a, a);
+        }
+        out
+    }
+
+    /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M` into `out[r * m + i]`. Each output
+    /// gets the same sequence of operations whatever `R` and `M` (so a row in a batch equals the
+    /// row alone); several weight rows at once keep more loads in flight for one input row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile_vnni<const R: usize, const M: usize>(
+        qs: &[u8],
+        sc: &[u16],
+        x: &QuantRows,
+        r0: usize,
+        i0: usize,
+        out: &mut [f32],
+    ) {
+        let (n, nb, m) = (x.n, x.blocks(), x.m);
+        let wq: [*const u8; R] = std::array::from_fn(|j| qs.as_ptr().add((r0 + j) * n / 2));
+        let ws: [*const u16; R] = std::array::from_fn(|j| sc.as_ptr().add((r0 + j) * nb));
+        let xn = x.nibble_order.as_slice();
+        let zero = _mm512_setzero_si512();
+        let idx = nibble_pair_index();
+        // Two blocks' 32 bytes in both halves of a vector, the upper half shifted right by 4:
+        // AND 0x0f leaves 128-bit chunks [b lows, b+1 lows, b highs, b+1 highs] — values 0..16
+        // and 16..32 of each block, the order of `QuantRows::nibble_order`'s inputs.
+        let shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+        let low = _mm512_set1_epi8(0x0f);
+        // Two accumulators per output (even and odd block pairs): two FMA chains in flight.
+        let mut acc = [[[_mm512_setzero_ps(); 2]; M]; R];
+        let mut corr = [[_mm256_setzero_ps(); M]; R];
+        let mut acc_t = [[_mm256_setzero_ps(); M]; R];
+        let mut corr_t = [[0f32; M]; R];
+        let groups = nb / 8;
+        for g in 0..groups {
+            // d_w · d_x of the 8 blocks, per output; the offset terms.
+            let mut dd = [[_mm512_setzero_ps(); M]; R];
+            for j in 0..R {
+                let s8 = _mm256_cvtph_ps(_mm_loadu_si128(ws[j].add(8 * g) as *const __m128i));
+                for k in 0..M {
+                    let off = _mm256_loadu_ps(x.offset8.as_ptr().add((i0 + k) * nb + 8 * g));
+                    corr[j][k] = _mm256_fmadd_ps(s8, off, corr[j][k]);
+                    let dx = _mm256_loadu_ps(x.d.as_ptr().add((i0 + k) * nb + 8 * g));
+                    dd[j][k] = _mm512_castps256_ps512(_mm256_mul_ps(s8, dx));
+                }
+            }
+            for (p, ix) in idx.iter().enumerate() {
+                let b = 8 * g + 2 * p;
+                let mut wv = [zero; R];
+                for j in 0..R {
+                    let raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        wq[j].add(BLOCK / 2 * b) as *const __m256i
+                    ));
+                    wv[j] = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low);
+                }
+                for k in 0..M {
+                    let i = i0 + k;
+                    let xv = _mm512_loadu_si512(xn.as_ptr().add(i * n + BLOCK * b) as *const _);
+                    for j in 0..R {
+                        let dot = _mm512_dpbusd_epi32(zero, wv[j], xv);
+                        // [d(b), d(b + 1), d(b), d(b + 1)] × 4 lanes
+                        let d = _mm512_permutexvar_ps(*ix, dd[j][k]);
+                        let a = &mut acc[j][k][p & 1];
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, *a);
+                    }
+                }
+            }
+        }
+        for b in 8 * groups..nb {
+            for j in 0..R {
+                let wv = unpack_256(wq[j].add(BLOCK / 2 * b));
+                let dw = scale_256(*ws[j].add(b));
+                for k in 0..M {
+                    let i = i0 + k;
+                    let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
+                    let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
+                    let dx = _mm256_set1_ps(x.d[i * nb + b]);
+                    let a = &mut acc_t[j][k];
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
+                    corr_t[j][k] += _mm256_cvtss_f32(dw) * x.offset8[i * nb + b];
+                }
+            }
+        }
+        for j in 0..R {
+            for k in 0..M {
+                let main = hsum512(_mm512_add_ps(acc[j][k][0], acc[j][k][1]));
+                let total = (main + hsum256(acc_t[j][k])) - (hsum256(corr[j][k]) + corr_t[j][k]);
+                out[(r0 + j) * m + i0 + k] = total;
+            }
+        }
+    }
+
+    /// See [`super::Q4Matrix::block`]: AVX2, one block per 256-bit step.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn block_avx2(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
+        let m = x.m;
+        for r in 0..rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                row_avx2::<4>(qs, sc, x, r, i, &mut out[r * m + i..]);
+                i += 4;
+            }
+            match m - i {
+                3 => row_avx2::<3>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                2 => row_avx2::<2>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                1 => row_avx2::<1>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                _ => {}
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn row_avx2<const M: usize>(
+        qs: &[u8],
+        sc: &[u16],
+        x: &QuantRows,
+        r: usize,
+        i0: usize,
+        out: &mut [f32],
+    ) {
+        let (n, nb) = (x.n, x.blocks());
+        let wq = qs.as_ptr().add(r * n / 2);
+        let ws = sc.as_ptr().add(r * nb);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); M];
+        let mut corr = [0f32; M];
+        for b in 0..nb {
+            let wv = unpack_256(wq.add(BLOCK / 2 * b));
+            let dw = scale_256(*ws.add(b));
+            for (k, a) in acc.iter_mut().enumerate() {
+                let i = i0 + k;
+                let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
+                let dx = _mm256_set1_ps(x.d[i * nb + b]);
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
+                corr[k] += _mm256_cvtss_f32(dw) * x.offset8[i * nb + b];
+            }
+        }
+        for k in 0..M {
+            out[k] = hsum256(acc[k]) - corr[k];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{check_kernel, values};
+    use super::*;
+
+    #[test]
+    fn quantization_error_is_within_a_step() {
+        let w = values(64 * 96, 3);
+        let q = Q4Matrix::quantize(&w, 64, 96).unwrap();
+        let mut back = vec![0f32; w.len()];
+        q.dequantize_rows(0, &mut back);
+        for (b, (wb, bb)) in w.chunks(32).zip(back.chunks(32)).enumerate() {
+            let d = f16_value(q.scales[b]);
+            for (a, c) in wb.iter().zip(bb) {
+                // Half a step on the side of the block's extreme (levels −8 · d reach it); on the
+                // other side the levels stop at 7 · d, so values beyond are clipped by < 1 step.
+                let same_side = (a * -d) >= 0.0;
+                let bound = if same_side { 0.5 } else { 1.0 } * d.abs() * 1.01;
+                assert!((a - c).abs() <= bound, "{a} vs {c} (d {d})");
+            }
+        }
+        // The level accessor agrees with the unpacking.
+        assert_eq!(
+            back[40],
+            f16_value(q.scales[1]) * (q.level(0, 40) as f32 - 8.0)
+        );
+    }
+
+    #[test]
+    fn kernels_match_the_reference_on_odd_sizes() {
+        for (m, rows, n) in [
+            (1, 1, 32),
+            (1, 5, 96),
+            (3, 7, 224),
+            (6, 70, 288),
+            (17, 9, 256),
+        ] {
+            let w = Q4Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
+            check_kernel(
+                rows,
+                n,
+                m,
+                |x, out, isa| w.block(0, rows, x, out, isa),
+                |r, k| (w.level(r, k) as f32 - 8.0) * f16_value(w.scales[(r * n + k) / BLOCK]),
+            );
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! q8: per-block symmetric 8-bit weights (llama.cpp's Q8_0): blocks of 32 values along a row,
+//! `w ≈ d · q` with `q` in `-127..=127` and one f16 scale `d` per block — 8.5 bits per weight.
+//!
+//! Layout (row-major, struct of arrays so every vector load is plain): `qs` `(rows, cols)` i8,
+//! `scales` `(rows, cols / 32)` f16 bits.
+//!
+//! Kernels: the input rows are quantized to 8 bits per block ([`super::act`]) and each block's dot
+//! product is an integer one — AVX-512 VNNI `vpdpbusd` on two blocks at once, or AVX2's
+//! `maddubs` (both take unsigned × signed bytes, so `|w|` meets `x` with `w`'s sign, as
+//! llama.cpp does) — scaled by `d_w · d_x` into f32 lanes. Every output is accumulated over its
+//! blocks in one order whatever the number of input rows, so a row computed in a batch equals the
+//! row alone, bit for bit.
+
+use super::act::QuantRows;
+use super::half::Isa;
+use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
+use rayon::prelude::*;
+
+/// A `(rows, cols)` q8 matrix; `cols` is a multiple of 32.
+#[derive(Clone)]
+pub struct Q8Matrix {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) qs: Vec<i8>,
+    pub(crate) scales: Vec<u16>,
+}
+
+impl std::fmt::Debug for Q8Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Q8Matrix({}x{})", self.rows, self.cols)
+    }
+}
+
+impl Q8Matrix {
+    /// Quantizes `data` `(rows, cols)`: per block `d = max |w| / 127` (rounded to f16), `q =
+    /// round(w / d)`.
+    pub fn quantize(data: &[f32], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        super::check_shape(data.len(), rows, cols)?;
+        let mut qs = vec![0i8; rows * cols];
+        let mut scales = vec![0u16; rows * cols / BLOCK];
+        // Chunks of blocks in parallel (the same values in any order: each block alone).
+        data.par_chunks(BLOCK * CHUNK_BLOCKS)
+            .zip(qs.par_chunks_mut(BLOCK * CHUNK_BLOCKS))
+            .zip(scales.par_chunks_mut(CHUNK_BLOCKS))
+            .try_for_each(|((data, qs), scales)| {
+                for ((wb, qb), s) in data
+                    .chunks_exact(BLOCK)
+                    .zip(qs.chunks_exact_mut(BLOCK))
+                    .zip(scales.iter_mut())
+                {
+                    let amax = wb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let d = f16_bits(amax / 127.0)?;
+                    let dv = f16_value(d);
+                    let inv = if dv > 0.0 { 1.0 / dv } else { 0.0 };
+                    for (q, w) in qb.iter_mut().zip(wb) {
+                        *q = round_small((w * inv).clamp(-127.0, 127.0)) as i8;
+                    }
+                    *s = d;
+                }
+                Ok::<(), QuantError>(())
+            })?;
+        Ok(Self {
+            rows,
+            cols,
+            qs,
+            scales,
+        })
+    }
+
+    /// From stored parts (a quantized checkpoint), checked for size.
+    pub fn from_parts(
+        rows: usize,
+        cols: usize,
+        qs: Vec<i8>,
+        scales: Vec<u16>,
+    ) -> Result<Self, QuantError> {
+        if !cols.is_multiple_of(BLOCK)
+            || qs.len() != rows * cols
+            || scales.len() != rows * cols / BLOCK
+        {
+            return Err(QuantError::Shape(format!(
+                "q8 ({rows}, {cols}) needs {} values and {} scales, got {} and {}",
+                rows * cols,
+                rows * cols / BLOCK,
+                qs.len(),
+                scales.len()
+            )));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            qs,
+            scales,
+        })
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        self.qs.len() + 2 * self.scales.len()
+    }
+
+    /// Rows `first..` widened into `out` (whole rows).
+    pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
+        let start = first * self.cols;
+        let qs = &self.qs[start..start + out.len()];
+        let scales = &self.scales[start / BLOCK..];
+        for ((ob, qb), &s) in out
+            .chunks_exact_mut(BLOCK)
+            .zip(qs.chunks_exact(BLOCK))
+            .zip(scales)
+        {
+            let d = f16_value(s);
+            for (o, &q) in ob.iter_mut().zip(qb) {
+                *o = d * q as f32;
+            }
+        }
+    }
+
+    /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`.
+    pub fn block(&self, first: usize, rows: usize, x: &QuantRows, out: &mut [f32], isa: Isa) {
+        let (n, nb) = (self.cols, self.cols / BLOCK);
+        let qs = &self.qs[first * n..(first + rows) * n];
+        let sc = &self.scales[first * nb..(first + rows) * nb];
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            Isa::Avx512 if super::has_vnni() => {
+                // SAFETY: the CPU supports AVX-512 F/BW/VL/VNNI and F16C (checked in the guard).
+                unsafe { x86::block_vnni(qs, sc, x, rows, out) };
+                return;
+            }
+            Isa::Avx2 | Isa::Avx512 if super::has_avx2_f16c() => {
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked in the guard).
+                unsafe { x86::block_avx2(qs, sc, x, rows, out) };
+                return;
+            }
+            _ => {}
+        }
+        let _ = isa;
+        block_portable(qs, sc, x, rows, out);
+    }
+}
+
+/// The reference: per block `(d_w · d_x) · Σ q_w q_x`, added in block order.
+fn block_portable(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
+    let (m, n, nb) = (x.m, x.n, x.blocks());
+    for r in 0..rows {
+        for i in 0..m {
+            let mut total = 0f32;
+            for b in 0..nb {
+                let w = &qs[r * n + b * BLOCK..r * n + (b + 1) * BLOCK];
+                let xq = &x.qs[i * n + b * BLOCK..i * n + (b + 1) * BLOCK];
+                let dot: i32 = w.iter().zip(xq).map(|(&a, &b)| a as i32 * b as i32).sum();
+                total += f16_value(sc[r * nb + b]) * x.d[i * nb + b] * dot as f32;
+            }
+            out[r * m + i] = total;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::act::QuantRows;
+    use super::super::x86::{pair_index, scale_256};
+    use super::BLOCK;
+    use crate::matvec::{hsum256, hsum512};
+    use std::arch::x86_64::*;
+
+    /// See [`super::Q8Matrix::block`]: AVX-512 VNNI, two blocks per 512-bit step, groups of 8
+    /// blocks sharing one scale load; the last `nb % 8` blocks one at a time in 256 bits.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn block_vnni(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
+        let m = x.m;
+        for r in 0..rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                row_vnni::<4>(qs, sc, x, r, i, &mut out[r * m + i..]);
+                i += 4;
+            }
+            match m - i {
+                3 => row_vnni::<3>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                2 => row_vnni::<2>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                1 => row_vnni::<1>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                _ => {}
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn row_vnni<const M: usize>(
+        qs: &[i8],
+        sc: &[u16],
+        x: &QuantRows,
+        r: usize,
+        i0: usize,
+        out: &mut [f32],
+    ) {
+        let (n, nb) = (x.n, x.blocks());
+        let wq = qs.as_ptr().add(r * n);
+        let ws = sc.as_ptr().add(r * nb);
+        let zero = _mm512_setzero_si512();
+        let idx = pair_index();
+        // Two accumulators per output (even and odd block pairs): two FMA chains in flight.
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
+        let mut acc_t = [_mm256_setzero_ps(); M];
+        let groups = nb / 8;
+        for g in 0..groups {
+            // 8 weight scales (f16 → f32) for blocks 8g..8g+8.
+            let s8 = _mm256_cvtph_ps(_mm_loadu_si128(ws.add(8 * g) as *const __m128i));
+            // d_w · d_x of the 8 blocks, per input row.
+            let mut dd = [_mm512_setzero_ps(); M];
+            for (k, d) in dd.iter_mut().enumerate() {
+                let dx = _mm256_loadu_ps(x.d.as_ptr().add((i0 + k) * nb + 8 * g));
+                *d = _mm512_castps256_ps512(_mm256_mul_ps(s8, dx));
+            }
+            for (p, ix) in idx.iter().enumerate() {
+                let b = 8 * g + 2 * p;
+                let wv = _mm512_loadu_si512(wq.add(BLOCK * b) as *const __m512i);
+                let aw = _mm512_abs_epi8(wv);
+                let neg = _mm512_movepi8_mask(wv);
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let i = i0 + k;
+                    let xv = _mm512_loadu_si512(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
+                    let sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+                    let dot = _mm512_dpbusd_epi32(zero, aw, sx);
+                    // [d(b) × 8, d(b + 1) × 8]
+                    let d = _mm512_permutexvar_ps(*ix, dd[k]);
+                    a[p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, a[p & 1]);
+                }
+            }
+        }
+        for b in 8 * groups..nb {
+            let wv = _mm256_loadu_si256(wq.add(BLOCK * b) as *const __m256i);
+            let aw = _mm256_abs_epi8(wv);
+            let dw = scale_256(*ws.add(b));
+            for (k, a) in acc_t.iter_mut().enumerate() {
+                let i = i0 + k;
+                let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
+                let sx = _mm256_sign_epi8(xv, wv);
+                let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+                let dx = _mm256_set1_ps(x.d[i * nb + b]);
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
+            }
+        }
+        for k in 0..M {
+            out[k] = hsum512(_mm512_add_ps(acc[k][0], acc[k][1])) + hsum256(acc_t[k]);
+        }
+    }
+
+    /// See [`super::Q8Matrix::block`]: AVX2, one block per 256-bit step.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn block_avx2(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
+        let m = x.m;
+        for r in 0..rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                row_avx2::<4>(qs, sc, x, r, i, &mut out[r * m + i..]);
+                i += 4;
+            }
+            match m - i {
+                3 => row_avx2::<3>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                2 => row_avx2::<2>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                1 => row_avx2::<1>(qs, sc, x, r, i, &mut out[r * m + i..]),
+                _ => {}
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn row_avx2<const M: usize>(
+        qs: &[i8],
+        sc: &[u16],
+        x: &QuantRows,
+        r: usize,
+        i0: usize,
+        out: &mut [f32],
+    ) {
+        let (n, nb) = (x.n, x.blocks());
+        let wq = qs.as_ptr().add(r * n);
+        let ws = sc.as_ptr().add(r * nb);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); M];
+        for b in 0..nb {
+            let wv = _mm256_loadu_si256(wq.add(BLOCK * b) as *const __m256i);
+            let aw = _mm256_abs_epi8(wv);
+            let dw = scale_256(*ws.add(b));
+            for (k, a) in acc.iter_mut().enumerate() {
+                let i = i0 + k;
+                let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
+                let sx = _mm256_sign_epi8(xv, wv);
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                let dx = _mm256_set1_ps(x.d[i * nb + b]);
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
+            }
+        }
+        for k in 0..M {
+            out[k] = hsum256(acc[k]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{check_kernel, values};
+    use super::*;
+
+    #[test]
+    fn quantization_error_is_within_half_a_step() {
+        let w = values(64 * 96, 3);
+        let q = Q8Matrix::quantize(&w, 64, 96).unwrap();
+        let mut back = vec![0f32; w.len()];
+        q.dequantize_rows(0, &mut back);
+        for (b, (wb, bb)) in w.chunks(32).zip(back.chunks(32)).enumerate() {
+            let d = f16_value(q.scales[b]);
+            for (a, c) in wb.iter().zip(bb) {
+                assert!((a - c).abs() <= 0.5 * d * 1.01, "{a} vs {c} (d {d})");
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_match_the_reference_on_odd_sizes() {
+        // In-dims: 1, 3, 7 and 9 blocks (tails of the 8-block groups), 5 and 70 rows.
+        for (m, rows, n) in [
+            (1, 1, 32),
+            (1, 5, 96),
+            (3, 7, 224),
+            (6, 70, 288),
+            (17, 9, 256),
+        ] {
+            let w = Q8Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
+            check_kernel(
+                rows,
+                n,
+                m,
+                |x, out, isa| w.block(0, rows, x, out, isa),
+                |r, k| w.qs[r * n + k] as f32 * f16_value(w.scales[(r * n + k) / BLOCK]),
+            );
+        }
+    }
+}
