@@ -12,6 +12,28 @@
 //! q8 and q4 need the input dimension to be a multiple of 32 (their block); a matrix whose input
 //! dimension is not falls back to bf16 ([`WeightFormat::for_in_dim`]).
 
+/// The row loop the packed kernels share: `$row::<M>(qs, sc, x, r, i, &mut out[r * m + i..])`
+/// for every weight row `r < rows` over the `x.m` input rows, four at a time, then the one to
+/// three left.
+macro_rules! each_row_tile {
+    ($row:ident, $qs:expr, $sc:expr, $x:expr, $rows:expr, $out:expr) => {{
+        let m = $x.m;
+        for r in 0..$rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                $row::<4>($qs, $sc, $x, r, i, &mut $out[r * m + i..]);
+                i += 4;
+            }
+            match m - i {
+                3 => $row::<3>($qs, $sc, $x, r, i, &mut $out[r * m + i..]),
+                2 => $row::<2>($qs, $sc, $x, r, i, &mut $out[r * m + i..]),
+                1 => $row::<1>($qs, $sc, $x, r, i, &mut $out[r * m + i..]),
+                _ => {}
+            }
+        }
+    }};
+}
+
 pub mod act;
 pub mod half;
 pub mod q4;

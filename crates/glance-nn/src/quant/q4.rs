@@ -328,20 +328,7 @@ mod x86 {
     /// See [`super::Q4Matrix::block`]: AVX2, one block per 256-bit step.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        let m = x.m;
-        for r in 0..rows {
-            let mut i = 0;
-            while i + 4 <= m {
-                row_avx2::<4>(qs, sc, x, r, i, &mut out[r * m + i..]);
-                i += 4;
-            }
-            match m - i {
-                3 => row_avx2::<3>(qs, sc, x, r, i, &mut out[r * m + i..]),
-                2 => row_avx2::<2>(qs, sc, x, r, i, &mut out[r * m + i..]),
-                1 => row_avx2::<1>(qs, sc, x, r, i, &mut out[r * m + i..]),
-                _ => {}
-            }
-        }
+        each_row_tile!(row_avx2, qs, sc, x, rows, out);
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
