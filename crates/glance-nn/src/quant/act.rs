@@ -84,3 +84,28 @@ impl QuantRows {
         self.n / BLOCK
     }
 }
+
+/// The portable reference of the packed formats: `out[r * m + i]` = the sum over blocks, in
+/// block order, of `(d_w · d_x) · dot(r, b, x_i's block b)`, where `dot` is the format's integer
+/// dot of weight row `r`'s block `b` with an 8-bit input block and `sc` holds the f16 weight
+/// scales (`rows × blocks`).
+pub(crate) fn portable_blocks(
+    sc: &[u16],
+    x: &QuantRows,
+    rows: usize,
+    out: &mut [f32],
+    dot: impl Fn(usize, usize, &[i8]) -> i32,
+) {
+    let (m, n, nb) = (x.m, x.n, x.blocks());
+    for r in 0..rows {
+        for i in 0..m {
+            let mut total = 0f32;
+            for b in 0..nb {
+                let xq = &x.qs[i * n + b * BLOCK..i * n + (b + 1) * BLOCK];
+                let d = dot(r, b, xq);
+                total += super::f16_value(sc[r * nb + b]) * x.d[i * nb + b] * d as f32;
+            }
+            out[r * m + i] = total;
+        }
+    }
+}

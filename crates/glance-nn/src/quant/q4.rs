@@ -163,23 +163,16 @@ impl Q4Matrix {
 
 /// The reference: per block `(d_w · d_x) · Σ (q_w − 8) q_x`, added in block order.
 fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-    let (m, n, nb) = (x.m, x.n, x.blocks());
-    for r in 0..rows {
-        for i in 0..m {
-            let mut total = 0f32;
-            for b in 0..nb {
-                let wb = &qs[(r * n + b * BLOCK) / 2..(r * n + (b + 1) * BLOCK) / 2];
-                let xq = &x.qs[i * n + b * BLOCK..i * n + (b + 1) * BLOCK];
-                let mut dot = 0i32;
-                for j in 0..BLOCK / 2 {
-                    dot += ((wb[j] & 0x0f) as i32 - 8) * xq[j] as i32;
-                    dot += ((wb[j] >> 4) as i32 - 8) * xq[j + BLOCK / 2] as i32;
-                }
-                total += f16_value(sc[r * nb + b]) * x.d[i * nb + b] * dot as f32;
-            }
-            out[r * m + i] = total;
+    let n = x.n;
+    super::act::portable_blocks(sc, x, rows, out, |r, b, xq| {
+        let wb = &qs[(r * n + b * BLOCK) / 2..(r * n + (b + 1) * BLOCK) / 2];
+        let mut dot = 0i32;
+        for j in 0..BLOCK / 2 {
+            dot += ((wb[j] & 0x0f) as i32 - 8) * xq[j] as i32;
+            dot += ((wb[j] >> 4) as i32 - 8) * xq[j + BLOCK / 2] as i32;
         }
-    }
+        dot
+    });
 }
 
 #[cfg(target_arch = "x86_64")]

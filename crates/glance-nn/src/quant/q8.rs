@@ -141,19 +141,11 @@ impl Q8Matrix {
 
 /// The reference: per block `(d_w · d_x) · Σ q_w q_x`, added in block order.
 fn block_portable(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-    let (m, n, nb) = (x.m, x.n, x.blocks());
-    for r in 0..rows {
-        for i in 0..m {
-            let mut total = 0f32;
-            for b in 0..nb {
-                let w = &qs[r * n + b * BLOCK..r * n + (b + 1) * BLOCK];
-                let xq = &x.qs[i * n + b * BLOCK..i * n + (b + 1) * BLOCK];
-                let dot: i32 = w.iter().zip(xq).map(|(&a, &b)| a as i32 * b as i32).sum();
-                total += f16_value(sc[r * nb + b]) * x.d[i * nb + b] * dot as f32;
-            }
-            out[r * m + i] = total;
-        }
-    }
+    let n = x.n;
+    super::act::portable_blocks(sc, x, rows, out, |r, b, xq| {
+        let w = &qs[r * n + b * BLOCK..r * n + (b + 1) * BLOCK];
+        w.iter().zip(xq).map(|(&a, &q)| a as i32 * q as i32).sum()
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
