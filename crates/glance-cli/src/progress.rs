@@ -56,6 +56,13 @@ impl TrainBar {
         }
     }
 
+    /// A validation's line above the bar: `[step N] validation: SUMMARY (S s)`.
+    pub fn validation(&self, step: u64, summary: &str, seconds: f64) {
+        self.print(&format!(
+            "[step {step}] validation: {summary} ({seconds:.0} s)"
+        ));
+    }
+
     pub fn finish(&mut self) {
         if let Some(b) = self.bar.take() {
             b.finish();

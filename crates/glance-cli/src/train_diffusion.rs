@@ -156,12 +156,7 @@ impl DiffusionObserver for Progress {
     }
 
     fn eval(&mut self, r: &EvalReport) {
-        self.bar.print(&format!(
-            "validation @ step {}: {} ({:.0} s)",
-            r.step,
-            r.summary(),
-            r.seconds
-        ));
+        self.bar.validation(r.step, &r.summary(), r.seconds);
     }
 
     fn message(&mut self, text: &str) {

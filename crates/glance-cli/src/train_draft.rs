@@ -203,12 +203,7 @@ impl DraftObserver for Progress {
     }
 
     fn eval(&mut self, r: &EvalReport) {
-        self.bar.print(&format!(
-            "[step {}] validation: {} ({:.0} s)",
-            r.step,
-            r.summary(),
-            r.seconds
-        ));
+        self.bar.validation(r.step, &r.summary(), r.seconds);
     }
 
     fn message(&mut self, text: &str) {

@@ -75,3 +75,58 @@ pub(crate) fn run(t: &mut impl Steps, stop_after: Option<u64>) -> Result<RunEnd>
     t.validate()?;
     Ok(RunEnd::Finished)
 }
+
+/// The adaptor through which [`run`] drives a single-stage trainer and its observer: `$trainer`
+/// has `state` (`step`, `total`, `config.{budget, checkpoint_every, eval_every}`), `optim`,
+/// `train_step`, `save_checkpoint`, `run_eval(obs)` and `export`; `$observer` is its observer
+/// trait.
+macro_rules! drive_with_loop {
+    ($trainer:ty, $observer:path) => {
+        /// The trainer and its observer as the shared step loop drives them.
+        struct Driven<'a> {
+            t: &'a mut $trainer,
+            obs: &'a mut dyn $observer,
+        }
+
+        impl $crate::run_loop::Steps for Driven<'_> {
+            fn progress(&self) -> $crate::run_loop::Progress {
+                let c = &self.t.state.config;
+                $crate::run_loop::Progress {
+                    step: self.t.state.step,
+                    total: self.t.state.total,
+                    budget: c.budget,
+                    checkpoint_every: c.checkpoint_every,
+                    eval_every: c.eval_every,
+                }
+            }
+
+            fn step(&mut self) -> $crate::Result<f64> {
+                let report = self.t.train_step()?;
+                self.obs.step(&report);
+                Ok(report.seconds)
+            }
+
+            fn fix_total(&mut self, total: u64) {
+                self.t.state.total = Some(total);
+                self.t.optim.total_steps = total;
+            }
+
+            fn message(&mut self, text: &str) {
+                self.obs.message(text);
+            }
+
+            fn checkpoint(&mut self) -> $crate::Result<()> {
+                self.t.save_checkpoint()
+            }
+
+            fn validate(&mut self) -> $crate::Result<()> {
+                self.t.run_eval(self.obs)
+            }
+
+            fn export(&mut self) -> $crate::Result<()> {
+                self.t.export().map(|_| ())
+            }
+        }
+    };
+}
+pub(crate) use drive_with_loop;

@@ -145,6 +145,15 @@ impl BlockSize {
         self.size
     }
 
+    /// The block of the next step for `x` at position `n` after `emitted` tokens: the current
+    /// size, cut so that positions `n ..` stay inside the context (`max`; `emit` guarantees room
+    /// for `x`) and no slot lies past the token limit.
+    pub fn fitted(&self, n: u32, emitted: usize, max: usize, config: &GenerateConfig) -> usize {
+        let room = max.saturating_sub(n as usize).max(1);
+        let wanted = config.max_new_tokens.saturating_sub(emitted) + 1;
+        self.size.min(room).min(wanted)
+    }
+
     /// After a step that accepted `accepted` of `offered` drafts: doubles when all were accepted,
     /// halves when fewer than a quarter were (within the bounds); fixed when not dynamic.
     pub fn update(&mut self, accepted: usize, offered: usize) {

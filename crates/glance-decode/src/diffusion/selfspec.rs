@@ -47,11 +47,7 @@ pub(crate) fn decode(
             break 'decode r;
         }
         loop {
-            // Positions `n ..` must stay inside the context; `emit` guarantees room for `x`.
-            let room = max.saturating_sub(n as usize).max(1);
-            // No slot past the token limit: the tokens still wanted after `x`.
-            let wanted = config.max_new_tokens.saturating_sub(tokens.len()) + 1;
-            let b = block.get().min(room).min(wanted);
+            let b = block.fitted(n, tokens.len(), max, config);
             if !quadratic {
                 drafts = if b > 1 {
                     draft(run, cache, x, n, b, &mut tally)?
@@ -63,6 +59,7 @@ pub(crate) fn decode(
             let k = drafts.len();
             // The quadratic groups pre-draft the next step's block (size of the current one);
             // the last group ends at `n + k + group`, inside the context.
+            let room = max.saturating_sub(n as usize).max(1);
             let group = match b.min(room.saturating_sub(b)) {
                 g if quadratic && g > 1 => g,
                 _ => 0,

@@ -41,10 +41,7 @@ pub(crate) fn decode(
             break 'decode r;
         }
         loop {
-            let room = max.saturating_sub(n as usize).max(1);
-            // No slot past the token limit: the tokens still wanted after `x`.
-            let wanted = config.max_new_tokens.saturating_sub(tokens.len()) + 1;
-            let b = block.get().min(room).min(wanted);
+            let b = block.fitted(n, tokens.len(), max, config);
             let mut slots: Vec<Option<TokenId>> = vec![None; b];
             slots[0] = Some(x);
             let mut passes = 0usize;

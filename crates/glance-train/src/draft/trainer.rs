@@ -22,7 +22,6 @@ use crate::config::Budget;
 use crate::export::{write_atomic, write_weights};
 use crate::optim::AdamW;
 use crate::params::{init_params, Param};
-use crate::run_loop::{Progress, Steps};
 pub use crate::trainer::RunEnd;
 use crate::{Result, TrainError};
 use candle_core::{DType, Device, Tensor};
@@ -515,51 +514,7 @@ fn init_head(varmap: &VarMap, seed: u64, hidden: usize) -> Result<()> {
     Ok(())
 }
 
-/// The trainer and its observer as the shared step loop drives them.
-struct Driven<'a> {
-    t: &'a mut DraftTrainer,
-    obs: &'a mut dyn DraftObserver,
-}
-
-impl Steps for Driven<'_> {
-    fn progress(&self) -> Progress {
-        let c = &self.t.state.config;
-        Progress {
-            step: self.t.state.step,
-            total: self.t.state.total,
-            budget: c.budget,
-            checkpoint_every: c.checkpoint_every,
-            eval_every: c.eval_every,
-        }
-    }
-
-    fn step(&mut self) -> Result<f64> {
-        let report = self.t.train_step()?;
-        self.obs.step(&report);
-        Ok(report.seconds)
-    }
-
-    fn fix_total(&mut self, total: u64) {
-        self.t.state.total = Some(total);
-        self.t.optim.total_steps = total;
-    }
-
-    fn message(&mut self, text: &str) {
-        self.obs.message(text);
-    }
-
-    fn checkpoint(&mut self) -> Result<()> {
-        self.t.save_checkpoint()
-    }
-
-    fn validate(&mut self) -> Result<()> {
-        self.t.run_eval(self.obs)
-    }
-
-    fn export(&mut self) -> Result<()> {
-        self.t.export().map(|_| ())
-    }
-}
+crate::run_loop::drive_with_loop!(DraftTrainer, DraftObserver);
 
 #[cfg(test)]
 mod tests {
