@@ -204,6 +204,53 @@ fn has_avx2_f16c() -> bool {
     crate::matvec::has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
 }
 
+/// One kernel of a packed format: `(weights, scales, input rows, weight rows, out)`.
+type PackedKernel<W> = unsafe fn(&[W], &[u16], &act::QuantRows, usize, &mut [f32]);
+
+/// A packed format's kernels. `vnni` and `avx2` need exactly those instruction sets (and F16C),
+/// nothing else; `portable` is the reference.
+struct PackedKernels<W> {
+    #[cfg(target_arch = "x86_64")]
+    vnni: PackedKernel<W>,
+    #[cfg(target_arch = "x86_64")]
+    avx2: PackedKernel<W>,
+    portable: fn(&[W], &[u16], &act::QuantRows, usize, &mut [f32]),
+}
+
+impl<W> PackedKernels<W> {
+    /// Runs AVX-512 VNNI when `isa` allows it and the CPU has it, else AVX2, else the portable
+    /// reference.
+    fn run(
+        &self,
+        isa: half::Isa,
+        w: &[W],
+        sc: &[u16],
+        x: &act::QuantRows,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        use half::Isa;
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            Isa::Avx512 if has_vnni() => {
+                // SAFETY: the CPU supports AVX-512 F/BW/VL/VNNI and F16C (checked in the
+                // guard), all the VNNI kernel needs.
+                unsafe { (self.vnni)(w, sc, x, rows, out) };
+                return;
+            }
+            Isa::Avx2 | Isa::Avx512 if has_avx2_f16c() => {
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked in the guard), all the
+                // AVX2 kernel needs.
+                unsafe { (self.avx2)(w, sc, x, rows, out) };
+                return;
+            }
+            _ => {}
+        }
+        let _ = isa;
+        (self.portable)(w, sc, x, rows, out);
+    }
+}
+
 /// Vector helpers shared by the q8 and q4 kernels.
 #[cfg(target_arch = "x86_64")]
 mod x86 {

@@ -142,22 +142,14 @@ impl Q4Matrix {
         let (n, nb) = (self.cols, self.cols / BLOCK);
         let qs = &self.qs[first * n / 2..(first + rows) * n / 2];
         let sc = &self.scales[first * nb..(first + rows) * nb];
-        #[cfg(target_arch = "x86_64")]
-        match isa {
-            Isa::Avx512 if super::has_vnni() => {
-                // SAFETY: the CPU supports AVX-512 F/BW/VL/VNNI and F16C (checked in the guard).
-                unsafe { x86::block_vnni(qs, sc, x, rows, out) };
-                return;
-            }
-            Isa::Avx2 | Isa::Avx512 if super::has_avx2_f16c() => {
-                // SAFETY: the CPU supports AVX2, FMA and F16C (checked in the guard).
-                unsafe { x86::block_avx2(qs, sc, x, rows, out) };
-                return;
-            }
-            _ => {}
+        super::PackedKernels {
+            #[cfg(target_arch = "x86_64")]
+            vnni: x86::block_vnni,
+            #[cfg(target_arch = "x86_64")]
+            avx2: x86::block_avx2,
+            portable: block_portable,
         }
-        let _ = isa;
-        block_portable(qs, sc, x, rows, out);
+        .run(isa, qs, sc, x, rows, out);
     }
 }
 
