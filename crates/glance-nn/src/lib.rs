@@ -22,6 +22,7 @@ pub mod linear;
 pub mod lm;
 pub mod matvec;
 pub mod norm;
+pub mod peak;
 pub mod quant;
 pub mod rope;
 pub mod runtime;

@@ -20,7 +20,7 @@ use glance_models::llava::{Llava, WeightLayout};
 use glance_models::presets;
 use glance_models::random::random_var_builder;
 use glance_models::text::{TextConfig, TextModel};
-use glance_nn::{CausalLm, Mode, WeightFormat, WeightLoad};
+use glance_nn::{AttnMask, CausalLm, KvCache, Mode, WeightFormat, WeightLoad};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -51,6 +51,11 @@ pub struct DecodeArgs {
     /// Repetitions per measurement (the best is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Also time one pass over k new rows after the prompt for each k here (comma-separated,
+    /// 1 to 64; e.g. 1,2,4,8,16,32,64): the cost c(k) of verifying k draft tokens relative to
+    /// one decode step, per format and thread count, beside this CPU's arithmetic peak.
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<usize>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/decode.json")]
     pub json: PathBuf,
@@ -192,6 +197,9 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     if args.prompt_len == 0 || args.new_tokens < 2 || args.reps == 0 || args.reps > MAX_REPS {
         bail!("--prompt-len ≥ 1, --new-tokens ≥ 2 and --reps in 1..={MAX_REPS} are required");
     }
+    if let Some(k) = args.rows.iter().find(|&&k| k == 0 || k > MAX_ROWS) {
+        bail!("--rows {k}: each row count must be in 1..={MAX_ROWS}");
+    }
     if args.weights.is_empty() {
         bail!("--weights needs at least one format");
     }
@@ -299,6 +307,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
         "% bound"
     );
     let mut rows = Vec::new();
+    let mut rows_json = Vec::new();
     let mut formats = Vec::new();
     let mut first_step_bytes = None;
     for &format in &args.weights {
@@ -357,6 +366,10 @@ pub fn run(args: DecodeArgs) -> Result<()> {
                 "bytes_per_decode_step": step_bytes,
             }));
         }
+        if !args.rows.is_empty() {
+            let curves = rows_curves(model, &ids, &positions, &args, &thread_counts, format)?;
+            rows_json.extend(curves);
+        }
         formats.push(json!({
             "weights": format.name(),
             "load_s": load_s,
@@ -379,8 +392,117 @@ pub fn run(args: DecodeArgs) -> Result<()> {
         "prefill_flops": flops,
         "formats": formats,
         "rows": rows,
+        "row_costs": rows_json,
     });
     super::write_json(&args.json, &report)?;
     println!("\nwrote {}", args.json.display());
     Ok(())
+}
+
+/// Most rows of one pass `--rows` measures (the decode kernels' range).
+const MAX_ROWS: usize = glance_nn::matvec::MAX_SMALL_ROWS;
+
+/// Best time over `reps` of one pass of `k` new rows (forward and logits, as a speculative
+/// verification pass runs them) after the prompt in `cache`, which is rolled back after each.
+fn time_pass(
+    model: &TextModel,
+    cache: &mut KvCache,
+    start: usize,
+    k: usize,
+    reps: usize,
+) -> Result<f64> {
+    let c = model.config();
+    let ids: Vec<u32> = (0..k)
+        .map(|i| ((i * 31 + 7) % c.vocab_size) as u32)
+        .collect();
+    let positions: Vec<u32> = (start..start + k).map(|p| p as u32).collect();
+    let xs = model.embed_tokens(&ids)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let mark = cache.mark();
+        let t = std::time::Instant::now();
+        let hidden = model.forward(&xs, &positions, &AttnMask::causal(), cache)?;
+        std::hint::black_box(model.logits(&hidden)?);
+        best = best.min(t.elapsed().as_secs_f64());
+        cache.rollback(&mark)?;
+    }
+    Ok(best)
+}
+
+/// The c(k) curve of one format at every thread count: a table and its JSON rows.
+fn rows_curves(
+    model: &TextModel,
+    ids: &[u32],
+    positions: &[u32],
+    args: &DecodeArgs,
+    thread_counts: &[usize],
+    format: WeightFormat,
+) -> Result<Vec<serde_json::Value>> {
+    let c = model.config();
+    // Multiply-adds of one row through the linear layers (LM head included); attention over the
+    // short prompt is a small addition left out of the floor.
+    let emb = c.vocab_size * c.hidden_size;
+    let macs_row = (c.num_parameters() - if c.tie_word_embeddings { 0 } else { emb }) as f64;
+    let mut out = Vec::new();
+    for &t in thread_counts {
+        let pool = glance_engine::thread_pool(t)?;
+        // This CPU's peak for the instruction the format's kernels use, on `t` threads.
+        let peak = pool
+            .broadcast(|_| glance_nn::peak::macs_per_second(format))
+            .into_iter()
+            .sum::<Option<f64>>();
+        let times = pool.install(|| -> Result<Vec<f64>> {
+            let mut cache = model.new_cache();
+            let x = model.embed_tokens(ids)?;
+            model.forward(&x, positions, &AttnMask::causal(), &mut cache)?;
+            let mut t1 = time_pass(model, &mut cache, ids.len(), 1, args.reps)?;
+            let mut times = Vec::new();
+            for &k in &args.rows {
+                let tk = time_pass(model, &mut cache, ids.len(), k, args.reps)?;
+                if k == 1 {
+                    t1 = t1.min(tk);
+                }
+                times.push(tk);
+            }
+            times.insert(0, t1);
+            Ok(times)
+        })?;
+        let t1 = times[0];
+        println!(
+            "\n{} on {t} thread(s): one row {:.2} ms; peak {}",
+            format.name(),
+            t1 * 1e3,
+            peak.map_or("n/a".into(), |p| format!("{:.0} GMAC/s", p / 1e9))
+        );
+        println!(
+            "{:>5} {:>9} {:>7} {:>8} {:>8} {:>7}",
+            "rows", "ms", "c(k)", "GOP/s", "% peak", "floor"
+        );
+        for (&k, &tk) in args.rows.iter().zip(&times[1..]) {
+            let macs = k as f64 * macs_row;
+            let floor = peak.map(|p| (macs / p / t1).max(1.0));
+            let pct = peak.map(|p| 100.0 * macs / tk / p);
+            println!(
+                "{k:>5} {:>9.2} {:>7.2} {:>8.1} {:>7} {:>7}",
+                tk * 1e3,
+                tk / t1,
+                2.0 * macs / tk / 1e9,
+                pct.map_or("n/a".into(), |p| format!("{p:.0}%")),
+                floor.map_or("n/a".into(), |f| format!("{f:.2}")),
+            );
+            out.push(json!({
+                "weights": format.name(),
+                "threads": t,
+                "rows": k,
+                "ms": tk * 1e3,
+                "one_row_ms": t1 * 1e3,
+                "cost": tk / t1,
+                "gop_s": 2.0 * macs / tk / 1e9,
+                "peak_gmac_s": peak.map(|p| p / 1e9),
+                "fraction_of_peak": pct.map(|p| p / 100.0),
+                "floor_cost": floor,
+            }));
+        }
+    }
+    Ok(out)
 }

@@ -2,6 +2,7 @@
 //! kernels (as llama.cpp's Q8_0 activations): `x ≈ d · q`, `q` in `-127..=127`, one f32 `d` per
 //! block. Done once per linear call, before the weight rows are split over threads.
 
+use super::group::GROUP_BYTES;
 use super::BLOCK;
 
 /// `m` rows of `n` values (`n` a multiple of [`BLOCK`]), quantized per block.
@@ -12,11 +13,13 @@ pub struct QuantRows {
     pub qs: Vec<i8>,
     /// `(m, n / 32)` scales.
     pub d: Vec<f32>,
-    /// `qs` with each pair of blocks `(2p, 2p + 1)` reordered as [values 0..16 of block 2p, of
-    /// block 2p + 1, values 16..32 of block 2p, of block 2p + 1] — the order in which the q4
-    /// AVX-512 kernel unpacks two weight blocks (an odd last block stays as it is). Empty unless
-    /// made by [`QuantRows::with_nibble_order`].
-    pub nibble_order: Vec<i8>,
+    /// The rows' groups of 16 blocks arranged as the AVX-512 VNNI kernels read them
+    /// ([`super::group::arrange_inputs`], the last group padded with zeros), group-major:
+    /// `(⌈n / 512⌉, m, 512)`.
+    pub grouped: Vec<i8>,
+    /// `(m, n / 32)`: `Σ q` per block — the integer term a weight offset removes (q4's 8, and
+    /// q8's 128 in the VNNI kernel's unsigned weights).
+    pub sums: Vec<i32>,
     /// `(m, n / 32)`: `8 · d · Σ q` per block — the term a q4 weight block's offset of 8 removes.
     pub offset8: Vec<f32>,
 }
@@ -30,6 +33,7 @@ impl QuantRows {
         let mut qs = vec![0i8; m * n];
         let mut d = vec![0f32; m * nb];
         let mut offset8 = vec![0f32; m * nb];
+        let mut sums = vec![0i32; m * nb];
         for (b, (xb, qb)) in x
             .chunks_exact(BLOCK)
             .zip(qs.chunks_exact_mut(BLOCK))
@@ -45,39 +49,32 @@ impl QuantRows {
                 sum += *q as i32;
             }
             d[b] = scale;
+            sums[b] = sum;
             offset8[b] = 8.0 * scale * sum as f32;
+        }
+        // Each row arranged, then stored group-major: the kernels read one group of every row
+        // together.
+        let per_row = n.div_ceil(GROUP_BYTES) * GROUP_BYTES;
+        let mut rows = Vec::with_capacity(m * per_row);
+        for row in qs.chunks_exact(n.max(1)) {
+            super::group::arrange_inputs(row, &mut rows);
+        }
+        let mut grouped = vec![0i8; m * per_row];
+        for (k, row) in rows.chunks_exact(per_row.max(1)).enumerate() {
+            for (g, group) in row.chunks_exact(GROUP_BYTES).enumerate() {
+                let at = (g * m + k) * GROUP_BYTES;
+                grouped[at..at + GROUP_BYTES].copy_from_slice(group);
+            }
         }
         Self {
             m,
             n,
             qs,
             d,
+            grouped,
+            sums,
             offset8,
-            nibble_order: Vec::new(),
         }
-    }
-
-    /// Fills [`QuantRows::nibble_order`].
-    pub fn with_nibble_order(mut self) -> Self {
-        let mut out = self.qs.clone();
-        let half = BLOCK / 2;
-        for (src, dst) in self
-            .qs
-            .chunks_exact(self.n)
-            .zip(out.chunks_exact_mut(self.n))
-        {
-            for (s, d) in src
-                .chunks_exact(2 * BLOCK)
-                .zip(dst.chunks_exact_mut(2 * BLOCK))
-            {
-                d[..half].copy_from_slice(&s[..half]);
-                d[half..2 * half].copy_from_slice(&s[BLOCK..BLOCK + half]);
-                d[2 * half..3 * half].copy_from_slice(&s[half..BLOCK]);
-                d[3 * half..].copy_from_slice(&s[BLOCK + half..]);
-            }
-        }
-        self.nibble_order = out;
-        self
     }
 
     pub fn blocks(&self) -> usize {

@@ -5,6 +5,14 @@
 //! (bf16: the 16 bits shifted into the high half of an f32; f16: the hardware conversion, F16C /
 //! AVX-512F), so every output follows the one summation order described there: a row computed
 //! among others equals the row alone, bit for bit.
+//!
+//! **bf16 on AVX-512 BF16** ([`Isa::Avx512Bf16`]) runs `vdpbf16ps` instead: the input rows are
+//! rounded to bf16 once per product ([`Bf16Rows`], as llama.cpp does for its BF16 weights) and each
+//! instruction does 32 multiply-adds, twice the f32 FMA's — what a pass over several rows (a
+//! draft tree, a diffusion block) is bound by. Weight rows are register-blocked 4 × 4 with the
+//! input rows, each weight vector loaded once per tile; every output is still accumulated over
+//! its 32-value chunks in order and its lanes summed in one tree, so a row in a batch equals the
+//! row alone, bit for bit.
 
 use super::SharedBytes;
 use crate::matvec::{has_avx2_fma, has_avx512, simd_kernel};
@@ -144,6 +152,9 @@ pub fn widen(kind: HalfKind, bits: u16) -> f32 {
 /// The instruction sets a kernel can be run with (tests run every one the CPU has).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
+    /// AVX-512 with BF16 dot products: bf16 weights run `vdpbf16ps` on bf16-rounded inputs;
+    /// every other format runs as [`Isa::Avx512`].
+    Avx512Bf16,
     Avx512,
     Avx2,
     Portable,
@@ -160,6 +171,9 @@ impl Isa {
         let mut v = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
+            if has_avx512_bf16() {
+                v.push(Isa::Avx512Bf16);
+            }
             if has_avx512() {
                 v.push(Isa::Avx512);
             }
@@ -172,12 +186,130 @@ impl Isa {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+fn has_avx512_bf16() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has_avx512() && has!("avx512bw") && has!("avx512bf16")
+}
+
+/// Input rows `(m, n)` rounded to bf16 (to nearest, ties to even) for the `vdpbf16ps` kernel, each
+/// padded with zeros to whole chunks of 32 values: `(m, ⌈n / 32⌉ · 32)`.
+pub struct Bf16Rows {
+    stride: usize,
+    bits: Vec<u16>,
+}
+
+impl Bf16Rows {
+    pub fn new(x: &[f32], m: usize, n: usize) -> Self {
+        assert_eq!(x.len(), m * n, "Bf16Rows::new: shape");
+        let stride = n.div_ceil(32) * 32;
+        let mut bits = vec![0u16; m * stride];
+        for (row, dst) in x
+            .chunks_exact(n.max(1))
+            .zip(bits.chunks_exact_mut(stride.max(1)))
+        {
+            #[cfg(target_arch = "x86_64")]
+            if has_avx512_bf16() {
+                // SAFETY: AVX-512 F/BW/BF16 are present (checked just above); `row` has `n`
+                // values and `dst` at least `n`.
+                unsafe { round_row(row, dst) };
+                continue;
+            }
+            for (d, &v) in dst.iter_mut().zip(row) {
+                *d = half::bf16::from_f32(v).to_bits();
+            }
+        }
+        Self { stride, bits }
+    }
+}
+
+/// `row` rounded to bf16 into `dst` with `vcvtne2ps2bf16` (to nearest, ties to even, as
+/// `half::bf16::from_f32` for every finite value above the subnormals). Safety: AVX-512
+/// F/BW/BF16; `dst.len() ≥ row.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn round_row(row: &[f32], dst: &mut [u16]) {
+    use std::arch::x86_64::*;
+    let n = row.len();
+    debug_assert!(dst.len() >= n);
+    for c in (0..n).step_by(32) {
+        let left = (n - c).min(32);
+        let lo_mask: __mmask16 = if left >= 16 { 0xffff } else { (1 << left) - 1 };
+        let hi_mask: __mmask16 = if left >= 32 {
+            0xffff
+        } else if left > 16 {
+            (1 << (left - 16)) - 1
+        } else {
+            0
+        };
+        let lo = _mm512_maskz_loadu_ps(lo_mask, row.as_ptr().add(c));
+        let hi = _mm512_maskz_loadu_ps(hi_mask, row.as_ptr().add(c + 16.min(left)));
+        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        let mask: __mmask32 = if left >= 32 { !0 } else { (1 << left) - 1 };
+        _mm512_mask_storeu_epi16(dst.as_mut_ptr().add(c) as *mut i16, mask, v);
+    }
+}
+
+/// Whether `kind` weights run the `vdpbf16ps` kernel under `isa` (its inputs are then
+/// [`Bf16Rows`]).
+pub fn uses_bf16_inputs(kind: HalfKind, isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        kind == HalfKind::Bf16 && isa == Isa::Avx512Bf16 && has_avx512_bf16()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kind, isa);
+        false
+    }
+}
+
+/// [`block`] for bf16 weights with inputs already rounded ([`uses_bf16_inputs`]): `x` holds
+/// the `m` rows of `n` values.
+pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut [f32]) {
+    assert!(
+        x.bits.len() == m * x.stride && x.stride >= n && w.len().is_multiple_of(n.max(1)),
+        "block_bf16_inputs: shapes"
+    );
+    assert!(
+        out.len() >= w.len() / n.max(1) * m,
+        "block_bf16_inputs: output"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_bf16() {
+        // SAFETY: the CPU supports AVX-512 F/BW/BF16 (checked just above); the shapes were
+        // checked at the top.
+        unsafe { avx512_dp::block(w, x, n, m, out) };
+        return;
+    }
+    // Elsewhere the same values through the widening kernel (the products differ only in the
+    // order of additions).
+    let xs: Vec<f32> = (0..m)
+        .flat_map(|i| {
+            x.bits[i * x.stride..i * x.stride + n]
+                .iter()
+                .map(|&b| widen(HalfKind::Bf16, b))
+        })
+        .collect();
+    block(HalfKind::Bf16, w, &xs, n, m, out, Isa::best());
+}
+
 /// `out[r * m + i] = w_r · x_i` for the 16-bit weight rows `w` and f32 inputs `x` `(m, n)`, with
 /// the kernel of `isa` (which the CPU must have: see [`Isa::available`]).
 pub fn block(kind: HalfKind, w: &[u16], x: &[f32], n: usize, m: usize, out: &mut [f32], isa: Isa) {
+    assert!(
+        x.len() == m * n && w.len().is_multiple_of(n.max(1)) && out.len() >= w.len() / n.max(1) * m,
+        "half::block: ({m}, {n}) inputs, {} weights, {} outputs",
+        w.len(),
+        out.len()
+    );
+    if uses_bf16_inputs(kind, isa) {
+        block_bf16_inputs(w, &Bf16Rows::new(x, m, n), n, m, out);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     match (isa, kind) {
-        (Isa::Avx512, _) if has_avx512() => {
+        (Isa::Avx512 | Isa::Avx512Bf16, _) if has_avx512() => {
             // SAFETY: the CPU supports AVX-512F (checked in this arm's guard).
             unsafe {
                 match kind {
@@ -335,6 +467,85 @@ simd_kernel!(
     super::read_f16
 );
 
+/// The `vdpbf16ps` kernel (see the module header).
+#[cfg(target_arch = "x86_64")]
+mod avx512_dp {
+    use super::Bf16Rows;
+    use std::arch::x86_64::*;
+
+    /// `out[r * m + i] = w_r · x_i`. Safety: AVX-512 F/BW/BF16; `x` holds `m` rows of at least
+    /// `n` values; `out` holds `rows · m`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn block(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut [f32]) {
+        let rows = w.len() / n;
+        let mut r = 0;
+        if m == 1 {
+            while r + 8 <= rows {
+                tile::<8, 1>(w, x, n, r, 0, m, out);
+                r += 8;
+            }
+        }
+        while r + 4 <= rows {
+            let mut i = 0;
+            while i + 4 <= m {
+                tile::<4, 4>(w, x, n, r, i, m, out);
+                i += 4;
+            }
+            match m - i {
+                3 => tile::<4, 3>(w, x, n, r, i, m, out),
+                2 => tile::<4, 2>(w, x, n, r, i, m, out),
+                1 => tile::<4, 1>(w, x, n, r, i, m, out),
+                _ => {}
+            }
+            r += 4;
+        }
+        while r < rows {
+            for i in 0..m {
+                tile::<1, 1>(w, x, n, r, i, m, out);
+            }
+            r += 1;
+        }
+    }
+
+    /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`: each output accumulated over the
+    /// 32-value chunks in order (the last one masked), then its lanes summed.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[inline]
+    unsafe fn tile<const R: usize, const M: usize>(
+        w: &[u16],
+        x: &Bf16Rows,
+        n: usize,
+        r0: usize,
+        i0: usize,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); M]; R];
+        let (wp, xp) = (w.as_ptr(), x.bits.as_ptr());
+        for c in 0..n.div_ceil(32) {
+            let left = n - 32 * c;
+            let mask: __mmask32 = if left >= 32 { !0 } else { (1 << left) - 1 };
+            let mut xv = [_mm512_setzero_si512(); M];
+            for (i, v) in xv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(xp.add((i0 + i) * x.stride + 32 * c) as *const _);
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let wv =
+                    _mm512_maskz_loadu_epi16(mask, wp.add((r0 + r) * n + 32 * c) as *const i16);
+                let wb: __m512bh = std::mem::transmute(wv);
+                for (a, v) in acc_r.iter_mut().zip(&xv) {
+                    *a = _mm512_dpbf16_ps(*a, wb, std::mem::transmute::<__m512i, __m512bh>(*v));
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (i, a) in acc_r.iter().enumerate() {
+                out[(r0 + r) * m + i0 + i] = crate::matvec::hsum512(*a);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,10 +572,17 @@ mod tests {
                 (17, 9, 301),
             ] {
                 let w = HalfMatrix::from_f32(kind, &values(rows * n, 1), rows, n);
-                let x = values(m * n, 7);
+                let x_f32 = values(m * n, 7);
                 for isa in Isa::available() {
+                    // The BF16 kernel multiplies bf16-rounded inputs: its reference does too.
+                    let x: Vec<f32> = if uses_bf16_inputs(kind, isa) {
+                        let r = |v: f32| half::bf16::from_f32(v).to_f32();
+                        x_f32.iter().map(|&v| r(v)).collect()
+                    } else {
+                        x_f32.clone()
+                    };
                     let mut out = vec![0f32; rows * m];
-                    block(kind, w.bits(), &x, n, m, &mut out, isa);
+                    block(kind, w.bits(), &x_f32, n, m, &mut out, isa);
                     for r in 0..rows {
                         for i in 0..m {
                             let want: f64 = (0..n)
@@ -381,7 +599,7 @@ mod tests {
                             block(
                                 kind,
                                 w.bits(),
-                                &x[i * n..(i + 1) * n],
+                                &x_f32[i * n..(i + 1) * n],
                                 n,
                                 1,
                                 &mut alone,

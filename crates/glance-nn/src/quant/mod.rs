@@ -35,6 +35,7 @@ macro_rules! each_row_tile {
 }
 
 pub mod act;
+pub mod group;
 pub mod half;
 pub mod q4;
 pub mod q8;
@@ -232,13 +233,13 @@ impl<W> PackedKernels<W> {
         use half::Isa;
         #[cfg(target_arch = "x86_64")]
         match isa {
-            Isa::Avx512 if has_vnni() => {
+            Isa::Avx512 | Isa::Avx512Bf16 if has_vnni() => {
                 // SAFETY: the CPU supports AVX-512 F/BW/VL/VNNI and F16C (checked in the
                 // guard), all the VNNI kernel needs.
                 unsafe { (self.vnni)(w, sc, x, rows, out) };
                 return;
             }
-            Isa::Avx2 | Isa::Avx512 if has_avx2_f16c() => {
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 if has_avx2_f16c() => {
                 // SAFETY: the CPU supports AVX2, FMA and F16C (checked in the guard), all the
                 // AVX2 kernel needs.
                 unsafe { (self.avx2)(w, sc, x, rows, out) };
@@ -254,20 +255,166 @@ impl<W> PackedKernels<W> {
 /// Vector helpers shared by the q8 and q4 kernels.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::act::QuantRows;
+    use super::group::{plan, GROUP, GROUP_BYTES};
     use std::arch::x86_64::*;
+    use std::sync::OnceLock;
 
-    /// Indices that spread scales `2p` and `2p + 1` of 8 over the two halves of a 512-bit
-    /// vector, for `p` in `0..4`.
+    /// The index vectors of [`super::group::plan`] for q8 (`w = 3`) and q4 (`w = 2`).
+    fn network(w: u32) -> &'static [[[i32; 16]; 2]] {
+        static PLANS: OnceLock<[Vec<[[i32; 16]; 2]>; 2]> = OnceLock::new();
+        let plans = PLANS.get_or_init(|| {
+            [2, 3].map(|w| {
+                plan(w)
+                    .into_iter()
+                    .map(|st| st.map(|idx| idx.map(|i| i as i32)))
+                    .collect()
+            })
+        });
+        &plans[(w - 2) as usize]
+    }
+
+    /// A group's `V` stored vectors transposed in registers (see [`super::group`]).
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub unsafe fn pair_index() -> [__m512i; 4] {
-        let mut out = [_mm512_setzero_si512(); 4];
-        for (p, o) in out.iter_mut().enumerate() {
-            let lo = _mm256_set1_epi32(2 * p as i32);
-            let hi = _mm256_set1_epi32(2 * p as i32 + 1);
-            *o = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    pub unsafe fn transpose<const V: usize>(v: &mut [__m512i; V], idx: &[[__m512i; 2]]) {
+        for (j, st) in idx.iter().enumerate() {
+            let bit = 1 << j;
+            for a in 0..V {
+                if a & bit == 0 {
+                    let (va, vb) = (v[a], v[a | bit]);
+                    v[a] = _mm512_permutex2var_epi32(va, st[0], vb);
+                    v[a | bit] = _mm512_permutex2var_epi32(va, st[1], vb);
+                }
+            }
         }
-        out
+    }
+
+    /// The network of `w` as vectors.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub unsafe fn network_vectors<const S: usize>(w: u32) -> [[__m512i; 2]; S] {
+        let plan = network(w);
+        debug_assert_eq!(plan.len(), S);
+        std::array::from_fn(|j| plan[j].map(|idx| _mm512_loadu_si512(idx.as_ptr() as *const _)))
+    }
+
+    /// `count` bytes from `p` (at most 64) in a vector, the rest zero; nothing past them is read.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    pub unsafe fn load_bytes(p: *const u8, count: usize) -> __m512i {
+        if count >= 64 {
+            _mm512_loadu_si512(p as *const _)
+        } else {
+            _mm512_maskz_loadu_epi8((1u64 << count) - 1, p as *const i8)
+        }
+    }
+
+    /// A packed format's weights as the grouped kernel reads them.
+    pub trait GroupPrep {
+        /// The 8 unsigned weight vectors of row `r`'s group `g` (of `blocks` ≤ 16 blocks, the
+        /// missing ones zero) in word order.
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F/BW/VL/VNNI; `r` and `g` must be in the matrix.
+        unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8];
+    }
+
+    /// The AVX-512 VNNI kernel of q8 and q4 over groups of 16 blocks (see [`super::group`]):
+    /// `out[r * m + i] = w_r · x_i` for weight rows `0..rows`. `prep` gives each group's 8
+    /// unsigned weight vectors, meeting the inputs' 8 arranged vectors; `2^shift` is the
+    /// weights' offset, whose integer term `2^shift · Σ q_x` is removed per block. `scales`
+    /// `(rows, n / 32)` are the weights' f16 scales. Two weight rows at a time share each input
+    /// load (a 512-bit load is what limits this loop).
+    ///
+    /// Per output: one integer sum per block (exact, in any order), then one float
+    /// multiply-add per group in group order, then the lanes summed in a fixed tree — the same
+    /// operations whatever the number of input rows or of weight rows in a tile.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn grouped_rows(
+        scales: &[u16],
+        x: &QuantRows,
+        rows: usize,
+        shift: u32,
+        out: &mut [f32],
+        prep: &impl GroupPrep,
+    ) {
+        let mut acc = vec![_mm512_setzero_ps(); 2 * x.m];
+        let mut r = 0;
+        while r + 2 <= rows {
+            grouped_tile::<2>(scales, x, r, shift, &mut acc, out, prep);
+            r += 2;
+        }
+        if r < rows {
+            grouped_tile::<1>(scales, x, r, shift, &mut acc, out, prep);
+        }
+    }
+
+    /// Weight rows `r0..r0 + R` of [`grouped_rows`] against every input row; `acc` holds
+    /// `R · m` accumulators.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn grouped_tile<const R: usize>(
+        scales: &[u16],
+        x: &QuantRows,
+        r0: usize,
+        shift: u32,
+        acc: &mut [__m512],
+        out: &mut [f32],
+        prep: &impl GroupPrep,
+    ) {
+        let (m, nb) = (x.m, x.blocks());
+        let groups = nb.div_ceil(GROUP);
+        let shift = _mm_cvtsi32_si128(shift as i32);
+        let acc = &mut acc[..R * m];
+        acc.fill(_mm512_setzero_ps());
+        for g in 0..groups {
+            let blocks = (nb - g * GROUP).min(GROUP);
+            let bm: __mmask16 = if blocks == GROUP {
+                0xffff
+            } else {
+                (1 << blocks) - 1
+            };
+            let mut wv = [[_mm512_setzero_si512(); 8]; R];
+            let mut dw = [_mm512_setzero_ps(); R];
+            for j in 0..R {
+                wv[j] = prep.prep(r0 + j, g, blocks);
+                let ws = scales.as_ptr().add((r0 + j) * nb + g * GROUP);
+                dw[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bm, ws as *const i16));
+            }
+            // (m, 8 vectors): this group of every input row, contiguous.
+            let xg = x.grouped.as_ptr().add(g * m * GROUP_BYTES) as *const __m512i;
+            for k in 0..m {
+                let xk = xg.add(8 * k);
+                let at = k * nb + g * GROUP;
+                let sums = _mm512_maskz_loadu_epi32(bm, x.sums.as_ptr().add(at));
+                let offset = _mm512_sll_epi32(sums, shift);
+                let dx = _mm512_maskz_loadu_ps(bm, x.d.as_ptr().add(at));
+                // Two integer chains per weight row; each input vector loaded once.
+                let mut s = [[_mm512_setzero_si512(); 2]; R];
+                for v in (0..8).step_by(2) {
+                    let (x0, x1) = (
+                        _mm512_loadu_si512(xk.add(v)),
+                        _mm512_loadu_si512(xk.add(v + 1)),
+                    );
+                    for j in 0..R {
+                        s[j][0] = _mm512_dpbusd_epi32(s[j][0], wv[j][v], x0);
+                        s[j][1] = _mm512_dpbusd_epi32(s[j][1], wv[j][v + 1], x1);
+                    }
+                }
+                for j in 0..R {
+                    let dot = _mm512_sub_epi32(_mm512_add_epi32(s[j][0], s[j][1]), offset);
+                    let a = &mut acc[j * m + k];
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[j], dx), *a);
+                }
+            }
+        }
+        for j in 0..R {
+            for k in 0..m {
+                out[(r0 + j) * m + k] = crate::matvec::hsum512(acc[j * m + k]);
+            }
+        }
     }
 
     /// An f16 scale widened to f32 in all 8 lanes.
@@ -492,6 +639,14 @@ impl PackedMatrix {
         let (out_dim, n) = self.dims();
         debug_assert_eq!(x.len(), m * n);
         match self {
+            Self::Half(h) if half::uses_bf16_inputs(h.kind(), isa) => {
+                // Rounded once, shared by every task.
+                let xb = half::Bf16Rows::new(x, m, n);
+                crate::matvec::rows_parallel(out_dim, m, |first, rows, ys| {
+                    let w = &h.bits()[first * n..(first + rows) * n];
+                    half::block_bf16_inputs(w, &xb, n, m, ys)
+                })
+            }
             Self::Half(h) => crate::matvec::rows_parallel(out_dim, m, |first, rows, ys| {
                 let w = &h.bits()[first * n..(first + rows) * n];
                 half::block(h.kind(), w, x, n, m, ys, isa)
@@ -503,7 +658,7 @@ impl PackedMatrix {
                 })
             }
             Self::Q4(q) => {
-                let xq = act::QuantRows::new(x, m, n).with_nibble_order();
+                let xq = act::QuantRows::new(x, m, n);
                 crate::matvec::rows_parallel(out_dim, m, |first, rows, ys| {
                     q.block(first, rows, &xq, ys, isa)
                 })
@@ -572,7 +727,7 @@ pub(crate) mod tests {
         w: impl Fn(usize, usize) -> f32,
     ) {
         let x = values(m * n, 11);
-        let xq = QuantRows::new(&x, m, n).with_nibble_order();
+        let xq = QuantRows::new(&x, m, n);
         let xd =
             |i: usize, k: usize| xq.qs[i * n + k] as f64 * xq.d[i * n / BLOCK + k / BLOCK] as f64;
         for isa in Isa::available() {
@@ -587,7 +742,7 @@ pub(crate) mod tests {
                         (got - want).abs() <= 1e-5 * (1.0 + scale),
                         "{isa:?} ({m},{rows},{n}) [{r},{i}]: {got} vs {want}"
                     );
-                    let alone = QuantRows::new(&x[i * n..(i + 1) * n], 1, n).with_nibble_order();
+                    let alone = QuantRows::new(&x[i * n..(i + 1) * n], 1, n);
                     let mut one = vec![0f32; rows];
                     kernel(&alone, &mut one, isa);
                     assert_eq!(one[r].to_bits(), out[r * m + i].to_bits(), "{isa:?}");
@@ -645,12 +800,12 @@ pub(crate) mod tests {
                 let got = p.matmul(&x)?;
                 let err: f32 = (&got - &want)?.abs()?.max_all()?.to_scalar()?;
                 let scale: f32 = want.abs()?.max_all()?.to_scalar()?;
-                // q8 / q4 also quantize the input to 8 bits: ~0.5% of the largest output.
-                let tol = if format.is_quantized() && m <= 64 {
-                    1e-2
-                } else {
-                    1e-5
-                };
+                // q8 / q4 also quantize the input to 8 bits: ~0.5% of the largest output; bf16
+                // rounds it to 8 bits of mantissa where the CPU has BF16 dot products.
+                let rounded = format.is_quantized()
+                    || (format == WeightFormat::Bf16
+                        && half::uses_bf16_inputs(HalfKind::Bf16, Isa::best()));
+                let tol = if rounded && m <= 64 { 1e-2 } else { 1e-5 };
                 assert!(
                     err <= tol * scale,
                     "{format} ({m},{out},{n}): {err} of {scale}"
@@ -713,6 +868,119 @@ mod throughput {
                     s * 1e3
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod rows_cost {
+    use super::*;
+
+    /// Manual: `T=2 cargo test --release -p glance-nn rows_cost -- --ignored --nocapture`. The
+    /// cost of `m` input rows relative to one, per format, over 8 TinyLlama MLP-shaped matrices
+    /// (beyond the caches, as in a decode step).
+    #[test]
+    #[ignore]
+    fn rows_cost() {
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(d)
+        };
+        let (rows, cols, layers) = (env("R", 5632), 2048, env("L", 8));
+        let w = tests::values(rows * cols, 3);
+        let threads: usize = std::env::var("T")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let best = |f: &(dyn Fn() + Sync)| {
+            (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    pool.install(f);
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let ms = [1usize, 2, 4, 8, 16, 32, 64];
+        let formats: Vec<WeightFormat> = std::env::var("F")
+            .map(|s| s.split(',').map(|f| f.parse().unwrap()).collect())
+            .unwrap_or(vec![WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4]);
+        for f in formats {
+            let ps: Vec<PackedMatrix> = (0..layers)
+                .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
+                .collect();
+            let mut line = format!("{f} ");
+            let mut t1 = 0.0;
+            for &m in &ms {
+                let x = tests::values(m * cols, 5);
+                let s = best(&|| {
+                    for p in &ps {
+                        std::hint::black_box(p.matmul_rows(&x, m));
+                    }
+                });
+                if m == 1 {
+                    t1 = s;
+                    let gb = ps.iter().map(|p| p.storage_bytes()).sum::<usize>() as f64 / s / 1e9;
+                    line += &format!("t1 {:.2} ms ({gb:.1} GB/s): ", s * 1e3);
+                }
+                let gop = 2.0 * (layers * m * rows * cols) as f64 / s / 1e9;
+                line += &format!("{m}:{:.2} ({gop:.0}) ", s / t1);
+            }
+            println!("{line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod kernel_rate {
+    use super::*;
+
+    /// CPU seconds of this process so far (user + system), from /proc.
+    fn cpu_seconds() -> f64 {
+        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let f: Vec<&str> = s.rsplit(')').next().unwrap().split_whitespace().collect();
+        (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+    }
+
+    /// Manual: `cargo test --release -p glance-nn kernel_rate -- --ignored --nocapture`. Multiply-
+    /// adds per CPU second of each format's kernel on one thread, cache-resident (a shared
+    /// machine's other load does not count against it).
+    #[test]
+    #[ignore]
+    fn kernel_rate() {
+        let (rows, cols) = (256, 2048);
+        let w = tests::values(rows * cols, 3);
+        for f in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
+            let p = PackedMatrix::pack(f, &w, rows, cols).unwrap();
+            let mut line = format!("{f} ");
+            for m in [1usize, 4, 16, 64] {
+                let x = tests::values(m * cols, 5);
+                let xq = act::QuantRows::new(&x, m, cols);
+                let mut out = vec![0f32; rows * m];
+                let (start, mut reps) = (cpu_seconds(), 0usize);
+                while cpu_seconds() - start < 0.5 {
+                    for _ in 0..20 {
+                        match &p {
+                            PackedMatrix::Half(h) => h.block(0, rows, &x, m, &mut out),
+                            PackedMatrix::Q8(q) => q.block(0, rows, &xq, &mut out, Isa::best()),
+                            PackedMatrix::Q4(q) => q.block(0, rows, &xq, &mut out, Isa::best()),
+                        }
+                    }
+                    reps += 20;
+                }
+                let s = cpu_seconds() - start;
+                line += &format!(
+                    "m{m}: {:.1} GMAC/cpu-s  ",
+                    (reps * m * rows * cols) as f64 / s / 1e9
+                );
+            }
+            println!("{line}");
         }
     }
 }

@@ -170,32 +170,52 @@ fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::x86::scale_256;
+    use super::super::group::GROUP_BYTES;
+    use super::super::x86::{
+        grouped_rows, load_bytes, network_vectors, scale_256, transpose, GroupPrep,
+    };
     use super::BLOCK;
-    use crate::matvec::{hsum256, hsum512};
+    use crate::matvec::hsum256;
     use std::arch::x86_64::*;
 
-    /// See [`super::Q4Matrix::block`]: AVX-512 VNNI, two blocks per 512-bit step, groups of 8
-    /// blocks sharing one scale load; the last `nb % 8` blocks one at a time in 256 bits.
+    /// See [`super::Q4Matrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
+    /// registers ([`super::super::group`]): 4 vectors of packed nibbles, transposed, give the
+    /// low nibbles (values `4t..4t + 4` of each block) and the high ones (`16 + 4t..`); the
+    /// levels' offset of 8 is removed per block as `8 · Σ q_x`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn block_vnni(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        let m = x.m;
-        // (Tiles of 2 or 4 weight rows for one input row measured slower here: 14–17 GB/s
-        // against 21 on one thread.)
-        let mut r = 0;
-        while r < rows {
-            let mut i = 0;
-            while i + 4 <= m {
-                tile_vnni::<1, 4>(qs, sc, x, r, i, out);
-                i += 4;
+        let prep = Prep {
+            qs,
+            n: x.n,
+            net: network_vectors::<2>(2),
+        };
+        grouped_rows(sc, x, rows, 3, out, &prep);
+    }
+
+    struct Prep<'a> {
+        qs: &'a [u8],
+        n: usize,
+        net: [[__m512i; 2]; 2],
+    }
+
+    impl GroupPrep for Prep<'_> {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8] {
+            let base = self.qs.as_ptr().add((r * self.n + g * GROUP_BYTES) / 2);
+            let valid = blocks * BLOCK / 2;
+            let mut v = [_mm512_setzero_si512(); 4];
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
             }
-            match m - i {
-                3 => tile_vnni::<1, 3>(qs, sc, x, r, i, out),
-                2 => tile_vnni::<1, 2>(qs, sc, x, r, i, out),
-                1 => tile_vnni::<1, 1>(qs, sc, x, r, i, out),
-                _ => {}
+            transpose(&mut v, &self.net);
+            let low = _mm512_set1_epi8(0x0f);
+            let mut out = [_mm512_setzero_si512(); 8];
+            for t in 0..4 {
+                out[t] = _mm512_and_si512(v[t], low);
+                out[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v[t], 4), low);
             }
-            r += 1;
+            out
         }
     }
 
@@ -207,107 +227,6 @@ mod x86 {
         let lo = _mm_and_si128(v, _mm_set1_epi8(0x0f));
         let hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
         _mm256_set_m128i(hi, lo)
-    }
-
-    /// Indices that spread scales `2p` and `2p + 1` of 8 over the 128-bit chunks of a 512-bit
-    /// vector as [2p, 2p + 1, 2p, 2p + 1] (4 lanes each), for `p` in `0..4`.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn nibble_pair_index() -> [__m512i; 4] {
-        let mut out = [_mm512_setzero_si512(); 4];
-        for (p, o) in out.iter_mut().enumerate() {
-            let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
-            *o = _mm512_set_epi32(b, b, b, b, a, a, a, a, b, b, b, b, a, a, a, a);
-        }
-        out
-    }
-
-    /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M` into `out[r * m + i]`. Each output
-    /// gets the same sequence of operations whatever `R` and `M` (so a row in a batch equals the
-    /// row alone); several weight rows at once keep more loads in flight for one input row.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn tile_vnni<const R: usize, const M: usize>(
-        qs: &[u8],
-        sc: &[u16],
-        x: &QuantRows,
-        r0: usize,
-        i0: usize,
-        out: &mut [f32],
-    ) {
-        let (n, nb, m) = (x.n, x.blocks(), x.m);
-        let wq: [*const u8; R] = std::array::from_fn(|j| qs.as_ptr().add((r0 + j) * n / 2));
-        let ws: [*const u16; R] = std::array::from_fn(|j| sc.as_ptr().add((r0 + j) * nb));
-        let xn = x.nibble_order.as_slice();
-        let zero = _mm512_setzero_si512();
-        let idx = nibble_pair_index();
-        // Two blocks' 32 bytes in both halves of a vector, the upper half shifted right by 4:
-        // AND 0x0f leaves 128-bit chunks [b lows, b+1 lows, b highs, b+1 highs] — values 0..16
-        // and 16..32 of each block, the order of `QuantRows::nibble_order`'s inputs.
-        let shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-        let low = _mm512_set1_epi8(0x0f);
-        // Two accumulators per output (even and odd block pairs): two FMA chains in flight.
-        let mut acc = [[[_mm512_setzero_ps(); 2]; M]; R];
-        let mut corr = [[_mm256_setzero_ps(); M]; R];
-        let mut acc_t = [[_mm256_setzero_ps(); M]; R];
-        let mut corr_t = [[0f32; M]; R];
-        let groups = nb / 8;
-        for g in 0..groups {
-            // d_w · d_x of the 8 blocks, per output; the offset terms.
-            let mut dd = [[_mm512_setzero_ps(); M]; R];
-            for j in 0..R {
-                let s8 = _mm256_cvtph_ps(_mm_loadu_si128(ws[j].add(8 * g) as *const __m128i));
-                for k in 0..M {
-                    let off = _mm256_loadu_ps(x.offset8.as_ptr().add((i0 + k) * nb + 8 * g));
-                    corr[j][k] = _mm256_fmadd_ps(s8, off, corr[j][k]);
-                    let dx = _mm256_loadu_ps(x.d.as_ptr().add((i0 + k) * nb + 8 * g));
-                    dd[j][k] = _mm512_castps256_ps512(_mm256_mul_ps(s8, dx));
-                }
-            }
-            for (p, ix) in idx.iter().enumerate() {
-                let b = 8 * g + 2 * p;
-                let mut wv = [zero; R];
-                for j in 0..R {
-                    let raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                        wq[j].add(BLOCK / 2 * b) as *const __m256i
-                    ));
-                    wv[j] = _mm512_and_si512(_mm512_srlv_epi64(raw, shift), low);
-                }
-                for k in 0..M {
-                    let i = i0 + k;
-                    let xv = _mm512_loadu_si512(xn.as_ptr().add(i * n + BLOCK * b) as *const _);
-                    for j in 0..R {
-                        let dot = _mm512_dpbusd_epi32(zero, wv[j], xv);
-                        // [d(b), d(b + 1), d(b), d(b + 1)] × 4 lanes
-                        let d = _mm512_permutexvar_ps(*ix, dd[j][k]);
-                        let a = &mut acc[j][k][p & 1];
-                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, *a);
-                    }
-                }
-            }
-        }
-        for b in 8 * groups..nb {
-            for j in 0..R {
-                let wv = unpack_256(wq[j].add(BLOCK / 2 * b));
-                let dw = scale_256(*ws[j].add(b));
-                for k in 0..M {
-                    let i = i0 + k;
-                    let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
-                    let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
-                    let dx = _mm256_set1_ps(x.d[i * nb + b]);
-                    let a = &mut acc_t[j][k];
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
-                    corr_t[j][k] += _mm256_cvtss_f32(dw) * x.offset8[i * nb + b];
-                }
-            }
-        }
-        for j in 0..R {
-            for k in 0..M {
-                let main = hsum512(_mm512_add_ps(acc[j][k][0], acc[j][k][1]));
-                let total = (main + hsum256(acc_t[j][k])) - (hsum256(corr[j][k]) + corr_t[j][k]);
-                out[(r0 + j) * m + i0 + k] = total;
-            }
-        }
     }
 
     /// See [`super::Q4Matrix::block`]: AVX2, one block per 256-bit step.
@@ -386,6 +305,10 @@ mod tests {
             (3, 7, 224),
             (6, 70, 288),
             (17, 9, 256),
+            // Whole groups of 16 blocks, and whole groups with a partial one after.
+            (1, 3, 512),
+            (5, 6, 704),
+            (17, 4, 1120),
         ] {
             let w = Q4Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
             check_kernel(

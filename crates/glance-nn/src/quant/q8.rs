@@ -143,77 +143,49 @@ fn block_portable(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::x86::{pair_index, scale_256};
+    use super::super::group::GROUP_BYTES;
+    use super::super::x86::{
+        grouped_rows, load_bytes, network_vectors, scale_256, transpose, GroupPrep,
+    };
     use super::BLOCK;
-    use crate::matvec::{hsum256, hsum512};
+    use crate::matvec::hsum256;
     use std::arch::x86_64::*;
 
-    /// See [`super::Q8Matrix::block`]: AVX-512 VNNI, two blocks per 512-bit step, groups of 8
-    /// blocks sharing one scale load; the last `nb % 8` blocks one at a time in 256 bits.
+    /// See [`super::Q8Matrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
+    /// registers ([`super::super::group`]); the weights are made unsigned by adding 128 (a flip
+    /// of the sign bit), whose term `128 · Σ q_x` is removed per block.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn block_vnni(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        each_row_tile!(row_vnni, qs, sc, x, rows, out);
+        let prep = Prep {
+            qs,
+            n: x.n,
+            net: network_vectors::<3>(3),
+        };
+        grouped_rows(sc, x, rows, 7, out, &prep);
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn row_vnni<const M: usize>(
-        qs: &[i8],
-        sc: &[u16],
-        x: &QuantRows,
-        r: usize,
-        i0: usize,
-        out: &mut [f32],
-    ) {
-        let (n, nb) = (x.n, x.blocks());
-        let wq = qs.as_ptr().add(r * n);
-        let ws = sc.as_ptr().add(r * nb);
-        let zero = _mm512_setzero_si512();
-        let idx = pair_index();
-        // Two accumulators per output (even and odd block pairs): two FMA chains in flight.
-        let mut acc = [[_mm512_setzero_ps(); 2]; M];
-        let mut acc_t = [_mm256_setzero_ps(); M];
-        let groups = nb / 8;
-        for g in 0..groups {
-            // 8 weight scales (f16 → f32) for blocks 8g..8g+8.
-            let s8 = _mm256_cvtph_ps(_mm_loadu_si128(ws.add(8 * g) as *const __m128i));
-            // d_w · d_x of the 8 blocks, per input row.
-            let mut dd = [_mm512_setzero_ps(); M];
-            for (k, d) in dd.iter_mut().enumerate() {
-                let dx = _mm256_loadu_ps(x.d.as_ptr().add((i0 + k) * nb + 8 * g));
-                *d = _mm512_castps256_ps512(_mm256_mul_ps(s8, dx));
+    struct Prep<'a> {
+        qs: &'a [i8],
+        n: usize,
+        net: [[__m512i; 2]; 3],
+    }
+
+    impl GroupPrep for Prep<'_> {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8] {
+            let base = self.qs.as_ptr().add(r * self.n + g * GROUP_BYTES) as *const u8;
+            let valid = blocks * BLOCK;
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
             }
-            for (p, ix) in idx.iter().enumerate() {
-                let b = 8 * g + 2 * p;
-                let wv = _mm512_loadu_si512(wq.add(BLOCK * b) as *const __m512i);
-                let aw = _mm512_abs_epi8(wv);
-                let neg = _mm512_movepi8_mask(wv);
-                for (k, a) in acc.iter_mut().enumerate() {
-                    let i = i0 + k;
-                    let xv = _mm512_loadu_si512(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
-                    let sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
-                    let dot = _mm512_dpbusd_epi32(zero, aw, sx);
-                    // [d(b) × 8, d(b + 1) × 8]
-                    let d = _mm512_permutexvar_ps(*ix, dd[k]);
-                    a[p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, a[p & 1]);
-                }
+            transpose(&mut v, &self.net);
+            let flip = _mm512_set1_epi8(-128);
+            for vi in v.iter_mut() {
+                *vi = _mm512_xor_si512(*vi, flip);
             }
-        }
-        for b in 8 * groups..nb {
-            let wv = _mm256_loadu_si256(wq.add(BLOCK * b) as *const __m256i);
-            let aw = _mm256_abs_epi8(wv);
-            let dw = scale_256(*ws.add(b));
-            for (k, a) in acc_t.iter_mut().enumerate() {
-                let i = i0 + k;
-                let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
-                let sx = _mm256_sign_epi8(xv, wv);
-                let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-                let dx = _mm256_set1_ps(x.d[i * nb + b]);
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
-            }
-        }
-        for k in 0..M {
-            out[k] = hsum512(_mm512_add_ps(acc[k][0], acc[k][1])) + hsum256(acc_t[k]);
+            v
         }
     }
 
@@ -278,13 +250,17 @@ mod tests {
 
     #[test]
     fn kernels_match_the_reference_on_odd_sizes() {
-        // In-dims: 1, 3, 7 and 9 blocks (tails of the 8-block groups), 5 and 70 rows.
+        // In-dims: 1, 3, 7, 8 and 9 blocks (partial groups of 16), 16, 22 and 35; 1 to 70 rows.
         for (m, rows, n) in [
             (1, 1, 32),
             (1, 5, 96),
             (3, 7, 224),
             (6, 70, 288),
             (17, 9, 256),
+            // Whole groups of 16 blocks, and whole groups with a partial one after.
+            (1, 3, 512),
+            (5, 6, 704),
+            (17, 4, 1120),
         ] {
             let w = Q8Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
             check_kernel(
