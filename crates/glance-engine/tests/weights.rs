@@ -47,7 +47,10 @@ fn formats_keep_glance_tiny_top1_and_answers() {
     for (f, min_top1, max_err, min_same) in [
         (WeightFormat::Bf16, 0.99, 0.5, 0.9),
         (WeightFormat::F16, 0.99, 0.5, 0.9),
-        (WeightFormat::Q8, 0.99, 0.5, 0.9),
+        // q8 quantizes every input row to 8 bits per block, the prompt's too (as each decode
+        // step always did, and as llama.cpp's Q8_0 does): the largest difference over the
+        // prompt rows grows, the choices do not move.
+        (WeightFormat::Q8, 0.99, 1.5, 0.9),
         // q4: ~90% of all prompt rows (most are image-token rows, whose predictions nothing
         // reads) keep their argmax; the answers are what matters.
         (WeightFormat::Q4, 0.88, 4.0, 0.75),

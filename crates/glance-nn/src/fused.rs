@@ -119,6 +119,10 @@ pub(crate) fn softmax_row(src: &[f32], dst: &mut [f32]) {
     softmax_row_portable(src, dst)
 }
 
+/// [`softmax_row_portable`] compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn softmax_row_avx2(src: &[f32], dst: &mut [f32]) {

@@ -169,6 +169,9 @@ macro_rules! simd_kernel {
             use std::arch::x86_64::*;
 
             /// See [`super::block`].
+            ///
+            /// # Safety
+            /// The CPU must support `$feature`; `w` holds whole rows of `n` values, `x` `m` rows of `n`, `out` at least `rows · m` values.
             #[target_feature(enable = $feature)]
             pub unsafe fn block(w: &[$wty], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
                 let rows = w.len() / n;
@@ -204,6 +207,9 @@ macro_rules! simd_kernel {
             }
 
             /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`.
+            ///
+            /// # Safety
+            /// As [`block`], for weight rows `r0..r0 + R` and input rows `i0..i0 + M`, which it keeps in range.
             #[inline(always)]
             unsafe fn tile<const R: usize, const M: usize>(
                 wp: *const $wty,
@@ -254,6 +260,9 @@ pub(crate) unsafe fn read_f32(p: *const f32) -> f32 {
 }
 
 /// Lanes of a 256-bit vector summed in a fixed tree.
+///
+/// # Safety
+/// The CPU must support AVX.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
@@ -265,6 +274,9 @@ pub(crate) unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
 }
 
 /// Lanes of a 512-bit vector: the halves added, then [`hsum256`].
+///
+/// # Safety
+/// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn hsum512(v: std::arch::x86_64::__m512) -> f32 {

@@ -54,6 +54,9 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// `iters` × 10 independent 512-bit FMAs (16 multiply-adds each).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn fma512(iters: u64) -> f32 {
         let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
@@ -68,6 +71,9 @@ mod x86 {
     }
 
     /// `iters` × 10 independent 256-bit FMAs (8 multiply-adds each).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn fma256(iters: u64) -> f32 {
         let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
@@ -88,6 +94,9 @@ mod x86 {
     }
 
     /// `iters` × 10 independent `vpdpbusd` (64 multiply-adds each).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F and VNNI.
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub unsafe fn dpbusd(iters: u64) -> f32 {
         let (a, b) = (_mm512_set1_epi8(1), _mm512_set1_epi8(1));

@@ -7,28 +7,31 @@ use super::BLOCK;
 
 /// `m` rows of `n` values (`n` a multiple of [`BLOCK`]), quantized per block.
 pub struct QuantRows {
-    pub m: usize,
-    pub n: usize,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
     /// `(m, n)` 8-bit values.
-    pub qs: Vec<i8>,
+    pub(crate) qs: Vec<i8>,
     /// `(m, n / 32)` scales.
-    pub d: Vec<f32>,
+    pub(crate) d: Vec<f32>,
     /// The rows' groups of 16 blocks arranged as the AVX-512 VNNI kernels read them
     /// ([`super::group::arrange_inputs`], the last group padded with zeros), group-major:
     /// `(⌈n / 512⌉, m, 512)`.
-    pub grouped: Vec<i8>,
+    pub(crate) grouped: Vec<i8>,
     /// `(m, n / 32)`: `Σ q` per block — the integer term a weight offset removes (q4's 8, and
     /// q8's 128 in the VNNI kernel's unsigned weights).
-    pub sums: Vec<i32>,
+    pub(crate) sums: Vec<i32>,
     /// `(m, n / 32)`: `8 · d · Σ q` per block — the term a q4 weight block's offset of 8 removes.
-    pub offset8: Vec<f32>,
+    pub(crate) offset8: Vec<f32>,
 }
 
 impl QuantRows {
     /// `x` `(m, n)` row-major.
     pub fn new(x: &[f32], m: usize, n: usize) -> Self {
-        debug_assert_eq!(x.len(), m * n);
-        debug_assert_eq!(n % BLOCK, 0);
+        assert!(
+            x.len() == m * n && n.is_multiple_of(BLOCK),
+            "QuantRows::new: {} values for ({m}, {n}), n a multiple of {BLOCK}",
+            x.len()
+        );
         let nb = n / BLOCK;
         let mut qs = vec![0i8; m * n];
         let mut d = vec![0f32; m * nb];
@@ -75,6 +78,16 @@ impl QuantRows {
             sums,
             offset8,
         }
+    }
+
+    /// Input rows.
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        self.n
     }
 
     pub fn blocks(&self) -> usize {

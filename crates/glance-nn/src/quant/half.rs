@@ -359,6 +359,9 @@ fn dot_portable(kind: HalfKind, w: &[u16], x: &[f32]) -> f32 {
 }
 
 /// Sixteen bf16 values widened to f32: each shifted into the high half of a 32-bit lane.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `p` must be valid for reading 16 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -369,6 +372,9 @@ unsafe fn load_bf16_512(p: *const u16) -> std::arch::x86_64::__m512 {
 }
 
 /// Sixteen f16 values widened to f32.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `p` must be valid for reading 16 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -378,6 +384,9 @@ unsafe fn load_f16_512(p: *const u16) -> std::arch::x86_64::__m512 {
 }
 
 /// Eight bf16 values widened to f32.
+///
+/// # Safety
+/// The CPU must support AVX2; `p` must be valid for reading 8 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -388,6 +397,9 @@ unsafe fn load_bf16_256(p: *const u16) -> std::arch::x86_64::__m256 {
 }
 
 /// Eight f16 values widened to f32.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `p` must be valid for reading 8 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
@@ -509,6 +521,9 @@ mod avx512_dp {
 
     /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`: each output accumulated over the
     /// 32-value chunks in order (the last one masked), then its lanes summed.
+    ///
+    /// # Safety
+    /// As [`block`], for weight rows `r0..r0 + R` and input rows `i0..i0 + M`, which it keeps in range.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     #[inline]
     unsafe fn tile<const R: usize, const M: usize>(

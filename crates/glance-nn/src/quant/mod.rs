@@ -3,11 +3,11 @@
 //!
 //! A [`crate::Linear`] holds either an f32 tensor (training, and the `f32` format) or a
 //! [`PackedMatrix`]. Packed weights are inference only and live on the CPU:
-//! - a few input rows (decode, draft trees, continuous batching: ≤ [`crate::matvec::MAX_SMALL_ROWS`])
-//!   run the format's own kernels — AVX-512 (with VNNI for q8 / q4), AVX2 + FMA, or a portable
-//!   fallback, chosen at run time — split over output rows on the current rayon pool;
-//! - more rows (a prefill) dequantize tiles of output rows into f32 and use candle's GEMM
-//!   ([`PackedMatrix::matmul`]).
+//! every product runs the format's own kernels — AVX-512 (VNNI for q8 / q4 over groups of 16
+//! blocks: [`group`]; BF16 dot products for bf16), AVX2 + FMA, or a portable fallback, chosen at
+//! run time — split over output rows on the current rayon pool, the input rows in passes of 64
+//! (decode, draft trees, diffusion blocks, continuous batching and prompts alike: a row's result
+//! never depends on the rows beside it).
 //!
 //! q8 and q4 need the input dimension to be a multiple of 32 (their block); a matrix whose input
 //! dimension is not falls back to bf16 ([`WeightFormat::for_in_dim`]).
@@ -35,6 +35,8 @@ macro_rules! each_row_tile {
 }
 
 pub mod act;
+#[cfg(test)]
+mod bench;
 pub mod group;
 pub mod half;
 pub mod q4;
@@ -45,7 +47,6 @@ use candle_core::{DType, Tensor};
 pub use half::{HalfKind, HalfMatrix, Isa};
 use q4::Q4Matrix;
 use q8::Q8Matrix;
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// Values per quantization block (q8, q4).
@@ -205,7 +206,8 @@ fn has_avx2_f16c() -> bool {
     crate::matvec::has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// One kernel of a packed format: `(weights, scales, input rows, weight rows, out)`.
+/// One kernel of a packed format: `(weights, scales, input rows, weight rows, out)`; its safety
+/// contract is the kernel's (see [`PackedKernels`]).
 type PackedKernel<W> = unsafe fn(&[W], &[u16], &act::QuantRows, usize, &mut [f32]);
 
 /// A packed format's kernels. `vnni` and `avx2` need exactly those instruction sets (and F16C),
@@ -275,6 +277,9 @@ mod x86 {
     }
 
     /// A group's `V` stored vectors transposed in registers (see [`super::group`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub unsafe fn transpose<const V: usize>(v: &mut [__m512i; V], idx: &[[__m512i; 2]]) {
@@ -291,6 +296,9 @@ mod x86 {
     }
 
     /// The network of `w` as vectors.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `S` must be the number of stages of `w`'s network.
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub unsafe fn network_vectors<const S: usize>(w: u32) -> [[__m512i; 2]; S] {
@@ -300,6 +308,9 @@ mod x86 {
     }
 
     /// `count` bytes from `p` (at most 64) in a vector, the rest zero; nothing past them is read.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW; `p` must be valid for reading `min(count, 64)` bytes.
     #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
     pub unsafe fn load_bytes(p: *const u8, count: usize) -> __m512i {
@@ -330,6 +341,9 @@ mod x86 {
     /// Per output: one integer sum per block (exact, in any order), then one float
     /// multiply-add per group in group order, then the lanes summed in a fixed tree — the same
     /// operations whatever the number of input rows or of weight rows in a tile.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `scales` holds the scales of `rows` whole rows of `x.n` values that `prep` reads, `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
     pub unsafe fn grouped_rows(
@@ -353,6 +367,9 @@ mod x86 {
 
     /// Weight rows `r0..r0 + R` of [`grouped_rows`] against every input row; `acc` holds
     /// `R · m` accumulators.
+    ///
+    /// # Safety
+    /// As [`grouped_rows`], for weight rows `r0..r0 + R`; `acc` holds at least `R · x.m` accumulators.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn grouped_tile<const R: usize>(
@@ -418,6 +435,9 @@ mod x86 {
     }
 
     /// An f16 scale widened to f32 in all 8 lanes.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
     #[target_feature(enable = "avx2,f16c")]
     #[inline]
     pub unsafe fn scale_256(bits: u16) -> __m256 {
@@ -548,8 +568,8 @@ impl PartialEq for PackedMatrix {
     }
 }
 
-/// Output rows per dequantized tile of a prefill GEMM.
-const TILE_ROWS: usize = 512;
+/// Input rows per pass of the kernels over the weights (their inputs stay in cache).
+const ROWS_PER_PASS: usize = crate::matvec::MAX_SMALL_ROWS;
 
 impl PackedMatrix {
     /// Packs `data` `(rows, cols)` in `format` (not f32; q8 / q4 need `cols` a multiple of 32:
@@ -637,7 +657,16 @@ impl PackedMatrix {
     /// [`PackedMatrix::matmul_rows`] with a given instruction set (one the CPU has).
     pub fn matmul_rows_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         let (out_dim, n) = self.dims();
-        debug_assert_eq!(x.len(), m * n);
+        assert_eq!(x.len(), m * n, "packed matmul: ({m}, {n}) inputs expected");
+        if m > ROWS_PER_PASS {
+            // Input rows in chunks that stay in cache while the weights stream past; each row's
+            // result is independent of the others.
+            let mut y = Vec::with_capacity(m * out_dim);
+            for chunk in x.chunks(ROWS_PER_PASS * n) {
+                y.extend(self.matmul_rows_with(chunk, chunk.len() / n, isa));
+            }
+            return y;
+        }
         match self {
             Self::Half(h) if half::uses_bf16_inputs(h.kind(), isa) => {
                 // Rounded once, shared by every task.
@@ -666,35 +695,17 @@ impl PackedMatrix {
         }
     }
 
-    /// `x` `(m, in)` f32 CPU tensor → `(m, out)`: the kernels for a few rows, else f32 tiles of
-    /// [`TILE_ROWS`] output rows dequantized in parallel and multiplied with candle's GEMM.
+    /// `x` `(m, in)` f32 CPU tensor → `(m, out)` through the format's kernels, whatever `m`
+    /// ([`PackedMatrix::matmul_rows`]): a prompt row gets exactly what the same row gets in a
+    /// decode step.
     pub fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (out_dim, n) = self.dims();
         let (m, xn) = x.dims2()?;
         if xn != n {
             candle_core::bail!("packed matmul: x is ({m}, {xn}) for a ({out_dim}, {n}) matrix")
         }
-        if m <= crate::matvec::MAX_SMALL_ROWS {
-            let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            let y = self.matmul_rows(&xs, m);
-            return Tensor::from_vec(y, (m, out_dim), x.device());
-        }
-        let mut tiles = Vec::with_capacity(out_dim.div_ceil(TILE_ROWS));
-        for first in (0..out_dim).step_by(TILE_ROWS) {
-            let rows = TILE_ROWS.min(out_dim - first);
-            let mut w = vec![0f32; rows * n];
-            w.par_chunks_mut(n * 16)
-                .enumerate()
-                .for_each(|(c, chunk)| self.dequantize_rows(first + 16 * c, chunk));
-            // (rows, in)
-            let w = Tensor::from_vec(w, (rows, n), x.device())?;
-            // (m, in) x (in, rows) -> (m, rows)
-            tiles.push(x.matmul(&w.t()?)?);
-        }
-        if tiles.len() == 1 {
-            return Ok(tiles.pop().expect("one tile"));
-        }
-        Tensor::cat(&tiles, 1)
+        let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Tensor::from_vec(self.matmul_rows(&xs, m), (m, out_dim), x.device())
     }
 }
 
@@ -779,8 +790,8 @@ pub(crate) mod tests {
         assert_eq!(WeightFormat::F16.for_in_dim(33), WeightFormat::F16);
     }
 
-    /// The packed product (kernels for few rows, dequantized GEMM tiles for many) against the
-    /// f32 product of the dequantized matrix, for every format and on odd output sizes.
+    /// The packed product (one pass for a few rows, passes of 64 for many) against the f32
+    /// product of the dequantized matrix, for every format and on odd output sizes.
     #[test]
     fn packed_matmul_matches_dequantized_product() -> candle_core::Result<()> {
         let dev = candle_core::Device::Cpu;
@@ -805,7 +816,7 @@ pub(crate) mod tests {
                 let rounded = format.is_quantized()
                     || (format == WeightFormat::Bf16
                         && half::uses_bf16_inputs(HalfKind::Bf16, Isa::best()));
-                let tol = if rounded && m <= 64 { 1e-2 } else { 1e-5 };
+                let tol = if rounded { 1e-2 } else { 1e-5 };
                 assert!(
                     err <= tol * scale,
                     "{format} ({m},{out},{n}): {err} of {scale}"
@@ -814,173 +825,5 @@ pub(crate) mod tests {
         }
         assert!(PackedMatrix::pack(WeightFormat::Q8, &values(33, 1), 1, 33).is_err());
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod throughput {
-    use super::*;
-
-    /// Manual: `cargo test --release -p glance-nn throughput -- --ignored --nocapture`. Weight
-    /// bytes streamed per second by each format's matrix-vector kernel on one thread, beside
-    /// the f32 kernel, on a matrix far beyond the caches.
-    #[test]
-    #[ignore]
-    fn kernel_throughput() {
-        let (rows, cols) = (8192, 8192);
-        let w = tests::values(rows * cols, 3);
-        let x = tests::values(cols, 5);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        let wt = candle_core::Tensor::from_vec(w.clone(), (rows, cols), &candle_core::Device::Cpu)
-            .unwrap();
-        let xt =
-            candle_core::Tensor::from_vec(x.clone(), (1, cols), &candle_core::Device::Cpu).unwrap();
-        let best = |f: &(dyn Fn() + Sync)| {
-            (0..5)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    pool.install(f);
-                    t.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
-        let s = best(&|| {
-            std::hint::black_box(crate::matvec::matvec(&wt, &xt).unwrap());
-        });
-        println!("f32: {:.1} GB/s", (rows * cols * 4) as f64 / s / 1e9);
-        for f in [
-            WeightFormat::Bf16,
-            WeightFormat::F16,
-            WeightFormat::Q8,
-            WeightFormat::Q4,
-        ] {
-            let p = PackedMatrix::pack(f, &w, rows, cols).unwrap();
-            for isa in Isa::available() {
-                let s = best(&|| {
-                    std::hint::black_box(p.matmul_rows_with(&x, 1, isa));
-                });
-                println!(
-                    "{f} {isa:?}: {:.1} GB/s ({:.2} ms)",
-                    p.storage_bytes() as f64 / s / 1e9,
-                    s * 1e3
-                );
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod rows_cost {
-    use super::*;
-
-    /// Manual: `T=2 cargo test --release -p glance-nn rows_cost -- --ignored --nocapture`. The
-    /// cost of `m` input rows relative to one, per format, over 8 TinyLlama MLP-shaped matrices
-    /// (beyond the caches, as in a decode step).
-    #[test]
-    #[ignore]
-    fn rows_cost() {
-        let env = |k: &str, d: usize| {
-            std::env::var(k)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(d)
-        };
-        let (rows, cols, layers) = (env("R", 5632), 2048, env("L", 8));
-        let w = tests::values(rows * cols, 3);
-        let threads: usize = std::env::var("T")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(2);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        let best = |f: &(dyn Fn() + Sync)| {
-            (0..5)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    pool.install(f);
-                    t.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
-        let ms = [1usize, 2, 4, 8, 16, 32, 64];
-        let formats: Vec<WeightFormat> = std::env::var("F")
-            .map(|s| s.split(',').map(|f| f.parse().unwrap()).collect())
-            .unwrap_or(vec![WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4]);
-        for f in formats {
-            let ps: Vec<PackedMatrix> = (0..layers)
-                .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
-                .collect();
-            let mut line = format!("{f} ");
-            let mut t1 = 0.0;
-            for &m in &ms {
-                let x = tests::values(m * cols, 5);
-                let s = best(&|| {
-                    for p in &ps {
-                        std::hint::black_box(p.matmul_rows(&x, m));
-                    }
-                });
-                if m == 1 {
-                    t1 = s;
-                    let gb = ps.iter().map(|p| p.storage_bytes()).sum::<usize>() as f64 / s / 1e9;
-                    line += &format!("t1 {:.2} ms ({gb:.1} GB/s): ", s * 1e3);
-                }
-                let gop = 2.0 * (layers * m * rows * cols) as f64 / s / 1e9;
-                line += &format!("{m}:{:.2} ({gop:.0}) ", s / t1);
-            }
-            println!("{line}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod kernel_rate {
-    use super::*;
-
-    /// CPU seconds of this process so far (user + system), from /proc.
-    fn cpu_seconds() -> f64 {
-        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
-        let f: Vec<&str> = s.rsplit(')').next().unwrap().split_whitespace().collect();
-        (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
-    }
-
-    /// Manual: `cargo test --release -p glance-nn kernel_rate -- --ignored --nocapture`. Multiply-
-    /// adds per CPU second of each format's kernel on one thread, cache-resident (a shared
-    /// machine's other load does not count against it).
-    #[test]
-    #[ignore]
-    fn kernel_rate() {
-        let (rows, cols) = (256, 2048);
-        let w = tests::values(rows * cols, 3);
-        for f in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
-            let p = PackedMatrix::pack(f, &w, rows, cols).unwrap();
-            let mut line = format!("{f} ");
-            for m in [1usize, 4, 16, 64] {
-                let x = tests::values(m * cols, 5);
-                let xq = act::QuantRows::new(&x, m, cols);
-                let mut out = vec![0f32; rows * m];
-                let (start, mut reps) = (cpu_seconds(), 0usize);
-                while cpu_seconds() - start < 0.5 {
-                    for _ in 0..20 {
-                        match &p {
-                            PackedMatrix::Half(h) => h.block(0, rows, &x, m, &mut out),
-                            PackedMatrix::Q8(q) => q.block(0, rows, &xq, &mut out, Isa::best()),
-                            PackedMatrix::Q4(q) => q.block(0, rows, &xq, &mut out, Isa::best()),
-                        }
-                    }
-                    reps += 20;
-                }
-                let s = cpu_seconds() - start;
-                line += &format!(
-                    "m{m}: {:.1} GMAC/cpu-s  ",
-                    (reps * m * rows * cols) as f64 / s / 1e9
-                );
-            }
-            println!("{line}");
-        }
     }
 }

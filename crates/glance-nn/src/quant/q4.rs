@@ -138,7 +138,21 @@ impl Q4Matrix {
     }
 
     /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`.
+    ///
+    /// # Panics
+    /// If the rows are outside the matrix, `x`'s rows are not `cols` long or `out` holds fewer
+    /// than `rows · x.rows()` values.
     pub fn block(&self, first: usize, rows: usize, x: &QuantRows, out: &mut [f32], isa: Isa) {
+        assert!(
+            first + rows <= self.rows && x.n == self.cols && out.len() >= rows * x.m,
+            "block: rows {first}..{} of {}, ({}, {}) inputs for {} columns, {} outputs",
+            first + rows,
+            self.rows,
+            x.m,
+            x.n,
+            self.cols,
+            out.len()
+        );
         let (n, nb) = (self.cols, self.cols / BLOCK);
         let qs = &self.qs[first * n / 2..(first + rows) * n / 2];
         let sc = &self.scales[first * nb..(first + rows) * nb];
@@ -182,6 +196,9 @@ mod x86 {
     /// registers ([`super::super::group`]): 4 vectors of packed nibbles, transposed, give the
     /// low nibbles (values `4t..4t + 4` of each block) and the high ones (`16 + 4t..`); the
     /// levels' offset of 8 is removed per block as `8 · Σ q_x`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn block_vnni(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
         let prep = Prep {
@@ -199,6 +216,8 @@ mod x86 {
     }
 
     impl GroupPrep for Prep<'_> {
+        /// # Safety
+        /// See [`GroupPrep::prep`].
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
         #[inline]
         unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8] {
@@ -220,6 +239,9 @@ mod x86 {
     }
 
     /// 16 bytes of one block → its 32 levels in order (low nibbles, then high nibbles).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `p` must be valid for reading 16 bytes.
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn unpack_256(p: *const u8) -> __m256i {
@@ -230,11 +252,16 @@ mod x86 {
     }
 
     /// See [`super::Q4Matrix::block`]: AVX2, one block per 256-bit step.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
         each_row_tile!(row_avx2, qs, sc, x, rows, out);
     }
 
+    /// # Safety
+    /// As [`block_avx2`], for weight row `r` and input rows `i0..i0 + M`; `out` starts at the row's first output.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn row_avx2<const M: usize>(

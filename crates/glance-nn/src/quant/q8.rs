@@ -116,7 +116,21 @@ impl Q8Matrix {
     }
 
     /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`.
+    ///
+    /// # Panics
+    /// If the rows are outside the matrix, `x`'s rows are not `cols` long or `out` holds fewer
+    /// than `rows · x.rows()` values.
     pub fn block(&self, first: usize, rows: usize, x: &QuantRows, out: &mut [f32], isa: Isa) {
+        assert!(
+            first + rows <= self.rows && x.n == self.cols && out.len() >= rows * x.m,
+            "block: rows {first}..{} of {}, ({}, {}) inputs for {} columns, {} outputs",
+            first + rows,
+            self.rows,
+            x.m,
+            x.n,
+            self.cols,
+            out.len()
+        );
         let (n, nb) = (self.cols, self.cols / BLOCK);
         let qs = &self.qs[first * n..(first + rows) * n];
         let sc = &self.scales[first * nb..(first + rows) * nb];
@@ -154,6 +168,9 @@ mod x86 {
     /// See [`super::Q8Matrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
     /// registers ([`super::super::group`]); the weights are made unsigned by adding 128 (a flip
     /// of the sign bit), whose term `128 · Σ q_x` is removed per block.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn block_vnni(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
         let prep = Prep {
@@ -171,6 +188,8 @@ mod x86 {
     }
 
     impl GroupPrep for Prep<'_> {
+        /// # Safety
+        /// See [`GroupPrep::prep`].
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
         #[inline]
         unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8] {
@@ -190,11 +209,16 @@ mod x86 {
     }
 
     /// See [`super::Q8Matrix::block`]: AVX2, one block per 256-bit step.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
         each_row_tile!(row_avx2, qs, sc, x, rows, out);
     }
 
+    /// # Safety
+    /// As [`block_avx2`], for weight row `r` and input rows `i0..i0 + M`; `out` starts at the row's first output.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn row_avx2<const M: usize>(
