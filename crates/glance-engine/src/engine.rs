@@ -12,6 +12,7 @@
 //! cached prefix is forked before a request appends to it).
 
 pub(crate) mod batch;
+mod finite;
 
 use crate::cache::{
     tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, EncodingCache, ImageKey,
@@ -336,13 +337,17 @@ impl Engine {
         on_event: &mut (dyn FnMut(Event) -> Flow + Send),
     ) -> Result<Response> {
         request.validate()?;
-        self.pool.install(|| self.run(request, on_event))
+        self.pool.install(|| {
+            self.run(request, on_event)
+                .map_err(|e| self.explain_non_finite(e, &request.prompt))
+        })
     }
 
     /// The logits of every position of the prompt, `(prompt_tokens, vocab)`, from one causal
-    /// prefill (no pruning, no cache): the hook for parity checks.
+    /// prefill (no pruning, no cache): the hook for parity checks. Non-finite logits are an
+    /// [`Error::NonFinite`] naming the first layer whose output is not finite.
     pub fn prompt_logits(&self, prompt: &Prompt) -> Result<Tensor> {
-        self.pool.install(|| {
+        let logits = self.pool.install(|| {
             let rendered = self.render(prompt, false)?;
             let encoded = self.encode_all(&rendered.images)?;
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
@@ -355,7 +360,15 @@ impl Engine {
                 &mut cache,
             )?;
             text.logits(&hidden)
-        })
+        })?;
+        if !finite::all_finite(&logits)? {
+            let e = Error::NonFinite(format!(
+                "the prompt's logits {:?} hold non-finite values",
+                logits.dims()
+            ));
+            return Err(self.pool.install(|| self.explain_non_finite(e, prompt)));
+        }
+        Ok(logits)
     }
 
     fn run(
