@@ -188,8 +188,9 @@ pub struct DecodeArgs {
     /// diffusion-threshold gives the same output as `ar` under greedy decoding.
     #[arg(long, value_name = "STRATEGY", default_value = "ar")]
     pub decode: String,
-    /// Draft head directory for vispec / eagle (repeatable; each serves the kind its config
-    /// names). Default: the model directory's draft-vispec/ or draft-eagle/.
+    /// Draft head directory for vispec / eagle (repeatable, one per kind; each serves the kind
+    /// its config names). When given, only these heads are used. Default: the model
+    /// directory's draft-vispec/ or draft-eagle/.
     #[arg(long, value_name = "DIR")]
     pub draft: Vec<PathBuf>,
     #[command(flatten)]
