@@ -6,10 +6,11 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use glance_core::SamplingParams;
-use glance_decode::{DiffusionSettings, TreeSettings};
-use glance_engine::messages::{read_image_file, read_messages_file, ImageSources};
+use glance_decode::{DiffusionOptions, DiffusionSettings, OptionNames, TreeSettings};
+use glance_engine::messages::{read_image_files, read_messages_file, ImageSources};
 use glance_engine::{
     Budget, DecodeSpec, Engine, EngineOptions, Message, Policy, Prompt, PruneSpec, Request,
+    DEFAULT_MAX_IMAGES,
 };
 use std::path::{Path, PathBuf};
 
@@ -109,18 +110,16 @@ pub struct PromptArgs {
 }
 
 impl PromptArgs {
-    /// Reads the images (size-capped) or the messages file.
+    /// Reads the images (size-capped) or the messages file; the image count is checked against
+    /// the engine's default limit before any image is read.
     pub fn prompt(&self) -> Result<Prompt> {
         if let Some(path) = &self.messages {
-            let messages = read_messages_file(path, &ImageSources::AnyFile)?;
+            let messages = read_messages_file(path, &ImageSources::AnyFile, DEFAULT_MAX_IMAGES)
+                .context("--messages")?;
             return Ok(Prompt::Chat(messages));
         }
         let text = self.prompt.clone().unwrap_or_default();
-        let images = self
-            .image
-            .iter()
-            .map(|p| read_image_file(p).context("--image"))
-            .collect::<Result<Vec<_>>>()?;
+        let images = read_image_files(&self.image, DEFAULT_MAX_IMAGES).context("--image")?;
         Ok(if self.raw {
             Prompt::Raw { text, images }
         } else {
@@ -189,8 +188,9 @@ pub struct DecodeArgs {
     /// diffusion-threshold gives the same output as `ar` under greedy decoding.
     #[arg(long, value_name = "STRATEGY", default_value = "ar")]
     pub decode: String,
-    /// Draft head directory for vispec / eagle (repeatable; each serves the kind its config
-    /// names). Default: the model directory's draft-vispec/ or draft-eagle/.
+    /// Draft head directory for vispec / eagle (repeatable, one per kind; each serves the kind
+    /// its config names). When given, only these heads are used. Default: the model
+    /// directory's draft-vispec/ or draft-eagle/.
     #[arg(long, value_name = "DIR")]
     pub draft: Vec<PathBuf>,
     #[command(flatten)]
@@ -209,21 +209,16 @@ impl DecodeArgs {
                  --decode vispec or eagle, not `{spec}`"
             );
         }
-        if spec.diffusion_mode().is_none() && self.diffusion.any() {
-            bail!(
-                "--block, --threshold and --dynamic-block apply to --decode diffusion-threshold, \
-                 diffusion-linear or diffusion-quadratic, not `{spec}`"
-            );
-        }
+        self.diffusion.settings(spec)?;
         Ok(spec)
     }
 
-    /// `base` with the draft heads and tree of the flags.
+    /// `base` with the draft heads, tree and block-diffusion settings of the flags.
     pub fn engine_options(&self, base: EngineOptions) -> Result<EngineOptions> {
         Ok(EngineOptions {
             drafts: self.draft.clone(),
             tree: self.tree.settings()?,
-            diffusion: self.diffusion.settings()?,
+            diffusion: self.diffusion.settings(self.spec()?)?,
             ..base
         })
     }
@@ -247,18 +242,15 @@ pub struct DiffusionFlags {
 }
 
 impl DiffusionFlags {
-    pub fn any(&self) -> bool {
-        self.block.is_some() || self.threshold.is_some() || self.dynamic_block
-    }
-
-    /// The settings the flags give (`None` when no flag is set: the model's defaults apply).
-    pub fn settings(&self) -> Result<Option<DiffusionSettings>> {
-        if !self.any() {
-            return Ok(None);
-        }
-        let s = DiffusionSettings::sized(self.block, self.threshold, self.dynamic_block);
-        s.validate()?;
-        Ok(Some(s))
+    /// The settings the flags give `spec` (`None` when no flag is set: the model's defaults
+    /// apply); a flag that does not apply to `spec` is refused naming both.
+    pub fn settings(&self, spec: DecodeSpec) -> Result<Option<DiffusionSettings>> {
+        let options = DiffusionOptions {
+            block: self.block,
+            threshold: self.threshold,
+            dynamic: self.dynamic_block,
+        };
+        Ok(options.settings_for(spec, &OptionNames::FLAGS)?)
     }
 }
 

@@ -26,14 +26,38 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let start = std::time::Instant::now();
     let s = glance_models::quantize::quantize_dir(&args.dir, &args.out, args.weights)
         .with_context(|| format!("quantizing {}", args.dir.display()))?;
+    // What was written, format by format: q8 / q4 fall back to bf16 for a matrix whose input
+    // dimension is not a multiple of 32, and the vision tower is in a 16-bit float.
+    let formats: Vec<String> = s
+        .by_format
+        .iter()
+        .map(|(f, n)| format!("{n} in {f}"))
+        .collect();
     println!(
-        "wrote {} ({} matrices in {}, {} tensors copied; {:.1} MB) in {:.1} s",
+        "wrote {} ({} matrices packed: {}; {} tensors copied; {:.1} MB) in {:.1} s",
         args.out.display(),
         s.packed,
-        args.weights,
+        if formats.is_empty() {
+            "none".to_string()
+        } else {
+            formats.join(", ")
+        },
         s.copied,
         s.bytes as f64 / 1e6,
         start.elapsed().as_secs_f64()
     );
+    let wanted = s
+        .by_format
+        .iter()
+        .find(|(f, _)| *f == args.weights)
+        .map_or(0, |(_, n)| *n);
+    if wanted == 0 {
+        eprintln!(
+            "warning: no matrix was packed in {}: every text-decoder matrix has an input \
+             dimension that is not a multiple of 32 and fell back to bf16 (the vision tower and \
+             projector are always in a 16-bit float)",
+            args.weights
+        );
+    }
     Ok(())
 }

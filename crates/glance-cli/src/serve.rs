@@ -69,19 +69,10 @@ pub struct ServeArgs {
     pub decode: DecodeArgs,
 }
 
+/// Validates every flag (the server's settings, the engine's options, the default strategy's
+/// flags) before the model loads, then loads it, checks that it can run the default strategy
+/// (a converted model for diffusion, the draft head for vispec / eagle) and serves.
 pub fn run(args: ServeArgs) -> Result<()> {
-    if args.max_batch == 0 {
-        bail!("--max-batch must be at least 1");
-    }
-    if args.body_timeout_ms == 0 || args.header_timeout_ms == 0 || args.max_body_bytes == 0 {
-        bail!("--body-timeout-ms, --header-timeout-ms and --max-body-bytes must be at least 1");
-    }
-    if args.prefill_chunk == 0 {
-        bail!("--prefill-chunk must be at least 1");
-    }
-    if args.default_max_tokens == 0 {
-        bail!("--default-max-tokens must be at least 1");
-    }
     let image_sources = match &args.allow_local_files {
         None => ImageSources::DataOnly,
         Some(dir) => {
@@ -104,15 +95,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_images: args.max_images_per_request,
         ..args.decode.engine_options(EngineOptions::default())?
     };
-    let (dir, engine) = args.model.engine(options)?;
-    // A speculative default needs its draft head: load it now rather than fail every request.
-    if let Some(kind) = defaults.decode.draft_kind() {
-        engine
-            .draft(kind)
-            .with_context(|| format!("--decode {}", defaults.decode))?;
-    }
-    let model_name = match args.served_model_name {
-        Some(n) => n,
+    options.validate()?;
+    let dir = args.model.dir()?;
+    let model_name = match &args.served_model_name {
+        Some(n) => n.clone(),
         None => dir
             .file_name()
             .map_or("glance".into(), |n| n.to_string_lossy().into_owned()),
@@ -129,6 +115,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         batching: !args.no_batching,
         prefill_chunk: args.prefill_chunk,
     };
+    config.validate()?;
+    let (_, engine) = args.model.engine(options)?;
+    // The default strategy must run on this model: refused now rather than on every request.
+    engine.check_decode(config.defaults.decode)?;
     let addr = format!("{}:{}", args.host, args.port);
     glance_serve::serve_blocking(Arc::new(engine), config, &addr, |bound| {
         // Tests and scripts read the bound address from this line.

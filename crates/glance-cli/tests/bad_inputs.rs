@@ -8,64 +8,14 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use common::bounded::*;
 use common::*;
 use glance_models::processing::image::png_header_only;
 use serde_json::{json, Value};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Longest a single bad-input run may take before it counts as a hang.
-const CASE_TIMEOUT: Duration = Duration::from_secs(30);
-
 const MODEL: &str = "models/llama-gqa";
-
-/// Runs `glance args…` with [`CASE_TIMEOUT`]; kills the process and fails on expiry. Returns
-/// (exit code, stderr).
-fn run_bounded(label: &str, args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_glance"))
-        .args(args)
-        .env("RAYON_NUM_THREADS", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("binary runs");
-    // Drain stderr on a thread so a chatty process cannot block on a full pipe.
-    let mut pipe = child.stderr.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = pipe.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if start.elapsed() > CASE_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{label}: still running after {CASE_TIMEOUT:?} (killed)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status.code(), reader.join().expect("reader"))
-}
-
-/// Asserts the clean failure of one case: exit code 1, `error:` with `keyword`, no panic.
-fn expect_failure(label: &str, args: &[&str], keyword: &str) -> String {
-    let (code, err) = run_bounded(label, args);
-    assert!(!err.contains("panicked"), "{label}: panic: {err}");
-    assert_eq!(code, Some(1), "{label}: exit code {code:?}, stderr: {err}");
-    assert!(err.contains("error:"), "{label}: no `error:` line: {err}");
-    assert!(
-        err.contains(keyword),
-        "{label}: expected `{keyword}` in: {err}"
-    );
-    err
-}
 
 /// `glance run` of `model` on `image` with a short prompt and `extra` flags.
 fn run_args<'a>(model: &'a str, image: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
@@ -84,17 +34,6 @@ fn run_args<'a>(model: &'a str, image: &'a str, extra: &[&'a str]) -> Vec<&'a st
     v
 }
 
-/// A fresh copy of fixture model `name` under `root`.
-fn model_copy(root: &Path, label: &str, name: &str) -> PathBuf {
-    let dst = root.join(label);
-    std::fs::create_dir_all(&dst).unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-    }
-    dst
-}
-
 /// A copy of the fixture model whose `config.json` went through `edit`.
 fn config_case(
     root: &Path,
@@ -108,13 +47,6 @@ fn config_case(
     edit(&mut v);
     std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     m
-}
-
-/// A file of `len` bytes starting with `head`, sparse (no disk or time spent on the rest).
-fn sparse_file(path: &Path, head: &[u8], len: u64) {
-    std::fs::write(path, head).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.set_len(len).unwrap();
 }
 
 #[test]
@@ -535,4 +467,358 @@ fn weight_formats_and_quantized_checkpoints() {
         "exists",
     );
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Counts are checked before the work they bound: 300 `--image`s of a 100 MiB file, or a
+/// conversation naming it 500 times, are refused by their count before any image is read
+/// (reading them would take 30 to 50 GB); a benchmark's request, client and token counts are
+/// refused before anything loads.
+#[test]
+fn counts_are_checked_before_the_work_they_bound() {
+    let d = scratch("bad-counts");
+    let model = fixture(MODEL);
+    let big = d.join("big.png");
+    sparse_file(&big, &png_header_only(64, 64), 100 << 20);
+    let mut args = vec!["run", "--model", s(&model), "--prompt", "hi"];
+    for _ in 0..300 {
+        args.extend(["--image", s(&big)]);
+    }
+    let start = Instant::now();
+    let err = expect_failure("300 --image", &args, "300 images");
+    assert!(
+        err.contains("--image") && err.contains("at most 16"),
+        "{err}"
+    );
+    let part = json!({"type": "image_url", "image_url": s(&big)});
+    let messages = d.join("messages.json");
+    let body = json!([{"role": "user", "content": vec![part; 500]}]);
+    std::fs::write(&messages, body.to_string()).unwrap();
+    let err = expect_failure(
+        "500 images in --messages",
+        &["run", "--model", s(&model), "--messages", s(&messages)],
+        "500 images",
+    );
+    assert!(
+        err.contains("--messages") && err.contains("at most 16"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "images were read"
+    );
+
+    let json_out = d.join("serve.json");
+    for (flags, keyword) in [
+        (
+            &["--requests", "1000000000"][..],
+            "--requests (per client) must be in 1..=1000",
+        ),
+        (&["--requests", "0"][..], "--requests"),
+        (
+            &["--max-tokens", "1000000000"][..],
+            "--max-tokens must be in 2..=1048576",
+        ),
+        (
+            &["--clients", "1,100"][..],
+            "--clients takes counts in 1..=64",
+        ),
+        (&["--prefill-chunk", "0"][..], "--prefill-chunk must be in"),
+    ] {
+        let mut args = vec![
+            "bench",
+            "serve",
+            "--model",
+            s(&model),
+            "--shape",
+            "none",
+            "--json",
+            s(&json_out),
+        ];
+        args.extend_from_slice(flags);
+        expect_failure(&flags.join(" "), &args, keyword);
+    }
+}
+
+/// A flag that does not apply to the chosen strategy is refused naming both, a draft head of the
+/// wrong kind is never silently replaced by the model's own, and a data URL must declare an image
+/// type.
+#[test]
+fn flags_that_do_not_apply_are_refused_naming_both() {
+    let (m, img) = (fixture(MODEL), fixture("images/astronaut.png"));
+    for (flags, keyword) in [
+        (
+            &["--decode", "diffusion-linear", "--threshold", "0.5"][..],
+            "--threshold only applies to diffusion-threshold, not `diffusion-linear`",
+        ),
+        (
+            &["--decode", "diffusion-quadratic", "--threshold", "0.5"][..],
+            "not `diffusion-quadratic`",
+        ),
+        (
+            &["--dynamic-block"][..],
+            "--dynamic-block only applies to the block-diffusion strategies",
+        ),
+        (&["--decode", "vispec", "--block", "4"][..], "not `vispec`"),
+        (
+            &["--decode", "diffusion-threshold", "--threshold", "nan"][..],
+            "--threshold must be in (0, 1], got NaN",
+        ),
+    ] {
+        expect_failure(&flags.join(" "), &run_args(s(&m), s(&img), flags), keyword);
+    }
+    // glance-tiny ships both heads: `--draft` names the one to use, and a head of the other kind
+    // is refused rather than replaced by the model directory's.
+    let tiny = fixture("../models/glance-tiny");
+    let eagle = tiny.join("draft-eagle");
+    let err = expect_failure(
+        "vispec with an eagle head",
+        &run_args(
+            s(&tiny),
+            s(&img),
+            &["--decode", "vispec", "--draft", s(&eagle)],
+        ),
+        "--draft names only",
+    );
+    assert!(
+        err.contains("eagle head") && err.contains("vispec"),
+        "{err}"
+    );
+    expect_failure(
+        "two eagle heads",
+        &run_args(
+            s(&tiny),
+            s(&img),
+            &[
+                "--decode",
+                "eagle",
+                "--draft",
+                s(&eagle),
+                "--draft",
+                s(&eagle),
+            ],
+        ),
+        "give one head per kind",
+    );
+    // Data URLs: an image type is required.
+    let d = scratch("bad-data-urls");
+    let png = std::fs::read(&img).unwrap();
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    for (label, url, keyword) in [
+        (
+            "text/plain",
+            format!("data:text/plain;base64,{b64}"),
+            "must declare an image type",
+        ),
+        ("no type", format!("data:;base64,{b64}"), "image/png"),
+        (
+            "svg",
+            format!("data:image/svg+xml;base64,{b64}"),
+            "`image/svg+xml`",
+        ),
+        ("no comma", format!("data:image/png;base64{b64}"), "`,`"),
+    ] {
+        let p = d.join(format!("{}.json", label.replace('/', "-")));
+        let body = json!([{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is this?"}]}]);
+        std::fs::write(&p, body.to_string()).unwrap();
+        expect_failure(
+            label,
+            &["run", "--model", s(&m), "--messages", s(&p)],
+            keyword,
+        );
+    }
+}
+
+/// Training hyper-parameters are checked before any training: a negative, zero, NaN or infinite
+/// learning rate, and every other out-of-range setting, name their flag and range.
+#[test]
+fn training_settings_are_checked_before_training() {
+    let d = scratch("bad-train");
+    let tiny = fixture("../models/glance-tiny");
+    let out = d.join("out");
+    let (tiny, out) = (s(&tiny), s(&out));
+    let draft = |flags: &[&'static str]| {
+        let mut a = vec!["train", "draft", "--target", tiny, "--out", out];
+        a.extend_from_slice(flags);
+        a
+    };
+    let diffusion = |flags: &[&'static str]| {
+        let mut a = vec!["train", "diffusion", "--from", tiny, "--out", out];
+        a.extend_from_slice(flags);
+        a
+    };
+    let world = |flags: &[&'static str]| {
+        let mut a = vec!["train", "world", "--quick", "--out", out];
+        a.extend_from_slice(flags);
+        a
+    };
+    for (args, keyword) in [
+        (
+            draft(&["--lr=-0.001"]),
+            "--lr (the peak learning rate) must be in (0, 1]",
+        ),
+        (draft(&["--lr", "nan"]), "got NaN"),
+        (draft(&["--lr", "0"]), "--lr"),
+        (draft(&["--lr", "inf"]), "--lr"),
+        (draft(&["--minutes", "nan"]), "--minutes"),
+        (draft(&["--steps", "0"]), "--steps must be at least 1"),
+        (
+            draft(&["--passes", "9"]),
+            "--passes must be in 1..=8, got 9",
+        ),
+        (draft(&["--batch", "0"]), "--batch"),
+        (
+            draft(&["--adaptor-queries", "1000000000"]),
+            "--adaptor-queries must be in 1..=1024",
+        ),
+        (diffusion(&["--lr", "nan"]), "--lr"),
+        (diffusion(&["--alpha", "2"]), "--alpha"),
+        (diffusion(&["--alpha", "nan"]), "--alpha"),
+        (
+            diffusion(&["--blocks", "8,4"]),
+            "--blocks must be increasing",
+        ),
+        (world(&["--lr=-1"]), "stage vision: --lr"),
+        (world(&["--lr", "nan"]), "--lr"),
+        (world(&["--minutes", "nan"]), "--minutes"),
+    ] {
+        expect_failure(&args[2..].join(" "), &args, keyword);
+    }
+    assert!(!d.join("out/checkpoint.safetensors").exists());
+}
+
+/// Packed (quantized) directories: `quantize` reports what it actually packed, refuses an
+/// output inside its input, and a directory of another layout version is refused at load.
+#[test]
+fn packed_directories_are_checked() {
+    let d = scratch("bad-packed");
+    let img = fixture("images/astronaut.png");
+    // llama-gqa's text matrices have input dimensions that are not multiples of 32: every one
+    // falls back to bf16, and the report says so.
+    let out = d.join("llama-q4");
+    let o = glance(&["quantize", "--weights", "q4", s(&fixture(MODEL)), s(&out)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report = stdout(&o);
+    assert!(
+        report.contains("29 in bf16") && !report.contains("in q4"),
+        "{report}"
+    );
+    assert!(
+        stderr(&o).contains("no matrix was packed in q4"),
+        "{}",
+        stderr(&o)
+    );
+    let out = d.join("mistral-q4");
+    let o = glance(&[
+        "quantize",
+        "--weights",
+        "q4",
+        s(&fixture("models/mistral")),
+        s(&out),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("in q4, "), "{}", stdout(&o));
+    // An unknown layout version is refused, naming the version found and the one supported.
+    let file = out.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let key = b"\"glance_layout_version\":\"1\"";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("layout version in the header");
+    bytes[at + key.len() - 2] = b'7';
+    std::fs::write(&file, bytes).unwrap();
+    let err = expect_failure(
+        "layout version 7",
+        &run_args(s(&out), s(&img), &["--weights", "q4"]),
+        "layout version `7` is not supported",
+    );
+    assert!(err.contains("version 1"), "{err}");
+    // An output inside the input directory, however it is spelled.
+    let m = model_copy(&d, "model", MODEL);
+    for inside in [m.join("q4"), m.join("a/../b"), m.join(".")] {
+        expect_failure(
+            s(&inside),
+            &["quantize", "--weights", "q4", s(&m), s(&inside)],
+            "",
+        );
+    }
+    let err = expect_failure(
+        "inside",
+        &["quantize", "--weights", "q8", s(&m), s(&m.join("q8"))],
+        "inside the model directory",
+    );
+    assert!(err.contains("q8"), "{err}");
+    assert!(!m.join("q8").exists() && !m.join("q4").exists());
+}
+
+/// Non-finite output is an error on every path that produces logits, naming the first stage
+/// whose output is not finite: `logits` (which wrote a file of NaN before), `run`, `eval`.
+#[test]
+fn non_finite_output_names_the_first_bad_layer() {
+    let d = scratch("bad-nan");
+    let img = fixture("images/astronaut.png");
+    let npy = d.join("out.npy");
+    for (name, place) in [
+        (
+            "language_model.model.norm.weight",
+            "the decoder's final norm",
+        ),
+        (
+            "language_model.model.layers.1.post_attention_layernorm.weight",
+            "decoder layer 1",
+        ),
+        (
+            "multi_modal_projector.linear_2.bias",
+            "image 0's multimodal projector",
+        ),
+        (
+            "vision_tower.encoder.layers.0.layer_norm1.bias",
+            "image 0's vision tower",
+        ),
+    ] {
+        let m = model_copy(&d, name, MODEL);
+        edit_weights(&m, |ts| {
+            let w = ts.get_mut(name).unwrap();
+            *w = (w.ones_like().unwrap() * f64::NAN).unwrap();
+        });
+        let logits = [
+            "logits",
+            "--model",
+            s(&m),
+            "--image",
+            s(&img),
+            "--prompt",
+            "hi",
+            "--out",
+            s(&npy),
+        ];
+        let err = expect_failure(&format!("logits, NaN {name}"), &logits, place);
+        assert!(err.contains("non-finite"), "{err}");
+        expect_failure(
+            &format!("run, NaN {name}"),
+            &run_args(s(&m), s(&img), &[]),
+            place,
+        );
+        if name.ends_with("norm.weight") {
+            let eval = [
+                "eval",
+                "--model",
+                s(&m),
+                "--split",
+                "test",
+                "--n",
+                "1",
+                "--max-new-tokens",
+                "2",
+            ];
+            expect_failure("eval, NaN final norm", &eval, place);
+        }
+    }
+    assert!(
+        std::fs::metadata(&npy).map_or(0, |m| m.len()) == 0,
+        "no logits were written"
+    );
 }

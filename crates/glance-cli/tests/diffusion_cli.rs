@@ -83,12 +83,12 @@ fn misplaced_and_invalid_diffusion_flags_are_refused() {
     );
     assert_fails_with(
         &run(&tiny, &["--block", "4"]),
-        "apply to --decode diffusion",
+        "--block only applies to the block-diffusion strategies",
     );
     let dvlm = models("glance-tiny-dvlm");
     assert_fails_with(
         &run(&dvlm, &["--decode", "diffusion-linear", "--block", "0"]),
-        "block size",
+        "--block must be in 1..=64",
     );
     assert_fails_with(
         &run(

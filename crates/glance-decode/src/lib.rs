@@ -23,7 +23,9 @@ pub use autoregressive::{
     check_prompt, generate, prefill, Autoregressive, FinishReason, GenerateConfig, Generation,
     Prefilled, PrefilledImage,
 };
-pub use diffusion::{BlockDiffusion, DiffusionMode, DiffusionSettings};
+pub use diffusion::{
+    BlockDiffusion, DiffusionMode, DiffusionOptions, DiffusionSettings, OptionNames,
+};
 pub use sampler::Sampler;
 pub use speculative::{Speculative, TreeSettings};
 pub use stop::StopStrings;

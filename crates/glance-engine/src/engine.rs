@@ -12,6 +12,7 @@
 //! cached prefix is forked before a request appends to it).
 
 pub(crate) mod batch;
+mod finite;
 
 use crate::cache::{
     tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, EncodingCache, ImageKey,
@@ -26,8 +27,8 @@ use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_decode::stop::StopStatus;
 use glance_decode::{
-    Autoregressive, BlockDiffusion, DecodeStrategy, DiffusionSettings, GenerateConfig, Prefilled,
-    PrefilledImage, Sampler, Speculative, StopStrings,
+    Autoregressive, BlockDiffusion, DecodeSpec, DecodeStrategy, DiffusionSettings, GenerateConfig,
+    Prefilled, PrefilledImage, Sampler, Speculative, StopStrings,
 };
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::{
@@ -193,18 +194,47 @@ impl Engine {
         self.drafts.lock().expect("not poisoned").insert(kind, head);
     }
 
-    /// The draft head of `kind`: loaded before, else from the first of
-    /// [`EngineOptions::drafts`] of that kind, else from the model directory's `draft-{kind}/`.
+    /// The draft head of `kind`: loaded before, else the one of [`EngineOptions::drafts`] of
+    /// that kind, else from the model directory's `draft-{kind}/`. Heads named in
+    /// [`EngineOptions::drafts`] are the only ones used when any is named: a kind they lack is
+    /// refused naming the heads given (never silently replaced by the model directory's), and
+    /// two heads of one kind are refused as ambiguous.
     pub fn draft(&self, kind: &'static str) -> Result<Arc<dyn DraftLm>> {
         if let Some(h) = self.drafts.lock().expect("not poisoned").get(kind) {
             return Ok(h.clone());
         }
         let mut looked = Vec::new();
+        let mut given: Vec<(&Path, &'static str)> = Vec::new();
         for dir in &self.options.drafts {
-            if DraftConfig::load(dir)?.kind() == kind {
-                return self.load_draft(dir);
+            given.push((dir, DraftConfig::load(dir)?.kind()));
+        }
+        let of_kind: Vec<&Path> = given
+            .iter()
+            .filter(|(_, k)| *k == kind)
+            .map(|(d, _)| *d)
+            .collect();
+        match of_kind.as_slice() {
+            [dir] => return self.load_draft(dir),
+            [] if !given.is_empty() => {
+                let named: Vec<String> = given
+                    .iter()
+                    .map(|(d, k)| format!("{} ({k} head)", d.display()))
+                    .collect();
+                return Err(Error::Config(format!(
+                    "--decode {kind} needs a {kind} draft head, but --draft names only {}; pass \
+                     --draft with a {kind} head",
+                    named.join(", ")
+                )));
             }
-            looked.push(dir.display().to_string());
+            [] => {}
+            several => {
+                let named: Vec<String> = several.iter().map(|d| d.display().to_string()).collect();
+                return Err(Error::Config(format!(
+                    "--draft names {} {kind} heads ({}): give one head per kind",
+                    several.len(),
+                    named.join(", ")
+                )));
+            }
         }
         if let Some(dir) = &self.dir {
             let default = dir.join(format!("draft-{kind}"));
@@ -233,6 +263,20 @@ impl Engine {
         let head: Arc<dyn DraftLm> = Arc::new(head);
         self.set_draft(head.clone());
         Ok(head)
+    }
+
+    /// Checks that this engine can run `decode` — a model converted for block diffusion, a
+    /// draft head of the speculative kind — loading what it needs, so that a server refuses a
+    /// default strategy it cannot run at start-up rather than on every request.
+    pub fn check_decode(&self, decode: DecodeSpec) -> Result<()> {
+        let request = Request {
+            decode,
+            ..Request::new(Prompt::Raw {
+                text: String::new(),
+                images: Vec::new(),
+            })
+        };
+        self.strategy(&request).map(|_| ())
     }
 
     /// The strategy `request` names, with what it needs loaded.
@@ -293,13 +337,17 @@ impl Engine {
         on_event: &mut (dyn FnMut(Event) -> Flow + Send),
     ) -> Result<Response> {
         request.validate()?;
-        self.pool.install(|| self.run(request, on_event))
+        self.pool.install(|| {
+            self.run(request, on_event)
+                .map_err(|e| self.explain_non_finite(e, &request.prompt))
+        })
     }
 
     /// The logits of every position of the prompt, `(prompt_tokens, vocab)`, from one causal
-    /// prefill (no pruning, no cache): the hook for parity checks.
+    /// prefill (no pruning, no cache): the hook for parity checks. Non-finite logits are an
+    /// [`Error::NonFinite`] naming the first layer whose output is not finite.
     pub fn prompt_logits(&self, prompt: &Prompt) -> Result<Tensor> {
-        self.pool.install(|| {
+        let logits = self.pool.install(|| {
             let rendered = self.render(prompt, false)?;
             let encoded = self.encode_all(&rendered.images)?;
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
@@ -312,7 +360,15 @@ impl Engine {
                 &mut cache,
             )?;
             text.logits(&hidden)
-        })
+        })?;
+        if !finite::all_finite(&logits)? {
+            let e = Error::NonFinite(format!(
+                "the prompt's logits {:?} hold non-finite values",
+                logits.dims()
+            ));
+            return Err(self.pool.install(|| self.explain_non_finite(e, prompt)));
+        }
+        Ok(logits)
     }
 
     fn run(
@@ -321,6 +377,8 @@ impl Engine {
         on_event: &mut (dyn FnMut(Event) -> Flow + Send),
     ) -> Result<Response> {
         let start = Instant::now();
+        // Before any work: a strategy the model cannot run is refused at once.
+        let strategy = self.strategy(request)?;
         let prune = request.prune.as_ref().filter(|p| !p.is_noop());
         let rendered = self.render(
             &request.prompt,
@@ -334,7 +392,7 @@ impl Engine {
         saved += prefilled.prefix_cost;
         let prompt_rows = prefilled.state.prompt_len();
         let before_prefill = start.elapsed() - prefilled.state.elapsed;
-        let streamed = self.decode(request, prefilled.state, on_event)?;
+        let streamed = self.decode(request, strategy, prefilled.state, on_event)?;
         let generation = streamed.generation;
         let prefill = generation.prefill;
         let select = prefilled.select;
@@ -407,6 +465,7 @@ impl Engine {
     fn decode(
         &self,
         request: &Request,
+        strategy: Box<dyn DecodeStrategy>,
         state: Prefilled,
         on_event: &mut (dyn FnMut(Event) -> Flow + Send),
     ) -> Result<Streamed> {
@@ -426,7 +485,6 @@ impl Engine {
             text.push_str(piece);
             on_event(Event::Text(piece))
         };
-        let strategy = self.strategy(request)?;
         let generation =
             strategy.decode(self.model.text(), state, sampler, &config, &mut |id| {
                 let piece = stream.push(id)?;
@@ -472,13 +530,7 @@ impl Engine {
     /// Renders the prompt and tokenises it; with `want_query`, also the text query.
     fn render<'a>(&self, prompt: &'a Prompt, want_query: bool) -> Result<Rendered<'a>> {
         let images = prompt.images();
-        if images.len() > self.options.max_images {
-            return Err(Error::Input(format!(
-                "{} images in one request; at most {} are accepted",
-                images.len(),
-                self.options.max_images
-            )));
-        }
+        crate::messages::check_image_count(images.len(), self.options.max_images)?;
         let (prompt, query) = match prompt {
             Prompt::Raw { text, images } => (
                 self.processor

@@ -23,11 +23,16 @@ mod request;
 pub use cache::ImageKey;
 pub use engine::batch::{Prepared, Sequence};
 pub use engine::{CacheStats, Engine};
-pub use options::{cores, max_threads, resolve_threads, thread_pool, EngineOptions, WeightFormat};
+pub use options::{
+    cores, max_threads, resolve_threads, thread_pool, EngineOptions, WeightFormat,
+    DEFAULT_MAX_IMAGES, MAX_IMAGES_LIMIT,
+};
 pub use request::{
     CacheUse, Event, FinishReason, Flow, ImageInput, Message, Part, Prompt, Request, Response,
     Role, Timings, Usage, MAX_STOP_BYTES, MAX_STOP_STRINGS,
 };
 
-pub use glance_decode::{DecodeSpec, DecodeStats, DiffusionSettings};
+pub use glance_decode::{
+    DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames,
+};
 pub use glance_prune::{Budget, Policy, PruneSpec};

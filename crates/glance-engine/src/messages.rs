@@ -9,8 +9,13 @@
 //! * `{"type": "image_url", "image_url": {"url": URL}}` (or `"image_url": URL`), and the Hugging
 //!   Face processor form `{"type": "image", "url" | "path" | "image": URL}`.
 //!
-//! An image URL is a `data:image/…;base64,…` URL, a `file://` URL or a plain path — files only
-//! where the [`ImageSources`] policy allows them. `http(s)://` is refused: glance runs offline.
+//! An image URL is a `data:image/png;base64,…` (or `image/jpeg`) URL, a `file://` URL or a plain
+//! path — files only where the [`ImageSources`] policy allows them. `http(s)://` is refused:
+//! glance runs offline.
+//!
+//! The number of images is checked before any image is read or decoded
+//! ([`check_image_count`]): `--image`, `--messages` and the server's request bodies all count
+//! their image parts first.
 
 use crate::request::{ImageInput, Message, Part, Role};
 use base64::Engine as _;
@@ -34,8 +39,33 @@ pub enum ImageSources {
     FilesUnder(PathBuf),
 }
 
-/// Parses OpenAI chat messages.
-pub fn parse_messages(json: &Value, sources: &ImageSources) -> Result<Vec<Message>> {
+/// Refuses `count` images in one request when it is more than `max` (the engine's
+/// [`crate::EngineOptions::max_images`]). Every surface calls it with the count of image parts
+/// before reading any of them: a conversation naming one large file 500 times is refused
+/// without reading it once.
+pub fn check_image_count(count: usize, max: usize) -> Result<()> {
+    if count > max {
+        return Err(Error::Input(format!(
+            "{count} images in one request; at most {max} are accepted"
+        )));
+    }
+    Ok(())
+}
+
+/// Reads image files in order, after checking their count against `max_images` (see
+/// [`check_image_count`]).
+pub fn read_image_files(paths: &[PathBuf], max_images: usize) -> Result<Vec<ImageInput>> {
+    check_image_count(paths.len(), max_images)?;
+    paths.iter().map(|p| read_image_file(p)).collect()
+}
+
+/// Parses OpenAI chat messages holding at most `max_images` image parts (counted before any is
+/// read or decoded).
+pub fn parse_messages(
+    json: &Value,
+    sources: &ImageSources,
+    max_images: usize,
+) -> Result<Vec<Message>> {
     let list = match json {
         Value::Array(list) => list,
         Value::Object(o) => match o.get("messages") {
@@ -51,6 +81,7 @@ pub fn parse_messages(json: &Value, sources: &ImageSources) -> Result<Vec<Messag
     if list.is_empty() {
         return Err(Error::Input("the conversation has no message".into()));
     }
+    check_image_count(list.iter().map(image_parts).sum(), max_images)?;
     list.iter()
         .enumerate()
         .map(|(i, m)| {
@@ -62,13 +93,33 @@ pub fn parse_messages(json: &Value, sources: &ImageSources) -> Result<Vec<Messag
         .collect()
 }
 
-/// Reads and parses a messages file (size-capped). Relative image paths are taken from the
-/// current directory, as `--image` paths are.
-pub fn read_messages_file(path: &Path, sources: &ImageSources) -> Result<Vec<Message>> {
+/// Image parts of one message, counted from their `type` alone (nothing read or decoded).
+fn image_parts(message: &Value) -> usize {
+    match message.get("content") {
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.get("type").and_then(Value::as_str),
+                    Some("image_url" | "image")
+                )
+            })
+            .count(),
+        _ => 0,
+    }
+}
+
+/// Reads and parses a messages file (size-capped) holding at most `max_images` images. Relative
+/// image paths are taken from the current directory, as `--image` paths are.
+pub fn read_messages_file(
+    path: &Path,
+    sources: &ImageSources,
+    max_images: usize,
+) -> Result<Vec<Message>> {
     let bytes = read_capped(path, MAX_MESSAGES_FILE_BYTES, "a messages file")?;
     let json: Value = serde_json::from_slice(&bytes)
         .map_err(|e| Error::Input(format!("{}: not valid JSON: {e}", path.display())))?;
-    parse_messages(&json, sources).map_err(|e| match e {
+    parse_messages(&json, sources, max_images).map_err(|e| match e {
         Error::Input(msg) => Error::Input(format!("{}: {msg}", path.display())),
         other => other,
     })
@@ -184,11 +235,25 @@ pub fn resolve_image(url: &str, sources: &ImageSources) -> Result<ImageInput> {
     }
 }
 
+/// The media types a `data:` URL may declare (the formats glance decodes).
+pub const IMAGE_MEDIA_TYPES: [&str; 3] = ["image/png", "image/jpeg", "image/jpg"];
+
 /// `image/png;base64,AAAA…` → the decoded bytes.
 fn decode_data_url(rest: &str) -> Result<ImageInput> {
     let (meta, data) = rest
         .split_once(',')
         .ok_or_else(|| Error::Input("a data: URL needs a `,` before its data".into()))?;
+    let media = meta.split(';').next().unwrap_or_default();
+    if !IMAGE_MEDIA_TYPES
+        .iter()
+        .any(|t| media.eq_ignore_ascii_case(t))
+    {
+        let shown: String = media.chars().take(64).collect();
+        return Err(Error::Input(format!(
+            "a data: URL must declare an image type ({}), got `{shown}`",
+            IMAGE_MEDIA_TYPES.join(", ")
+        )));
+    }
     if !meta.ends_with(";base64") {
         return Err(Error::Input(
             "image data: URLs must be base64-encoded (data:image/png;base64,…)".into(),
@@ -238,7 +303,7 @@ mod tests {
             {"role": "user", "content": [{"type": "image", "path": format!("file://{}", file.display())},
                                          {"type": "text", "text": "And this?"}]}
         ]});
-        let m = parse_messages(&body, &ImageSources::AnyFile).unwrap();
+        let m = parse_messages(&body, &ImageSources::AnyFile, 16).unwrap();
         assert_eq!(m.len(), 4);
         assert_eq!(m[0].role, Role::System);
         assert_eq!(images(&m[1]), vec![vec![1, 2, 3], png.clone()]);
@@ -246,12 +311,14 @@ mod tests {
         assert_eq!(images(&m[3]), vec![png.clone()]);
         // Files only under an allowed directory.
         let under = ImageSources::FilesUnder(dir.clone());
-        assert!(parse_messages(&body, &under).is_ok());
+        assert!(parse_messages(&body, &under, 16).is_ok());
         let elsewhere = ImageSources::FilesUnder(dir.join("sub"));
         std::fs::create_dir_all(dir.join("sub")).unwrap();
-        let e = parse_messages(&body, &elsewhere).unwrap_err().to_string();
+        let e = parse_messages(&body, &elsewhere, 16)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("outside the allowed directory"), "{e}");
-        let e = parse_messages(&body, &ImageSources::DataOnly)
+        let e = parse_messages(&body, &ImageSources::DataOnly, 16)
             .unwrap_err()
             .to_string();
         assert!(
@@ -288,15 +355,52 @@ mod tests {
                 "offline",
             ),
             (
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": "data:text/plain;base64,AQID"}]}]),
+                "must declare an image type",
+            ),
+            (
                 json!([{"role": "user", "content": [{"type": "image_url", "image_url": "/no/such/file.png"}]}]),
                 "/no/such/file.png",
             ),
         ];
         for (json, want) in cases {
-            let e = parse_messages(&json, &ImageSources::AnyFile)
+            let e = parse_messages(&json, &ImageSources::AnyFile, 16)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn image_counts_are_checked_before_any_image_is_read() {
+        // 500 parts naming a file that does not exist: refused by count, never opened.
+        let part = json!({"type": "image_url", "image_url": "/no/such/file.png"});
+        let body = json!([{"role": "user", "content": vec![part; 500]}]);
+        let e = parse_messages(&body, &ImageSources::AnyFile, 16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("500 images") && e.contains("at most 16"), "{e}");
+        let paths = vec![PathBuf::from("/no/such/file.png"); 300];
+        let e = read_image_files(&paths, 16).unwrap_err().to_string();
+        assert!(e.contains("300 images") && e.contains("at most 16"), "{e}");
+        assert!(check_image_count(16, 16).is_ok());
+    }
+
+    #[test]
+    fn data_urls_declare_an_image_type() {
+        for ok in ["data:image/png;base64,AQID", "data:IMAGE/JPEG;base64,AQID"] {
+            assert!(resolve_image(ok, &ImageSources::DataOnly).is_ok(), "{ok}");
+        }
+        for bad in [
+            "data:text/plain;base64,AQID",
+            "data:;base64,AQID",
+            "data:image/svg+xml;base64,AQID",
+            "data:application/octet-stream;base64,AQID",
+        ] {
+            let e = resolve_image(bad, &ImageSources::DataOnly)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("image/png"), "{bad}: {e}");
         }
     }
 

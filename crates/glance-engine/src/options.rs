@@ -11,6 +11,11 @@ use glance_models::processing::image::DEFAULT_MAX_PIXELS;
 pub use glance_nn::WeightFormat;
 use std::path::PathBuf;
 
+/// Most images one request may hold unless [`EngineOptions::max_images`] says otherwise.
+pub const DEFAULT_MAX_IMAGES: usize = 16;
+/// The highest [`EngineOptions::max_images`] accepted.
+pub const MAX_IMAGES_LIMIT: usize = 256;
+
 /// Settings of an [`crate::Engine`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
@@ -24,9 +29,11 @@ pub struct EngineOptions {
     /// the rest — so that the first part can serve later prompts that share it (the same image
     /// asked several questions).
     pub prefix_cache_bytes: usize,
-    /// Largest image accepted, in pixels (checked from the header before decoding).
+    /// Largest image accepted, in pixels (checked from the header before decoding), at most
+    /// [`DEFAULT_MAX_PIXELS`].
     pub max_image_pixels: u64,
-    /// Most images in one request.
+    /// Most images in one request (counted before any is read: [`crate::messages`]), at most
+    /// [`MAX_IMAGES_LIMIT`].
     pub max_images: usize,
     /// Draft head directories for speculative decoding, each serving the kind its config names
     /// (`vispec` or `eagle`); a kind not given here is looked for in the model directory's
@@ -50,7 +57,7 @@ impl Default for EngineOptions {
             image_cache_bytes: 256 << 20,
             prefix_cache_bytes: 256 << 20,
             max_image_pixels: DEFAULT_MAX_PIXELS,
-            max_images: 16,
+            max_images: DEFAULT_MAX_IMAGES,
             drafts: Vec::new(),
             tree: TreeSettings::default(),
             diffusion: None,
@@ -79,14 +86,25 @@ impl EngineOptions {
         self
     }
 
-    /// Checks the settings; returns the thread count to use.
+    /// Checks the settings (each refusal names the setting, the `glance serve` flag that sets
+    /// it and the allowed range); returns the thread count to use.
     pub fn validate(&self) -> Result<usize> {
-        if self.max_image_pixels == 0 || self.max_images == 0 {
-            return Err(Error::InvalidParam(
-                "the image pixel limit and the image count limit must be at least 1".into(),
-            ));
+        if !(1..=DEFAULT_MAX_PIXELS).contains(&self.max_image_pixels) {
+            return Err(Error::InvalidParam(format!(
+                "max_image_pixels (--max-image-pixels) must be in 1..={DEFAULT_MAX_PIXELS}, got {}",
+                self.max_image_pixels
+            )));
+        }
+        if !(1..=MAX_IMAGES_LIMIT).contains(&self.max_images) {
+            return Err(Error::InvalidParam(format!(
+                "max_images (--max-images-per-request) must be in 1..={MAX_IMAGES_LIMIT}, got {}",
+                self.max_images
+            )));
         }
         self.tree.validate()?;
+        if let Some(d) = &self.diffusion {
+            d.validate()?;
+        }
         resolve_threads(self.threads)
     }
 }
@@ -131,6 +149,37 @@ pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_name_their_setting_and_range() {
+        for (options, want) in [
+            (
+                EngineOptions {
+                    max_images: 0,
+                    ..EngineOptions::default()
+                },
+                "--max-images-per-request",
+            ),
+            (
+                EngineOptions {
+                    max_images: usize::MAX,
+                    ..EngineOptions::default()
+                },
+                "1..=256",
+            ),
+            (
+                EngineOptions {
+                    max_image_pixels: u64::MAX,
+                    ..EngineOptions::default()
+                },
+                "--max-image-pixels",
+            ),
+        ] {
+            let e = options.validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        assert!(EngineOptions::default().validate().is_ok());
+    }
 
     #[test]
     fn thread_counts_are_bounded() {

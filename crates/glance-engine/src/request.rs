@@ -220,9 +220,22 @@ impl Request {
             p.validate()?;
         }
         if let Some(t) = &self.tree {
+            if self.decode.draft_kind().is_none() {
+                return Err(Error::InvalidParam(format!(
+                    "a draft tree applies to the speculative strategies (vispec, eagle), not `{}`",
+                    self.decode
+                )));
+            }
             t.validate()?;
         }
         if let Some(d) = &self.diffusion {
+            if self.decode.diffusion_mode().is_none() {
+                return Err(Error::InvalidParam(format!(
+                    "block-diffusion settings apply to the diffusion strategies \
+                     (diffusion-threshold, diffusion-linear, diffusion-quadratic), not `{}`",
+                    self.decode
+                )));
+            }
             d.validate()?;
         }
         if let Prompt::Chat(messages) = &self.prompt {

@@ -209,9 +209,11 @@ impl glance_nn::quant::RawSource for MappedTensors {
     }
 }
 
-/// Parses the header of a safetensors file and checks every tensor lies inside the file and that
-/// no weight is stored as integers or booleans: converting those to float would load garbage
-/// silently. (Integer index buffers such as CLIP's `position_ids` are allowed.)
+/// Parses the header of a safetensors file and checks the packed-weight layout version of a file
+/// written by `glance quantize` ([`glance_nn::quant::store::check_metadata`]), that every tensor
+/// lies inside the file and that no weight is stored as integers or booleans: converting those
+/// to float would load garbage silently. (Integer index buffers such as CLIP's `position_ids`
+/// are allowed.)
 fn validate_safetensors(path: &Path) -> Result<()> {
     let bad = |reason: String| Error::Safetensors {
         path: path.to_path_buf(),
@@ -220,6 +222,9 @@ fn validate_safetensors(path: &Path) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only map of a file we only read.
     let mmap = unsafe { memmap_file(&file) }.map_err(|e| Error::io(path, e))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| bad(e.to_string()))?;
+    glance_nn::quant::store::check_metadata(header.metadata().as_ref()).map_err(bad)?;
     let st = safetensors::SafeTensors::deserialize(&mmap).map_err(|e| bad(e.to_string()))?;
     let mut names = st.names();
     names.sort();

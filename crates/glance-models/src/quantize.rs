@@ -23,6 +23,10 @@ use std::sync::Arc;
 pub struct QuantizeSummary {
     /// Matrices written packed.
     pub packed: usize,
+    /// Of those, how many in each format actually written, most first: q8 / q4 matrices whose
+    /// input dimension is not a multiple of 32 fall back to bf16
+    /// ([`WeightFormat::for_in_dim`]), and the vision tower's are in the companion format.
+    pub by_format: Vec<(WeightFormat, usize)>,
     /// Tensors copied as stored.
     pub copied: usize,
     /// Bytes of the written `model.safetensors`.
@@ -52,6 +56,7 @@ pub fn quantize_dir(src: &Path, out: &Path, format: WeightFormat) -> Result<Quan
             out.display()
         )));
     }
+    check_outside(src, out)?;
     let config = LlavaConfig::from_dir(src)?;
     let vb = crate::checkpoint::var_builder(src, DType::F32, &Device::Cpu)?;
     let layout = WeightLayout::detect(&vb);
@@ -114,9 +119,78 @@ pub fn quantize_dir(src: &Path, out: &Path, format: WeightFormat) -> Result<Quan
     let bytes = std::fs::metadata(&file)
         .map_err(|e| Error::io(&file, e))?
         .len();
+    let mut by_format: Vec<(WeightFormat, usize)> = Vec::new();
+    for p in packed.values() {
+        match by_format.iter_mut().find(|(f, _)| *f == p.format()) {
+            Some((_, n)) => *n += 1,
+            None => by_format.push((p.format(), 1)),
+        }
+    }
+    by_format.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.name().cmp(b.0.name())));
     Ok(QuantizeSummary {
+        by_format,
         packed: packed.len(),
         copied: copied.len(),
         bytes,
     })
+}
+
+/// Refuses an output directory inside the source directory (or the source itself): the copy
+/// would land among the files it copies, and a later `quantize` of the source would copy it too.
+fn check_outside(src: &Path, out: &Path) -> Result<()> {
+    use std::path::Component;
+    let src_abs = src.canonicalize().map_err(|e| Error::io(src, e))?;
+    let cwd = std::env::current_dir().map_err(|e| Error::io(Path::new("."), e))?;
+    // `out` does not exist yet: normalise it lexically, then resolve its nearest existing
+    // ancestor (symbolic links included) and append the rest.
+    let mut lexical = std::path::PathBuf::new();
+    for c in cwd.join(out).components() {
+        match c {
+            Component::ParentDir => {
+                lexical.pop();
+            }
+            Component::CurDir => {}
+            other => lexical.push(other),
+        }
+    }
+    let mut existing = lexical.as_path();
+    let mut rest = Vec::new();
+    let out_abs = loop {
+        match existing.canonicalize() {
+            Ok(real) => break rest.iter().rev().fold(real, |p, c| p.join(c)),
+            Err(_) => match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) => {
+                    rest.push(name.to_os_string());
+                    existing = parent;
+                }
+                _ => return Ok(()),
+            },
+        }
+    };
+    if out_abs.starts_with(&src_abs) {
+        return Err(Error::InvalidParam(format!(
+            "the output {} is inside the model directory {}: write it elsewhere",
+            out.display(),
+            src.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_inside_the_source_are_refused() {
+        let d = std::env::temp_dir().join(format!("glance-quantize-{}", std::process::id()));
+        let src = d.join("model");
+        std::fs::create_dir_all(&src).unwrap();
+        for inside in [src.join("q4"), src.join("a/b/c"), src.join("./q4/../q8")] {
+            let e = check_outside(&src, &inside).unwrap_err().to_string();
+            assert!(e.contains("inside the model directory"), "{e}");
+        }
+        assert!(check_outside(&src, &d.join("model-q4")).is_ok());
+        std::fs::remove_dir_all(&d).ok();
+    }
 }

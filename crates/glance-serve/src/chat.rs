@@ -1,5 +1,5 @@
-//! `POST /v1/chat/completions`: read the body (size limit, read timeout), translate it off the
-//! async runtime, take a place in the queue, then generate — in the continuous batch (prepared on
+//! `POST /v1/chat/completions`: take a place in the queue, read the body (size limit, read
+//! timeout), translate it off the async runtime, then generate — in the continuous batch (prepared on
 //! a blocking thread, decoded by the [`crate::batcher`] worker) or alone on a blocking thread —
 //! and answer with one JSON object or an SSE stream of `chat.completion.chunk`s ending in
 //! `data: [DONE]`.
@@ -60,6 +60,9 @@ async fn handle(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    // A place in the queue before the body is read: at most max_batch + max_queue bodies are in
+    // memory at once, and a flood beyond them is refused (503) without reading theirs.
+    let ticket = app.slots.admit()?;
     let bytes = read_body(
         body,
         headers,
@@ -70,11 +73,16 @@ async fn handle(
     let parse_app = app.clone();
     let (request, shape) = tokio::task::spawn_blocking(move || {
         let c = &parse_app.config;
-        ChatRequest::parse(&bytes)?.into_request(&c.model_name, &c.image_sources, &c.defaults)
+        let max_images = parse_app.engine.options().max_images;
+        ChatRequest::parse(&bytes)?.into_request(
+            &c.model_name,
+            &c.image_sources,
+            max_images,
+            &c.defaults,
+        )
     })
     .await
     .map_err(|e| ApiError::internal(format!("request parsing failed: {e}")))??;
-    let ticket = app.slots.admit()?;
     let slot = ticket.slot().await;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let job_app = app.clone();
@@ -210,7 +218,8 @@ async fn read_body(
     }
     let mut stream = body.into_data_stream();
     let read = async {
-        let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
+        // Grown as bytes arrive: a declared length alone reserves at most 1 MiB.
+        let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
         while let Some(chunk) = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await
         {
             let chunk = chunk

@@ -47,6 +47,14 @@ impl ApiError {
         }
     }
 
+    /// The same error naming `param` as the field at fault (unless it names one already).
+    pub fn with_param(mut self, param: &str) -> Self {
+        if self.param.is_none() {
+            self.param = Some(param.to_string());
+        }
+        self
+    }
+
     /// 404: no such route or model.
     pub fn not_found(message: impl Into<String>, code: &'static str) -> Self {
         Self {

@@ -56,6 +56,78 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
 }
 
+/// The most generations a server runs at once (`--max-batch`): each holds a blocking thread and
+/// a KV cache.
+pub const MAX_BATCH_LIMIT: usize = 256;
+/// The most requests that may wait for a slot (`--max-queue`).
+pub const MAX_QUEUE_LIMIT: usize = 65_536;
+/// The largest request body a server may accept (`--max-body-bytes`): 1 GiB.
+pub const MAX_BODY_LIMIT: usize = 1 << 30;
+/// The longest header or body timeout (`--header-timeout-ms`, `--body-timeout-ms`): one hour.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The largest prefill chunk (`--prefill-chunk`), in prompt rows.
+pub const MAX_PREFILL_CHUNK: usize = 1 << 16;
+
+impl ServerConfig {
+    /// Checks every setting against its range; each refusal names the `glance serve` flag, the
+    /// range and the value. [`App::new`] runs it, and `glance serve` before it loads the model.
+    pub fn validate(&self) -> Result<(), ServeError> {
+        let range = |flag: &str, v: u128, lo: u128, hi: u128| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(ServeError::Config(format!(
+                    "{flag} must be in {lo}..={hi}, got {v}"
+                )))
+            }
+        };
+        if self.model_name.trim().is_empty() {
+            return Err(ServeError::Config(
+                "--served-model-name must not be empty".into(),
+            ));
+        }
+        range(
+            "--max-batch",
+            self.max_batch as u128,
+            1,
+            MAX_BATCH_LIMIT as u128,
+        )?;
+        range(
+            "--max-queue",
+            self.max_queue as u128,
+            0,
+            MAX_QUEUE_LIMIT as u128,
+        )?;
+        range(
+            "--max-body-bytes",
+            self.max_body_bytes as u128,
+            1,
+            MAX_BODY_LIMIT as u128,
+        )?;
+        let most = MAX_TIMEOUT.as_millis();
+        range("--body-timeout-ms", self.body_timeout.as_millis(), 1, most)?;
+        range(
+            "--header-timeout-ms",
+            self.header_timeout.as_millis(),
+            1,
+            most,
+        )?;
+        range(
+            "--prefill-chunk",
+            self.prefill_chunk as u128,
+            1,
+            MAX_PREFILL_CHUNK as u128,
+        )?;
+        range(
+            "--default-max-tokens",
+            self.defaults.max_tokens as u128,
+            1,
+            openai::MAX_TOKENS_LIMIT as u128,
+        )?;
+        Ok(())
+    }
+}
+
 /// Errors starting or running the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -79,28 +151,13 @@ pub struct App {
 
 impl App {
     pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Result<Arc<Self>, ServeError> {
-        if config.max_batch == 0 {
-            return Err(ServeError::Config("--max-batch must be at least 1".into()));
-        }
-        if config.max_body_bytes == 0
-            || config.body_timeout.is_zero()
-            || config.header_timeout.is_zero()
-        {
-            return Err(ServeError::Config(
-                "the body size limit and the header and body timeouts must be positive".into(),
-            ));
-        }
+        config.validate()?;
         let metrics = Arc::new(Metrics::new(&config.model_name));
         let slots = Arc::new(Slots::new(
             config.max_batch,
             config.max_queue,
             metrics.clone(),
         ));
-        if config.prefill_chunk == 0 {
-            return Err(ServeError::Config(
-                "--prefill-chunk must be at least 1".into(),
-            ));
-        }
         let batcher = if config.batching {
             Some(Batcher::start(
                 engine.clone(),

@@ -10,8 +10,8 @@ use crate::error::ApiError;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
 use glance_engine::{
-    Budget, DecodeSpec, DiffusionSettings, FinishReason, Policy, Prompt, PruneSpec, Request,
-    Response, Usage,
+    Budget, DecodeSpec, DiffusionOptions, DiffusionSettings, FinishReason, OptionNames, Policy,
+    Prompt, PruneSpec, Request, Response, Usage,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -85,19 +85,24 @@ pub struct GlanceOptions {
 }
 
 impl GlanceOptions {
-    /// The block-diffusion settings the request gives (`None`: the server's).
-    fn diffusion(&self) -> Result<Option<DiffusionSettings>, ApiError> {
-        if self.block.is_none() && self.threshold.is_none() && self.dynamic_block.is_none() {
-            return Ok(None);
-        }
-        let s = DiffusionSettings::sized(
-            self.block,
-            self.threshold,
-            self.dynamic_block.unwrap_or(false),
-        );
-        s.validate()
-            .map_err(|e| ApiError::bad_param("glance.block", e.to_string()))?;
-        Ok(Some(s))
+    /// The block-diffusion settings the request gives `decode` (`None`: the server's); an option
+    /// that does not apply to `decode` is a 400 naming both.
+    fn diffusion(&self, decode: DecodeSpec) -> Result<Option<DiffusionSettings>, ApiError> {
+        let options = DiffusionOptions {
+            block: self.block,
+            threshold: self.threshold,
+            dynamic: self.dynamic_block.unwrap_or(false),
+        };
+        options
+            .settings_for(decode, &OptionNames::REQUEST)
+            .map_err(|e| {
+                let param = if self.threshold.is_some() && self.block.is_none() {
+                    "glance.threshold"
+                } else {
+                    "glance.block"
+                };
+                ApiError::bad_param(param, e.to_string())
+            })
     }
 }
 
@@ -130,17 +135,41 @@ pub struct Shape {
 }
 
 impl ChatRequest {
-    /// Parses a body: invalid JSON, a wrong type and an unknown field are 400s.
+    /// Parses a body: invalid JSON, a wrong type and an unknown field are 400s, naming the
+    /// top-level field at fault when there is one.
     pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+        serde_json::from_slice(body).map_err(|e| match Self::field_at_fault(body) {
+            Some(field) => {
+                ApiError::bad_param(&field, format!("invalid request body: `{field}`: {e}"))
+            }
+            None => ApiError::bad_request(format!("invalid request body: {e}")),
+        })
     }
 
-    /// The engine request, with images resolved under `sources`.
+    /// The first top-level field of a body that parses as a JSON object whose value alone does
+    /// not deserialize (serde's message gives the line and column, not the field). Only run on a
+    /// body already refused.
+    fn field_at_fault(body: &[u8]) -> Option<String> {
+        let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+            return None;
+        };
+        fields.into_iter().find_map(|(name, value)| {
+            let mut probe = serde_json::Map::new();
+            probe.insert("messages".into(), Value::Array(Vec::new()));
+            probe.insert(name.clone(), value);
+            serde_json::from_value::<ChatRequest>(Value::Object(probe))
+                .is_err()
+                .then_some(name)
+        })
+    }
+
+    /// The engine request, with at most `max_images` images (counted before any is read)
+    /// resolved under `sources`.
     pub fn into_request(
         self,
         served: &str,
         sources: &ImageSources,
+        max_images: usize,
         defaults: &Defaults,
     ) -> Result<(Request, Shape), ApiError> {
         if let Some(m) = self.model.as_deref() {
@@ -209,16 +238,11 @@ impl ChatRequest {
             ),
         };
         let diffusion = match &self.glance {
-            Some(g) => g.diffusion()?,
+            Some(g) => g.diffusion(decode)?,
             None => None,
         };
-        if diffusion.is_some() && decode.diffusion_mode().is_none() {
-            return Err(ApiError::bad_param(
-                "glance.block",
-                format!("block, threshold and dynamic_block apply to diffusion strategies, not `{decode}`"),
-            ));
-        }
-        let messages = parse_messages(&self.messages, sources).map_err(ApiError::from)?;
+        let messages = parse_messages(&self.messages, sources, max_images)
+            .map_err(|e| ApiError::from(e).with_param("messages"))?;
         let request = Request {
             diffusion,
             sampling,
@@ -433,6 +457,7 @@ mod tests {
         ChatRequest::parse(body.to_string().as_bytes())?.into_request(
             "m",
             &ImageSources::DataOnly,
+            4,
             &defaults(),
         )
     }
@@ -478,6 +503,11 @@ mod tests {
                 400,
                 "invalid type",
             ),
+            (
+                json!({"messages": m, "max_tokens": -1}),
+                400,
+                "`max_tokens`: invalid value",
+            ),
             (json!({"messages": []}), 400, "no message"),
             (json!({"messages": m, "n": 2}), 400, "choices other than 1"),
             (
@@ -515,12 +545,17 @@ mod tests {
             (
                 json!({"messages": m, "glance": {"decode": "ar", "block": 8}}),
                 400,
-                "diffusion strategies",
+                "block-diffusion strategies",
             ),
             (
                 json!({"messages": m, "glance": {"decode": "diffusion-linear", "block": 0}}),
                 400,
-                "block size",
+                "glance.block must be in 1..=64",
+            ),
+            (
+                json!({"messages": m, "glance": {"decode": "diffusion-linear", "threshold": 0.5}}),
+                400,
+                "glance.threshold only applies to diffusion-threshold",
             ),
             (
                 json!({"messages": m, "stream_options": {"include_usage": true}}),

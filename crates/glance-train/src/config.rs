@@ -252,6 +252,50 @@ impl OptimSpec {
     }
 }
 
+/// The highest peak learning rate accepted (AdamW diverges long before it).
+pub const MAX_LR: f64 = 1.0;
+
+impl OptimSpec {
+    /// Checks every hyper-parameter against its range; each refusal names the setting (`--lr`
+    /// for the learning rate, the flag every trainer has), the range and the value. NaN fails
+    /// every range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(TrainError::Config(m));
+        if !(self.lr > 0.0 && self.lr <= MAX_LR) {
+            return bad(format!(
+                "--lr (the peak learning rate) must be in (0, {MAX_LR}], got {}",
+                self.lr
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return bad(format!(
+                "min_lr_ratio must be in [0, 1], got {}",
+                self.min_lr_ratio
+            ));
+        }
+        for (name, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return bad(format!("AdamW {name} must be in [0, 1), got {b}"));
+            }
+        }
+        if !(self.eps > 0.0 && self.eps.is_finite()) {
+            return bad(format!(
+                "AdamW eps must be finite and > 0, got {}",
+                self.eps
+            ));
+        }
+        for (name, v) in [
+            ("weight_decay", self.weight_decay),
+            ("clip_norm (0: off)", self.clip_norm),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return bad(format!("{name} must be finite and >= 0, got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How long a stage runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -267,11 +311,14 @@ impl Budget {
     pub fn validate(&self) -> crate::Result<()> {
         match *self {
             Budget::Steps(0) => Err(crate::TrainError::Config(
-                "the run needs at least one step".into(),
+                "--steps must be at least 1 (the run needs at least one step)".into(),
             )),
-            Budget::Seconds(s) if !(s.is_finite() && s > 0.0) => Err(crate::TrainError::Config(
-                "the time budget must be positive".into(),
-            )),
+            Budget::Seconds(s) if !(s.is_finite() && s > 0.0) => {
+                Err(crate::TrainError::Config(format!(
+                    "--minutes (the time budget) must be finite and > 0, got {}",
+                    s / 60.0
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -479,17 +526,11 @@ impl TrainConfig {
                     )));
                 }
             }
-            let o = &s.optim;
-            let ok = o.lr > 0.0
-                && o.lr.is_finite()
-                && (0.0..1.0).contains(&o.beta1)
-                && (0.0..1.0).contains(&o.beta2);
-            if !ok {
-                return Err(TrainError::Config(format!(
-                    "stage {}: bad optimiser settings {o:?}",
-                    s.stage
-                )));
-            }
+            s.budget.validate()?;
+            s.optim.validate().map_err(|e| match e {
+                TrainError::Config(m) => TrainError::Config(format!("stage {}: {m}", s.stage)),
+                other => other,
+            })?;
         }
         Ok(())
     }
@@ -581,6 +622,39 @@ mod tests {
         c.model.llava_config().unwrap();
         ModelSpec::tiny().llava_config().unwrap();
         assert_eq!(ModelSpec::base().image_tokens(), 256);
+    }
+
+    #[test]
+    fn optimiser_settings_are_checked_naming_the_setting() {
+        for (edit, want) in [
+            (
+                (|o: &mut OptimSpec| o.lr = -1e-3) as fn(&mut OptimSpec),
+                "--lr",
+            ),
+            (|o| o.lr = f64::NAN, "--lr"),
+            (|o| o.lr = 0.0, "(0, 1]"),
+            (|o| o.lr = f64::INFINITY, "--lr"),
+            (|o| o.beta2 = 1.0, "beta2"),
+            (|o| o.eps = 0.0, "eps"),
+            (|o| o.weight_decay = f64::NAN, "weight_decay"),
+            (|o| o.clip_norm = -1.0, "clip_norm"),
+            (|o| o.min_lr_ratio = 2.0, "min_lr_ratio"),
+        ] {
+            let mut o = OptimSpec::with_lr(1e-3, 10);
+            edit(&mut o);
+            let e = o.validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            let mut c = TrainConfig::preset("quick").unwrap();
+            c.stages[0].optim = o;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("stage vision") && e.contains(want), "{e}");
+        }
+        assert!(OptimSpec::with_lr(1e-3, 10).validate().is_ok());
+        let e = Budget::Seconds(f64::NAN)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--minutes"), "{e}");
     }
 
     #[test]

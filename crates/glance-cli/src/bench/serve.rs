@@ -20,7 +20,7 @@ use glance_nn::Mode;
 use glance_serve::openai::Defaults;
 use glance_serve::ServerConfig;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -65,14 +65,39 @@ struct Sample {
     tokens: usize,
 }
 
+/// Most concurrent clients of one wave (`--clients`).
+const MAX_CLIENTS: usize = 64;
+/// Most requests each client sends (`--requests`).
+const MAX_REQUESTS: usize = 1000;
+
 pub fn run(args: ServeBenchArgs) -> Result<()> {
-    if args.clients.is_empty() || args.clients.contains(&0) || args.clients.iter().any(|&c| c > 64)
+    // Every count is checked before anything loads or runs.
+    if args.clients.is_empty()
+        || args
+            .clients
+            .iter()
+            .any(|&c| !(1..=MAX_CLIENTS).contains(&c))
     {
-        bail!("--clients takes counts from 1 to 64");
+        bail!(
+            "--clients takes counts in 1..={MAX_CLIENTS}, got {:?}",
+            args.clients
+        );
     }
-    if args.requests == 0 || args.max_tokens < 2 {
-        bail!("--requests ≥ 1 and --max-tokens ≥ 2 are required");
+    if !(1..=MAX_REQUESTS).contains(&args.requests) {
+        bail!(
+            "--requests (per client) must be in 1..={MAX_REQUESTS}, got {}",
+            args.requests
+        );
     }
+    let most_tokens = glance_serve::openai::MAX_TOKENS_LIMIT;
+    if !(2..=most_tokens as usize).contains(&args.max_tokens) {
+        bail!(
+            "--max-tokens must be in 2..={most_tokens} (the server's max_tokens limit), got {}",
+            args.max_tokens
+        );
+    }
+    // The servers' settings (--prefill-chunk among them), as `glance serve` checks its own.
+    server_config(&args, true).validate()?;
     crate::args::check_writable(&args.json)?;
     let tiny = crate::args::model_dir(args.model.as_deref())?;
     let options = EngineOptions {
@@ -294,7 +319,15 @@ fn stream_once(addr: SocketAddr, image: &str, n: usize, max_tokens: usize) -> Re
     let mut line = String::new();
     reader.read_line(&mut line)?;
     if !line.starts_with("HTTP/1.1 200") {
-        bail!("the server answered {}", line.trim());
+        // The error body (OpenAI's shape) says which field and why: show its message.
+        let mut rest = String::new();
+        let _ = reader.take(64 << 10).read_to_string(&mut rest);
+        let body = rest.split("\r\n\r\n").nth(1).unwrap_or("");
+        let message = serde_json::from_str::<Value>(body)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| body.trim().to_string());
+        bail!("the server answered {}: {message}", line.trim());
     }
     let (mut first, mut last, mut tokens) = (None, None, 0);
     loop {

@@ -2,6 +2,8 @@
 //! committed fixtures, make scratch directories.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod bounded;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

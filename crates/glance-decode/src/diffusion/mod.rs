@@ -126,6 +126,101 @@ impl DiffusionSettings {
     }
 }
 
+/// The block-diffusion options a caller gave, before defaults fill them in: `glance run
+/// --block / --threshold / --dynamic-block`, or a request's `glance.block / glance.threshold /
+/// glance.dynamic_block`. [`DiffusionOptions::settings_for`] is the one check of both surfaces.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DiffusionOptions {
+    pub block: Option<usize>,
+    pub threshold: Option<f32>,
+    pub dynamic: bool,
+}
+
+/// How a surface spells the three options in its errors.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionNames {
+    pub block: &'static str,
+    pub threshold: &'static str,
+    pub dynamic: &'static str,
+}
+
+impl OptionNames {
+    /// `glance run`, `serve`, `eval`, … flags.
+    pub const FLAGS: Self = Self {
+        block: "--block",
+        threshold: "--threshold",
+        dynamic: "--dynamic-block",
+    };
+    /// Fields of a request body's `glance` object.
+    pub const REQUEST: Self = Self {
+        block: "glance.block",
+        threshold: "glance.threshold",
+        dynamic: "glance.dynamic_block",
+    };
+}
+
+impl DiffusionOptions {
+    pub fn any(&self) -> bool {
+        self.block.is_some() || self.threshold.is_some() || self.dynamic
+    }
+
+    /// The settings these options give `spec` (`None` when none is given: the engine's or the
+    /// model's apply). An option that does not apply to `spec` is refused naming both — any of
+    /// them with a strategy that is not block diffusion, the threshold with a self-speculative
+    /// mode (which accepts drafts by verification, not by confidence) — and a value out of
+    /// range names the option and its range.
+    pub fn settings_for(
+        &self,
+        spec: crate::DecodeSpec,
+        names: &OptionNames,
+    ) -> Result<Option<DiffusionSettings>> {
+        if !self.any() {
+            return Ok(None);
+        }
+        let bad = |m: String| Err(Error::InvalidParam(m));
+        let Some(mode) = spec.diffusion_mode() else {
+            let given: Vec<&str> = [
+                (self.block.is_some(), names.block),
+                (self.threshold.is_some(), names.threshold),
+                (self.dynamic, names.dynamic),
+            ]
+            .iter()
+            .filter(|(set, _)| *set)
+            .map(|(_, n)| *n)
+            .collect();
+            return bad(format!(
+                "{} only appl{} to the block-diffusion strategies (diffusion-threshold, \
+                 diffusion-linear, diffusion-quadratic), not `{spec}`",
+                given.join(", "),
+                if given.len() == 1 { "ies" } else { "y" }
+            ));
+        };
+        if let Some(t) = self.threshold {
+            if mode != DiffusionMode::Threshold {
+                return bad(format!(
+                    "{} only applies to diffusion-threshold, not `{spec}` (self-speculation \
+                     accepts drafts by verification, not by confidence)",
+                    names.threshold
+                ));
+            }
+            if !(t > 0.0 && t <= 1.0) {
+                return bad(format!("{} must be in (0, 1], got {t}", names.threshold));
+            }
+        }
+        if let Some(b) = self.block {
+            if !(1..=MAX_BLOCK).contains(&b) {
+                return bad(format!(
+                    "{} must be in 1..={MAX_BLOCK}, got {b}",
+                    names.block
+                ));
+            }
+        }
+        let s = DiffusionSettings::sized(self.block, self.threshold, self.dynamic);
+        s.validate()?;
+        Ok(Some(s))
+    }
+}
+
 /// The block size of the next step.
 #[derive(Debug, Clone)]
 pub struct BlockSize {
@@ -449,6 +544,70 @@ mod tests {
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn options_that_do_not_apply_are_refused_naming_both() {
+        use crate::DecodeSpec as D;
+        let flags = &OptionNames::FLAGS;
+        let threshold = DiffusionOptions {
+            threshold: Some(0.5),
+            ..Default::default()
+        };
+        let e = threshold
+            .settings_for(D::DiffusionLinear, flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--threshold") && e.contains("diffusion-linear"),
+            "{e}"
+        );
+        let s = threshold
+            .settings_for(D::DiffusionThreshold, flags)
+            .unwrap();
+        assert_eq!(s.unwrap().threshold, 0.5);
+        let block = DiffusionOptions {
+            block: Some(8),
+            dynamic: true,
+            ..Default::default()
+        };
+        let e = block
+            .settings_for(D::Ar, &OptionNames::REQUEST)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("glance.block, glance.dynamic_block") && e.contains("`ar`"),
+            "{e}"
+        );
+        assert!(block.settings_for(D::DiffusionQuadratic, flags).is_ok());
+        assert_eq!(
+            DiffusionOptions::default()
+                .settings_for(D::Ar, flags)
+                .unwrap(),
+            None
+        );
+        for (o, want) in [
+            (
+                DiffusionOptions {
+                    block: Some(0),
+                    ..Default::default()
+                },
+                "--block must be in 1..=64, got 0",
+            ),
+            (
+                DiffusionOptions {
+                    threshold: Some(f32::NAN),
+                    ..Default::default()
+                },
+                "--threshold must be in (0, 1], got NaN",
+            ),
+        ] {
+            let e = o
+                .settings_for(D::DiffusionThreshold, flags)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
         }
     }
 }

@@ -210,6 +210,8 @@ impl Engine {
                 .find(|s| matches!(s.phase, Phase::Prefill { .. }))
             {
                 if let Err(e) = self.prefill_chunk(s, prefill_chunk.max(1)) {
+                    let e =
+                        self.explain_non_finite_rows(e, &s.prepared.rows, &s.prepared.positions);
                     s.fail(e);
                 }
             }
@@ -324,6 +326,7 @@ impl Engine {
                 .sample(&row)
                 .and_then(|t| s.accept(t, positions[r]));
             if let Err(e) = result {
+                let e = self.explain_non_finite_rows(e, &s.prepared.rows, &s.prepared.positions);
                 s.fail(e);
             }
         }

@@ -22,6 +22,51 @@ use candle_core::DType;
 /// The layout version written to the metadata.
 pub const LAYOUT_VERSION: &str = "1";
 
+/// The metadata key holding the layout version.
+pub const LAYOUT_VERSION_KEY: &str = "glance_layout_version";
+/// The metadata key holding the format the file was written in.
+pub const WEIGHTS_KEY: &str = "glance_weights";
+
+/// Checks a safetensors file's metadata: a file written by `glance quantize` must carry a layout
+/// version this build reads ([`LAYOUT_VERSION`]) and a known format. A file without glance's
+/// keys (an ordinary checkpoint) passes. The error says what was found and what is supported.
+pub fn check_metadata(
+    metadata: Option<&std::collections::HashMap<String, String>>,
+) -> Result<(), String> {
+    let Some(m) = metadata else {
+        return Ok(());
+    };
+    let version = m.get(LAYOUT_VERSION_KEY);
+    let weights = m.get(WEIGHTS_KEY);
+    let shown = |v: &str| v.chars().take(32).collect::<String>();
+    match version {
+        Some(v) if v == LAYOUT_VERSION => {}
+        Some(v) => {
+            return Err(format!(
+                "packed-weight layout version `{}` is not supported (this glance reads version \
+                 {LAYOUT_VERSION}); quantize the source model again with this glance",
+                shown(v)
+            ))
+        }
+        None if weights.is_some() => {
+            return Err(format!(
+                "`{WEIGHTS_KEY}` is set but `{LAYOUT_VERSION_KEY}` is missing: not a directory \
+                 written by `glance quantize` (layout version {LAYOUT_VERSION})"
+            ))
+        }
+        None => {}
+    }
+    if let Some(w) = weights {
+        if !matches!(w.parse::<WeightFormat>(), Ok(f) if f != WeightFormat::F32) {
+            return Err(format!(
+                "`{WEIGHTS_KEY}` is `{}`: expected bf16, f16, q8 or q4",
+                shown(w)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One tensor to write: name, dtype, shape, little-endian bytes.
 pub struct StoredTensor {
     pub name: String,
@@ -151,4 +196,42 @@ fn read_packed(
         }
     };
     checked.map_err(|e| format!("`{name}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn layout_versions_and_formats_are_checked() {
+        let meta = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(check_metadata(None).is_ok());
+        assert!(check_metadata(Some(&meta(&[("format", "pt")]))).is_ok());
+        let good = meta(&[(WEIGHTS_KEY, "q4"), (LAYOUT_VERSION_KEY, LAYOUT_VERSION)]);
+        assert!(check_metadata(Some(&good)).is_ok());
+        for (pairs, want) in [
+            (
+                vec![(WEIGHTS_KEY, "q4"), (LAYOUT_VERSION_KEY, "2")],
+                "version `2` is not supported",
+            ),
+            (vec![(WEIGHTS_KEY, "q4")], "is missing"),
+            (
+                vec![(WEIGHTS_KEY, "q3"), (LAYOUT_VERSION_KEY, LAYOUT_VERSION)],
+                "expected bf16, f16, q8 or q4",
+            ),
+            (
+                vec![(WEIGHTS_KEY, "f32"), (LAYOUT_VERSION_KEY, LAYOUT_VERSION)],
+                "expected bf16",
+            ),
+        ] {
+            let e = check_metadata(Some(&meta(&pairs))).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
 }

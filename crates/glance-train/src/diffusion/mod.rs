@@ -126,13 +126,16 @@ impl DiffusionTrainConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(TrainError::Config(m.to_string()));
         if self.batch == 0 {
-            return bad("the batch needs at least one sample");
+            return bad("--batch must be at least 1 (samples per step)");
         }
         if self.block_sizes.is_empty()
             || self.block_sizes.iter().any(|&b| !(2..=256).contains(&b))
             || self.block_sizes.windows(2).any(|w| w[0] >= w[1])
         {
-            return bad("block sizes must be increasing, each in 2..=256");
+            return Err(TrainError::Config(format!(
+                "--blocks must be increasing, each in 2..=256, got {:?}",
+                self.block_sizes
+            )));
         }
         if self.eval_blocks.iter().any(|&b| !(2..=256).contains(&b)) {
             return bad("validation block sizes must be in 2..=256");
@@ -143,7 +146,11 @@ impl DiffusionTrainConfig {
         }
         let weight = |x: f64| x.is_finite() && x >= 0.0;
         if !weight(self.alpha) || !weight(self.beta) || self.alpha + self.beta == 0.0 {
-            return bad("alpha and beta must be ≥ 0 and not both 0");
+            return Err(TrainError::Config(format!(
+                "alpha (--alpha, the diffusion loss weight; the causal loss gets 1 - alpha) and \
+                 beta must be finite, >= 0 and not both 0, got alpha {} and beta {}",
+                self.alpha, self.beta
+            )));
         }
         if self.long_pool == 0 || self.short_pool == 0 {
             return bad("both sample pools need at least one sample");
@@ -151,6 +158,7 @@ impl DiffusionTrainConfig {
         if self.max_new_long == 0 || self.max_new_short == 0 {
             return bad("answers need at least one token");
         }
+        self.optim.validate()?;
         self.budget.validate()
     }
 }

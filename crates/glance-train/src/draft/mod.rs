@@ -144,6 +144,9 @@ pub struct DraftTrainConfig {
     pub cache_mib: usize,
 }
 
+/// The most compressed tokens per image a vision adaptor may have (`--adaptor-queries`).
+pub const MAX_ADAPTOR_QUERIES: usize = 1024;
+
 impl DraftTrainConfig {
     /// The ViSpec head (adaptor of `queries` tokens, global injection) for `target`, trained
     /// for `budget`.
@@ -203,10 +206,20 @@ impl DraftTrainConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(TrainError::Config(m.to_string()));
         if self.batch == 0 {
-            return bad("the batch needs at least one sample");
+            return bad("--batch must be at least 1 (samples per step)");
         }
         if self.passes == 0 || self.passes > 8 {
-            return bad("passes must be in 1..=8");
+            return Err(TrainError::Config(format!(
+                "--passes must be in 1..=8, got {}",
+                self.passes
+            )));
+        }
+        if let Some(q) = self.adaptor_queries {
+            if !(1..=MAX_ADAPTOR_QUERIES).contains(&q) {
+                return Err(TrainError::Config(format!(
+                    "--adaptor-queries must be in 1..={MAX_ADAPTOR_QUERIES}, got {q}"
+                )));
+            }
         }
         if self.long_pool == 0 || self.short_pool == 0 {
             return bad("both sample pools need at least one sample");
@@ -224,6 +237,7 @@ impl DraftTrainConfig {
         if !(ok(self.noise, false) && ok(self.hidden_weight, false) && ok(self.pass_decay, true)) {
             return bad("noise and hidden_weight must be ≥ 0, pass_decay > 0");
         }
+        self.optim.validate()?;
         self.budget.validate()
     }
 }
