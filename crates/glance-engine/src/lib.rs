@@ -23,7 +23,9 @@ mod request;
 pub use cache::ImageKey;
 pub use engine::batch::{Prepared, Sequence};
 pub use engine::{CacheStats, Engine};
-pub use options::{cores, max_threads, resolve_threads, thread_pool, EngineOptions, WeightFormat};
+pub use options::{
+    cores, max_threads, resolve_threads, thread_pool, EngineOptions, TwinShape, WeightFormat,
+};
 pub use request::{
     CacheUse, Event, FinishReason, Flow, ImageInput, Message, Part, Prompt, Request, Response,
     Role, Timings, Usage, MAX_STOP_BYTES, MAX_STOP_STRINGS,
