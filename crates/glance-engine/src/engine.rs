@@ -233,7 +233,10 @@ impl Engine {
         )))
     }
 
-    fn load_draft(&self, dir: &Path) -> Result<Arc<dyn DraftLm>> {
+    /// Loads the draft head in `dir` for this engine's model without making it the engine's
+    /// head: as a twin when the model is one ([`EngineOptions::twin`]), and checked to fit the
+    /// model.
+    pub fn read_draft(&self, dir: &Path) -> Result<DraftHead> {
         let head = self.pool.install(|| match &self.options.twin {
             Some(shape) => glance_models::twin::load_draft(dir, &Device::Cpu, shape),
             None => DraftHead::load(dir, &Device::Cpu),
@@ -242,7 +245,11 @@ impl Engine {
         head.config()
             .check_target(t.hidden_size(), t.vocab_size())
             .map_err(|e| Error::Config(format!("draft head {}: {e}", dir.display())))?;
-        let head: Arc<dyn DraftLm> = Arc::new(head);
+        Ok(head)
+    }
+
+    fn load_draft(&self, dir: &Path) -> Result<Arc<dyn DraftLm>> {
+        let head: Arc<dyn DraftLm> = Arc::new(self.read_draft(dir)?);
         self.set_draft(head.clone());
         Ok(head)
     }

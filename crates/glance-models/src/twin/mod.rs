@@ -148,6 +148,13 @@ pub fn twin_llava_value(small: &Value, shape: &TwinShape) -> Result<Value> {
     Ok(v)
 }
 
+/// The twin config of the LLaVA checkpoint `dir` at `shape`.
+pub fn llava_config(dir: &Path, shape: &TwinShape) -> Result<LlavaConfig> {
+    let path = required_file(dir, "config.json")?;
+    let small: Value = read_json(&path)?;
+    LlavaConfig::from_value(&twin_llava_value(&small, shape)?)
+}
+
 /// Refuses a twin whose weights in `format` would not fit in `available` bytes (when known):
 /// e.g. the `llava-7b` twin in f32 needs about 27 GB.
 pub fn check_fits(
@@ -176,10 +183,8 @@ pub fn load_llava(
     format: WeightFormat,
     shape: &TwinShape,
 ) -> Result<Llava> {
-    let path = required_file(dir, "config.json")?;
-    let small_value: Value = read_json(&path)?;
-    let small = LlavaConfig::from_value(&small_value)?;
-    let config = LlavaConfig::from_value(&twin_llava_value(&small_value, shape)?)?;
+    let small = LlavaConfig::from_dir(dir)?;
+    let config = llava_config(dir, shape)?;
     check_fits(&config, format, glance_nn::runtime::available_memory())?;
     let small_vb = var_builder(dir, DType::F32, device)?;
     let layout = WeightLayout::detect(&small_vb);
