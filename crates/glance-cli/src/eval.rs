@@ -44,6 +44,10 @@ pub struct EvalArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Keep every answer in the --json report (to compare two runs answer by answer, e.g. a
+    /// model and its --twin).
+    #[arg(long, requires = "json")]
+    pub answers: bool,
 }
 
 /// Runs the evaluation runner with a progress bar (images) on stderr.
@@ -103,6 +107,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         max_new_tokens: args.max_new_tokens,
         short_max_new_tokens: SHORT_MAX_NEW_TOKENS.min(args.max_new_tokens),
         decode,
+        record_answers: args.answers,
         ..EvalOptions::new(split, args.n)
     };
     let report = evaluate_with_progress(&engine, &options, std::slice::from_ref(&spec))?
