@@ -59,6 +59,24 @@ pub struct ModelArgs {
     /// and projector use f32 with f32, else a 16-bit float.
     #[arg(long, default_value = "f32", value_parser = parse_weights)]
     pub weights: glance_engine::WeightFormat,
+    #[command(flatten)]
+    pub twin: TwinArgs,
+}
+
+/// `--twin SHAPE`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TwinArgs {
+    /// Load the model as its real-shape twin: the same answers, computed by a decoder of the
+    /// named shape that streams its bytes and does its multiply-adds — tinyllama-1.1b (22
+    /// layers, d2048) or llava-7b (Llama-2-7B: 32 layers, d4096). Built at load time in the
+    /// --weights format (nothing is written); draft heads load as twins too.
+    #[arg(long, value_name = "SHAPE", value_parser = parse_twin)]
+    pub twin: Option<glance_engine::TwinShape>,
+}
+
+/// `--twin`: a named twin shape (an unknown name lists the shapes).
+pub fn parse_twin(s: &str) -> std::result::Result<glance_engine::TwinShape, String> {
+    s.parse().map_err(|e: glance_core::Error| e.to_string())
 }
 
 /// `--weights`.
@@ -77,7 +95,8 @@ impl ModelArgs {
         let dir = self.dir()?;
         let options = options
             .with_threads(self.threads)
-            .with_weights(self.weights);
+            .with_weights(self.weights)
+            .with_twin(self.twin.twin.clone());
         let engine = Engine::load(&dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))?;
         Ok((dir, engine))
