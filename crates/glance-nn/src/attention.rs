@@ -366,7 +366,7 @@ pub fn attention(
 /// [`attention`]): `(1, h, t, d)`. Each row's result depends only on the keys it sees, so rows
 /// run among many others (a block-diffusion pass of `B (B + 1)` rows) equal the same rows run
 /// as decode steps, bit for bit.
-pub fn attention_exact(
+pub fn attention_batch_invariant(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,

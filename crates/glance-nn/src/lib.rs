@@ -29,7 +29,7 @@ pub mod runtime;
 pub mod weights;
 
 pub use activation::Activation;
-pub use attention::{attention, attention_exact, AttnMask, TreeMask, VisibleMask};
+pub use attention::{attention, attention_batch_invariant, AttnMask, TreeMask, VisibleMask};
 pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
 pub use lm::{CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart};

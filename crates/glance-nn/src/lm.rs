@@ -39,7 +39,7 @@ pub trait CausalLm {
     /// number of rows: a row verified among many others (block-diffusion passes of `B (B + 1)`
     /// rows) gets bit for bit what one-token decoding gets. Models without such kernels run
     /// [`CausalLm::forward`].
-    fn forward_exact(
+    fn forward_batch_invariant(
         &self,
         xs: &Tensor,
         positions: &[u32],

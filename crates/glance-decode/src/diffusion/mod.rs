@@ -16,7 +16,7 @@
 //!
 //! The self-speculative modes are lossless: verification is [`crate::speculative::verify`] on a
 //! chain (greedy: the causal argmax; sampling: point-mass rejection sampling), and every pass runs
-//! through [`glance_nn::CausalLm::forward_exact`], so a verified row equals the decode step of
+//! through [`glance_nn::CausalLm::forward_batch_invariant`], so a verified row equals the decode step of
 //! the same token bit for bit — the emitted tokens are exactly the converted model's
 //! autoregressive ones. Finished tokens' rows stay in the KV cache; speculative rows are dropped
 //! with [`glance_nn::KvCache::keep_speculative`] / [`glance_nn::KvCache::rollback`].
@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// Largest block: a quadratic pass runs `B (B + 1)` rows, and the verification rows must stay
-/// within the exact few-row kernels' reach of one-token decoding.
+/// within the batch-invariant kernels' reach of one-token decoding.
 pub const MAX_BLOCK: usize = 64;
 
 /// Which block-diffusion mode.
@@ -394,7 +394,7 @@ pub(crate) struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// One exact forward pass of `ids` at `positions` under `mask`, appended to `cache`; the
+    /// One batch-invariant forward pass of `ids` at `positions` under `mask`, appended to `cache`; the
     /// logits of rows `rows` as `Vec`s. Times the pass into `tally`.
     pub fn pass(
         &self,
@@ -407,7 +407,9 @@ impl Run<'_> {
         let t = Instant::now();
         let x = self.model.embed_tokens(ids)?;
         // (rows, hidden)
-        let h = self.model.forward_exact(&x, positions, mask, cache)?;
+        let h = self
+            .model
+            .forward_batch_invariant(&x, positions, mask, cache)?;
         tally.forwards += 1;
         tally.forward_us += t.elapsed().as_micros() as u64;
         Ok(h)

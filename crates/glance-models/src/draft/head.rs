@@ -229,7 +229,7 @@ impl DraftHead {
             rope: &self.rope,
             positions: &pos,
             mode: self.mode,
-            exact: false,
+            batch_invariant: false,
         };
         let (x, att) = self.layer.forward(xs, &step, mask, keys, false)?;
         Ok((self.norm.forward(&x)?, att.k, att.v))
@@ -390,7 +390,7 @@ impl DraftLm for DraftHead {
             rope: &self.rope,
             positions: &pos,
             mode: self.mode,
-            exact: false,
+            batch_invariant: false,
         };
         let (x, _) = self.layer.forward(
             xs,

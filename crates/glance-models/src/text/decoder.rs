@@ -13,8 +13,8 @@ use glance_core::{Error, Result};
 use glance_nn::quant::{PackedMatrix, WeightFormat};
 use glance_nn::weights::{linear_as, param, rms_norm};
 use glance_nn::{
-    attention, attention_exact, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode, RmsNorm,
-    RotaryEmbedding, WeightLoad,
+    attention, attention_batch_invariant, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode,
+    RmsNorm, RotaryEmbedding, WeightLoad,
 };
 
 struct Attention {
@@ -71,7 +71,7 @@ impl Attention {
     ) -> candle_core::Result<AttnResult> {
         let t = x.dim(0)?;
         let hd = self.head_dim;
-        let project = if step.exact {
+        let project = if step.batch_invariant {
             Linear::forward_rows
         } else {
             Linear::forward
@@ -84,8 +84,11 @@ impl Attention {
             Keys::After(pk, pv) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let (out, probs) = if step.exact && !want_probs {
-            (attention_exact(&q, &all_k, &all_v, mask, scale)?, None)
+        let (out, probs) = if step.batch_invariant && !want_probs {
+            (
+                attention_batch_invariant(&q, &all_k, &all_v, mask, scale)?,
+                None,
+            )
         } else {
             let att = attention(&q, &all_k, &all_v, mask, scale, step.mode, want_probs)?;
             (att.out, att.probs)
@@ -160,8 +163,8 @@ pub(crate) struct Step<'a> {
     /// `(t,)` u32
     pub positions: &'a Tensor,
     pub mode: Mode,
-    /// Every row as a decode step computes it alone ([`CausalLm::forward_exact`]).
-    pub exact: bool,
+    /// Every row as a decode step computes it alone ([`CausalLm::forward_batch_invariant`]).
+    pub batch_invariant: bool,
 }
 
 /// Materialised masks of one forward pass, keyed by (sliding window, keys): the mask is described
@@ -250,7 +253,7 @@ impl Layer {
         let att = self.attn.forward(&h, step, mask, keys, want_probs)?;
         let x = (x + &att.out)?;
         let post = self.post_norm.forward(&x)?;
-        let h = if step.exact {
+        let h = if step.batch_invariant {
             self.mlp.forward_rows(&post)?
         } else {
             self.mlp.forward(&post)?
@@ -285,8 +288,8 @@ enum Kernels {
     /// GEMM for many rows, the decode kernels for a few; `Some(l)`: also return layer `l`'s
     /// attention probabilities of the last row.
     Default(Option<usize>),
-    /// Every row as a decode step computes it alone ([`CausalLm::forward_exact`]).
-    Exact,
+    /// Every row as a decode step computes it alone ([`CausalLm::forward_batch_invariant`]).
+    BatchInvariant,
 }
 
 /// A Llama-family decoder with its LM head.
@@ -538,7 +541,7 @@ impl TextModel {
             rope: &self.rope,
             positions: &pos,
             mode: self.mode,
-            exact: true,
+            batch_invariant: true,
         };
         let mut x = rows.clone();
         for (i, layer) in self.layers.iter().enumerate() {
@@ -567,9 +570,9 @@ impl TextModel {
         layers: std::ops::Range<usize>,
         kernels: Kernels,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let (probe, exact) = match kernels {
+        let (probe, batch_invariant) = match kernels {
             Kernels::Default(probe) => (probe, false),
-            Kernels::Exact => (None, true),
+            Kernels::BatchInvariant => (None, true),
         };
         let t = xs.dim(0)?;
         if positions.len() != t {
@@ -581,10 +584,10 @@ impl TextModel {
         let max = self.config.max_position_embeddings;
         let past = cache.as_ref().map_or(0, |c| c.len());
         if let Some(&p) = positions.iter().max() {
-            // Exact passes may hold more speculative rows than the context has positions (a
+            // Batch-invariant passes may hold more speculative rows than the context has positions (a
             // quadratic block-diffusion pass runs `B (B + 1)` rows at `2B` positions); only the
             // positions are bounded there.
-            if p as usize >= max || (!exact && past + t > max) {
+            if p as usize >= max || (!batch_invariant && past + t > max) {
                 return Err(Error::PromptTooLong {
                     len: (past + t).max(p as usize + 1),
                     max,
@@ -618,7 +621,7 @@ impl TextModel {
                 rope: &self.rope,
                 positions: &pos,
                 mode: self.mode,
-                exact,
+                batch_invariant,
             };
             let (out, att) = layer.forward(&x, &step, m, keys, want)?;
             if let Some(p) = att.probs {
@@ -676,7 +679,7 @@ impl CausalLm for TextModel {
         self.run(xs, positions, mask, Some(cache))
     }
 
-    fn forward_exact(
+    fn forward_batch_invariant(
         &self,
         xs: &Tensor,
         positions: &[u32],
@@ -684,7 +687,14 @@ impl CausalLm for TextModel {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         let all = 0..self.layers.len();
-        let (x, _) = self.run_layers(xs, positions, mask, Some(cache), all, Kernels::Exact)?;
+        let (x, _) = self.run_layers(
+            xs,
+            positions,
+            mask,
+            Some(cache),
+            all,
+            Kernels::BatchInvariant,
+        )?;
         Ok(self.norm.forward(&x)?)
     }
 

@@ -137,7 +137,7 @@ fn check_function(p: &Pair, rel: f32) {
     assert!(max_abs(&raw_pad) > 0.0 && max_abs(&raw_pad).is_finite());
     // The batch-invariant pass and the row kernels agree too.
     let mut cache = p.twin.new_cache();
-    let ex = p.twin.forward_exact(
+    let ex = p.twin.forward_batch_invariant(
         &p.twin.embed_tokens(&ids).unwrap(),
         &pos,
         &causal,
