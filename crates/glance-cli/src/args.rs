@@ -39,9 +39,11 @@ pub struct ModelArgs {
     pub threads: Option<usize>,
     /// How the text decoder's linear weights are held: f32, bf16 or f16 (kept as stored when the
     /// checkpoint has that dtype), q8 (8-bit, blocks of 32) or q4 (4-bit Q4_0). The vision tower
-    /// and projector use f32 with f32, else a 16-bit float.
-    #[arg(long, default_value = "f32", value_parser = parse_weights)]
-    pub weights: glance_engine::WeightFormat,
+    /// and projector use f32 with f32, else a 16-bit float. Default: the format a `glance
+    /// quantize` directory records, else f32; a directory written by quantize loads in its own
+    /// format only.
+    #[arg(long, value_parser = parse_weights)]
+    pub weights: Option<glance_engine::WeightFormat>,
 }
 
 /// `--weights`.
@@ -66,9 +68,13 @@ impl ModelArgs {
     pub fn engine(&self, options: EngineOptions) -> Result<(PathBuf, Engine)> {
         glance_engine::resolve_threads(self.threads).context("--threads")?;
         let dir = self.dir()?;
-        let options = options
-            .with_threads(self.threads)
-            .with_weights(self.weights);
+        let weights = match self.weights {
+            Some(w) => w,
+            None => glance_models::checkpoint::recorded_format(&dir)
+                .with_context(|| format!("reading the weights of {}", dir.display()))?
+                .unwrap_or(glance_engine::WeightFormat::F32),
+        };
+        let options = options.with_threads(self.threads).with_weights(weights);
         let engine = Engine::load(&dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))?;
         Ok((dir, engine))

@@ -52,8 +52,8 @@ enum Command {
     Models(models::ModelsArgs),
     /// Write the logits of every prompt position to a .npy file (for parity checks).
     Logits(logits::LogitsArgs),
-    /// Write a model directory with its weights packed (bf16, f16, q8 or q4) so that loading it
-    /// with the same --weights reads them as they are.
+    /// Write a model directory with its weights packed (bf16, f16, q8 or q4), its draft heads and
+    /// settings; loading it reads the packed weights as they are (no --weights needed).
     Quantize(quantize::QuantizeArgs),
     /// Measure speed: prints a table and writes JSON.
     #[command(subcommand)]
