@@ -15,6 +15,7 @@ mod progress;
 mod quantize;
 mod run;
 mod serve;
+mod signals;
 mod threads;
 mod train;
 mod train_diffusion;

@@ -67,6 +67,8 @@ pub fn run(a: DiffusionArgs) -> Result<()> {
         |t| t.state.step,
         || Ok(DiffusionTrainer::new(build_config(&a)?, &out)?),
     )?;
+    // Before the start-up line: from then on, Ctrl-C checkpoints.
+    crate::signals::checkpoint_on_signals();
     let c = &trainer.state.config;
     let n: usize = trainer
         .params()
@@ -96,6 +98,9 @@ pub fn run(a: DiffusionArgs) -> Result<()> {
             out.join("metrics.jsonl").display()
         ),
         RunEnd::Stopped => eprintln!("stopped; continue with --resume"),
+        RunEnd::Interrupted(signal) => {
+            crate::signals::exit_interrupted(signal, trainer.state.step, &ckpt)
+        }
     }
     Ok(())
 }

@@ -100,6 +100,11 @@ pub fn run(a: DraftArgs) -> Result<()> {
             out.join("metrics.jsonl").display()
         ),
         RunEnd::Stopped => eprintln!("stopped; continue with --resume"),
+        RunEnd::Interrupted(signal) => crate::signals::exit_interrupted(
+            signal,
+            trainer.state.step,
+            &DraftTrainer::checkpoint_path(&out),
+        ),
     }
     Ok(())
 }
