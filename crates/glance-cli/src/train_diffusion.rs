@@ -14,7 +14,8 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct DiffusionArgs {
-    /// The autoregressive source model directory (e.g. models/glance-tiny).
+    /// The autoregressive source model: a directory or a name as --model takes it (e.g.
+    /// glance-tiny).
     #[arg(long)]
     pub from: PathBuf,
     /// Output directory (checkpoint, metrics.jsonl, model/). Default: runs/diffusion.
@@ -106,7 +107,8 @@ pub fn run(a: DiffusionArgs) -> Result<()> {
 }
 
 fn build_config(a: &DiffusionArgs) -> Result<DiffusionTrainConfig> {
-    let mut c = DiffusionTrainConfig::new(a.from.clone(), a.run.budget());
+    let from = crate::args::model_dir(Some(&a.from))?;
+    let mut c = DiffusionTrainConfig::new(from, a.run.budget());
     c.seed = a.run.seed;
     if let Some(b) = a.run.batch {
         c.batch = b;

@@ -1,6 +1,7 @@
 //! Ctrl-C during training: the run writes a checkpoint before it exits, and `--resume` continues
 //! from it. The three trainers share the mechanism (`glance_train::interrupt`, checked before each
-//! step by both step loops); this drives `train diffusion` with a real SIGINT.
+//! step by both step loops); this drives `train diffusion` (its source model given by name) with a
+//! real SIGINT.
 #![cfg(unix)]
 
 mod common;
@@ -14,13 +15,18 @@ use std::time::{Duration, Instant};
 fn sigint_checkpoints_and_resume_continues() {
     let dir = scratch("interrupt");
     let out = dir.join("run");
-    let tiny =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/glance-tiny");
     let train = |extra: &[&str]| {
         let mut c = glance_command();
-        c.args(["train", "diffusion", "--from", s(&tiny), "--out", s(&out)])
-            .args(["--threads", "1", "--batch", "2", "--eval-every", "0"])
-            .args(extra);
+        c.args([
+            "train",
+            "diffusion",
+            "--from",
+            "glance-tiny",
+            "--out",
+            s(&out),
+        ])
+        .args(["--threads", "1", "--batch", "2", "--eval-every", "0"])
+        .args(extra);
         c
     };
     let mut child = train(&["--steps", "100000", "--checkpoint-every", "0"])
