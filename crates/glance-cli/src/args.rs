@@ -44,6 +44,24 @@ pub struct ModelArgs {
     /// format only.
     #[arg(long, value_parser = parse_weights)]
     pub weights: Option<glance_engine::WeightFormat>,
+    #[command(flatten)]
+    pub twin: TwinArgs,
+}
+
+/// `--twin SHAPE`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TwinArgs {
+    /// Load the model as its real-shape twin: the same answers, computed by a decoder of the
+    /// named shape that streams its bytes and does its multiply-adds — tinyllama-1.1b (22
+    /// layers, d2048) or llava-7b (Llama-2-7B: 32 layers, d4096). Built at load time in the
+    /// --weights format (nothing is written); draft heads load as twins too.
+    #[arg(long, value_name = "SHAPE", value_parser = parse_twin)]
+    pub twin: Option<glance_engine::TwinShape>,
+}
+
+/// `--twin`: a named twin shape (an unknown name lists the shapes).
+pub fn parse_twin(s: &str) -> std::result::Result<glance_engine::TwinShape, String> {
+    s.parse().map_err(|e: glance_core::Error| e.to_string())
 }
 
 /// `--weights`.
@@ -74,7 +92,10 @@ impl ModelArgs {
                 .with_context(|| format!("reading the weights of {}", dir.display()))?
                 .unwrap_or(glance_engine::WeightFormat::F32),
         };
-        let options = options.with_threads(self.threads).with_weights(weights);
+        let options = options
+            .with_threads(self.threads)
+            .with_weights(weights)
+            .with_twin(self.twin.twin.clone());
         let engine = Engine::load(&dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))?;
         Ok((dir, engine))

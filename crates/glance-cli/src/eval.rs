@@ -44,6 +44,10 @@ pub struct EvalArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Keep every answer in the --json report (to compare two runs answer by answer, e.g. a
+    /// model and its --twin).
+    #[arg(long, requires = "json")]
+    pub answers: bool,
 }
 
 /// Runs the evaluation runner with a progress bar (images) on stderr.
@@ -103,17 +107,23 @@ pub fn run(args: EvalArgs) -> Result<()> {
         max_new_tokens: args.max_new_tokens,
         short_max_new_tokens: SHORT_MAX_NEW_TOKENS.min(args.max_new_tokens),
         decode,
+        record_answers: args.answers,
         ..EvalOptions::new(split, args.n)
     };
     let report = evaluate_with_progress(&engine, &options, std::slice::from_ref(&spec))?
         .pop()
         .context("the runner returned no report")?;
-    print_report(&dir, &report);
+    let label = match &engine.options().twin {
+        Some(shape) => format!("{} (twin {shape})", dir.display()),
+        None => dir.display().to_string(),
+    };
+    print_report(&label, &report);
     if let Some(path) = &args.json {
         let mut v = serde_json::to_value(&report)?;
         v["model"] = json!(dir);
         v["threads"] = json!(engine.threads());
         v["weights"] = json!(engine.options().weights.name());
+        v["twin"] = json!(engine.options().twin.as_ref().map(|t| t.name()));
         v["decode"] = json!(decode.name());
         v["start"] = json!(args.start);
         crate::bench::write_json(path, &v)?;
@@ -127,11 +137,10 @@ fn pct(x: Option<f64>) -> String {
 }
 
 /// The table `glance eval` prints.
-fn print_report(dir: &std::path::Path, r: &EvalReport) {
+fn print_report(model: &str, r: &EvalReport) {
     let p = &r.prune;
     println!(
-        "{} on the world {} split: {} images, {} questions; greedy; pruning {} ({:.1} of {} visual tokens kept)",
-        dir.display(),
+        "{model} on the world {} split: {} images, {} questions; greedy; pruning {} ({:.1} of {} visual tokens kept)",
         r.split.name(),
         r.images,
         r.questions,

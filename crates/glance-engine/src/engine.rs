@@ -110,7 +110,14 @@ impl Engine {
         let (model, processor) = pool.install(|| -> Result<_> {
             let config = LlavaConfig::from_dir(dir)?;
             let processor = LlavaProcessor::from_dir(dir, &config)?;
-            let model = Llava::load_as(dir, &Device::Cpu, options.weights)?;
+            let mut model = match &options.twin {
+                Some(shape) => {
+                    glance_models::twin::load_llava(dir, &Device::Cpu, options.weights, shape)?
+                }
+                None => Llava::load_as(dir, &Device::Cpu, options.weights)?,
+            };
+            // Ids the tokenizer cannot decode are never produced, by any strategy.
+            model.limit_vocab(processor.text.id_limit());
             Ok((model, processor))
         })?;
         let mut engine =
@@ -120,7 +127,9 @@ impl Engine {
         Ok(engine)
     }
 
-    /// An engine over a model already in memory (e.g. the weights being trained).
+    /// An engine over a model already in memory (e.g. the weights being trained). Unlike
+    /// [`Engine::load`], the model's logits are used as they are: call [`Llava::limit_vocab`]
+    /// first if its vocabulary holds ids the tokenizer cannot decode.
     pub fn from_parts(
         model: Arc<Llava>,
         processor: Arc<LlavaProcessor>,
@@ -254,13 +263,23 @@ impl Engine {
         )))
     }
 
-    fn load_draft(&self, dir: &Path) -> Result<Arc<dyn DraftLm>> {
-        let head = self.pool.install(|| DraftHead::load(dir, &Device::Cpu))?;
+    /// Loads the draft head in `dir` for this engine's model without making it the engine's
+    /// head: as a twin when the model is one ([`EngineOptions::twin`]), and checked to fit the
+    /// model.
+    pub fn read_draft(&self, dir: &Path) -> Result<DraftHead> {
+        let head = self.pool.install(|| match &self.options.twin {
+            Some(shape) => glance_models::twin::load_draft(dir, &Device::Cpu, shape),
+            None => DraftHead::load(dir, &Device::Cpu),
+        })?;
         let t = self.model.text();
         head.config()
             .check_target(t.hidden_size(), t.vocab_size())
             .map_err(|e| Error::Config(format!("draft head {}: {e}", dir.display())))?;
-        let head: Arc<dyn DraftLm> = Arc::new(head);
+        Ok(head)
+    }
+
+    fn load_draft(&self, dir: &Path) -> Result<Arc<dyn DraftLm>> {
+        let head: Arc<dyn DraftLm> = Arc::new(self.read_draft(dir)?);
         self.set_draft(head.clone());
         Ok(head)
     }
@@ -344,8 +363,8 @@ impl Engine {
     }
 
     /// The logits of every position of the prompt, `(prompt_tokens, vocab)`, from one causal
-    /// prefill (no pruning, no cache): the hook for parity checks. Non-finite logits are an
-    /// [`Error::NonFinite`] naming the first layer whose output is not finite.
+    /// prefill (no pruning, no cache), no id masked: the hook for parity checks. Non-finite
+    /// logits are an [`Error::NonFinite`] naming the first layer whose output is not finite.
     pub fn prompt_logits(&self, prompt: &Prompt) -> Result<Tensor> {
         let logits = self.pool.install(|| {
             let rendered = self.render(prompt, false)?;
@@ -359,7 +378,7 @@ impl Engine {
                 &AttnMask::causal(),
                 &mut cache,
             )?;
-            text.logits(&hidden)
+            text.raw_logits(&hidden)
         })?;
         if !finite::all_finite(&logits)? {
             let e = Error::NonFinite(format!(

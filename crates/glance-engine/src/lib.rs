@@ -24,7 +24,7 @@ pub use cache::ImageKey;
 pub use engine::batch::{Prepared, Sequence};
 pub use engine::{CacheStats, Engine};
 pub use options::{
-    cores, max_threads, resolve_threads, thread_pool, EngineOptions, WeightFormat,
+    cores, max_threads, resolve_threads, thread_pool, EngineOptions, TwinShape, WeightFormat,
     DEFAULT_MAX_IMAGES, MAX_IMAGES_LIMIT,
 };
 pub use request::{

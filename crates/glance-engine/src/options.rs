@@ -8,6 +8,7 @@
 use glance_core::{Error, Result};
 use glance_decode::{DiffusionSettings, TreeSettings};
 use glance_models::processing::image::DEFAULT_MAX_PIXELS;
+pub use glance_models::twin::TwinShape;
 pub use glance_nn::WeightFormat;
 use std::path::PathBuf;
 
@@ -48,6 +49,10 @@ pub struct EngineOptions {
     /// [`WeightFormat::companion`]): f32, bf16 / f16 as stored, or quantized to q8 / q4 as they
     /// load.
     pub weights: WeightFormat,
+    /// Load the model as its real-shape twin ([`glance_models::twin`]): the same answers, at the
+    /// cost of the named shape's decoder (`tinyllama-1.1b`, `llava-7b`); draft heads load as
+    /// twins too. Built at load time, in `weights`.
+    pub twin: Option<TwinShape>,
 }
 
 impl Default for EngineOptions {
@@ -62,6 +67,7 @@ impl Default for EngineOptions {
             tree: TreeSettings::default(),
             diffusion: None,
             weights: WeightFormat::F32,
+            twin: None,
         }
     }
 }
@@ -83,6 +89,11 @@ impl EngineOptions {
 
     pub fn with_weights(mut self, weights: WeightFormat) -> Self {
         self.weights = weights;
+        self
+    }
+
+    pub fn with_twin(mut self, twin: Option<TwinShape>) -> Self {
+        self.twin = twin;
         self
     }
 

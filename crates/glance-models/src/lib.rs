@@ -5,7 +5,8 @@
 //! * [`llava`]: `LlavaForConditionalGeneration` — CLIP vision tower, projector, text decoder;
 //! * [`processing`]: image pre-processing, tokenizer, chat template;
 //! * [`presets`]: the model shapes benchmarks build with random weights;
-//! * [`quantize`]: a checkpoint rewritten with packed (bf16 / f16 / q8 / q4) weights.
+//! * [`quantize`]: a checkpoint rewritten with packed (bf16 / f16 / q8 / q4) weights;
+//! * [`twin`]: a small model embedded, function preserved, in a real model's shape.
 //!
 //! Models return hidden states and logits; they never sample and never know about requests.
 
@@ -17,3 +18,4 @@ pub mod processing;
 pub mod quantize;
 pub mod random;
 pub mod text;
+pub mod twin;

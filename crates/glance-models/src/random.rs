@@ -35,26 +35,7 @@ impl SimpleBackend for RandomBackend {
                 return Ok(t.clone());
             }
         }
-        let n = s.elem_count();
-        let is_norm_weight = name.ends_with("norm.weight")
-            || name.contains("layernorm")
-            || name.contains("layer_norm");
-        let mut rng = glance_core::Rng::for_name(self.seed, name);
-        let mut data = Vec::with_capacity(n);
-        for _ in 0..n {
-            // Irwin–Hall(4) approximation of a normal from one 64-bit draw (four 16-bit uniforms):
-            // fast — a 1B-parameter model is drawn in seconds — and good enough for timing.
-            let r = rng.next_u64();
-            let u: f32 = (0..4)
-                .map(|i| ((r >> (16 * i)) & 0xffff) as f32 / 65536.0)
-                .sum();
-            let z = (u - 2.0) * 1.732;
-            data.push(if is_norm_weight {
-                1.0 + 0.02 * z
-            } else {
-                0.02 * z
-            });
-        }
+        let data = draw(self.seed, name, s.elem_count(), is_norm_weight(name));
         let t = Tensor::from_vec(data, s, dev)?.to_dtype(dtype)?;
         if let Some(made) = &self.made {
             let mut made = made.lock().expect("not poisoned");
@@ -70,6 +51,33 @@ impl SimpleBackend for RandomBackend {
     fn contains_tensor(&self, _name: &str) -> bool {
         false
     }
+}
+
+/// Whether `name` is a normalisation layer's weight (drawn near 1).
+pub(crate) fn is_norm_weight(name: &str) -> bool {
+    name.ends_with("norm.weight") || name.contains("layernorm") || name.contains("layer_norm")
+}
+
+/// `n` seeded draws for the tensor `name`: near 1 (`1 + 0.02·z`) for a norm's weight, else
+/// `0.02·z`, `z` approximately standard normal. The stream depends on `seed` and `name` only.
+pub(crate) fn draw(seed: u64, name: &str, n: usize, norm_weight: bool) -> Vec<f32> {
+    let mut rng = glance_core::Rng::for_name(seed, name);
+    let mut data = Vec::with_capacity(n);
+    for _ in 0..n {
+        // Irwin–Hall(4) approximation of a normal from one 64-bit draw (four 16-bit uniforms):
+        // fast — a 1B-parameter model is drawn in seconds — and good enough for timing.
+        let r = rng.next_u64();
+        let u: f32 = (0..4)
+            .map(|i| ((r >> (16 * i)) & 0xffff) as f32 / 65536.0)
+            .sum();
+        let z = (u - 2.0) * 1.732;
+        data.push(if norm_weight {
+            1.0 + 0.02 * z
+        } else {
+            0.02 * z
+        });
+    }
+    data
 }
 
 /// A `VarBuilder` that makes seeded random f32 weights of whatever shape is asked for. Nothing

@@ -1,4 +1,5 @@
-//! Process-level allocator setting that makes candle fast on CPU, for inference and training.
+//! Process-level allocator setting that makes candle fast on CPU, for inference and training,
+//! and what the system says about memory.
 //!
 //! candle allocates a fresh buffer for every op result. glibc serves blocks above its mmap
 //! threshold with `mmap` / `munmap`: a system call and page faults for every large intermediate
@@ -16,6 +17,15 @@ pub fn tune_allocator() -> bool {
 /// that resident memory measures what is in use.
 pub fn release_free_memory() {
     imp::trim()
+}
+
+/// Memory the system can still give this process (`MemAvailable` of `/proc/meminfo`), bytes;
+/// `None` where that is not known. For refusing a model that cannot fit before loading it.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -59,6 +59,10 @@ pub struct DecodeArgs {
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/decode.json")]
     pub json: PathBuf,
+    /// With --model (default: glance-tiny): time the model's real-shape twin instead of
+    /// --random weights.
+    #[command(flatten)]
+    pub twin: crate::args::TwinArgs,
 }
 
 /// Weight bytes a decode step streams: every linear matrix once as held (scales included), one
@@ -77,14 +81,6 @@ pub fn resident_bytes() -> Option<u64> {
     glance_nn::runtime::release_free_memory();
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Memory the system can still give (`MemAvailable`), bytes.
-fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
@@ -161,7 +157,9 @@ fn load(args: &DecodeArgs, format: WeightFormat) -> Result<Loaded> {
     let load = WeightLoad::new(format);
     let cpu = candle_core::Device::Cpu;
     if let Some(dir) = &args.model {
-        let options = EngineOptions::single_request().with_weights(format);
+        let options = EngineOptions::single_request()
+            .with_weights(format)
+            .with_twin(args.twin.twin.clone());
         let engine = Engine::load(dir, options)
             .with_context(|| format!("loading {} with {format} weights", dir.display()))?;
         return Ok(Loaded::Engine(Box::new(engine)));
@@ -193,7 +191,10 @@ fn all_parameters(args: &DecodeArgs, text: &TextConfig) -> Result<usize> {
     })
 }
 
-pub fn run(args: DecodeArgs) -> Result<()> {
+pub fn run(mut args: DecodeArgs) -> Result<()> {
+    if args.twin.twin.is_some() && args.model.is_none() {
+        args.model = Some(crate::args::model_dir(None)?);
+    }
     if args.prompt_len == 0 || args.new_tokens < 2 || args.reps == 0 || args.reps > MAX_REPS {
         bail!("--prompt-len ≥ 1, --new-tokens ≥ 2 and --reps in 1..={MAX_REPS} are required");
     }
@@ -218,9 +219,12 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     }
     let config = match &args.model {
         Some(dir) => {
-            glance_models::llava::LlavaConfig::from_dir(dir)
-                .with_context(|| format!("loading {}", dir.display()))?
-                .text
+            match &args.twin.twin {
+                Some(shape) => glance_models::twin::llava_config(dir, shape),
+                None => glance_models::llava::LlavaConfig::from_dir(dir),
+            }
+            .with_context(|| format!("loading {}", dir.display()))?
+            .text
         }
         None => match presets::llava_preset(&args.random) {
             Some(c) => c?.text,
@@ -241,7 +245,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
     }
     // Refuse a format whose weights cannot fit before spending minutes drawing them.
     let params = all_parameters(&args, &config)?;
-    if let Some(avail) = available_bytes() {
+    if let Some(avail) = glance_nn::runtime::available_memory() {
         for &f in &args.weights {
             let need = params as f64 * f.bits_per_weight() / 8.0;
             if need > 0.95 * avail as f64 {
@@ -255,7 +259,10 @@ pub fn run(args: DecodeArgs) -> Result<()> {
         }
     }
     let label = match &args.model {
-        Some(dir) => dir.display().to_string(),
+        Some(dir) => match &args.twin.twin {
+            Some(shape) => format!("{} (twin {shape})", dir.display()),
+            None => dir.display().to_string(),
+        },
         None => format!("random {}", args.random),
     };
     let c = config;

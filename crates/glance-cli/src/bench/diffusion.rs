@@ -41,6 +41,9 @@ pub struct DiffusionBenchArgs {
     /// Threads for the tensor kernels (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Both models as real-shape twins.
+    #[command(flatten)]
+    pub twin: crate::args::TwinArgs,
     /// World test-split images; each brings one question per family.
     #[arg(long, default_value_t = 30)]
     pub n: usize,
@@ -427,7 +430,10 @@ pub fn run(args: DiffusionBenchArgs) -> Result<()> {
     };
     let original = model_dir(args.original.as_deref())?;
     let load = |dir: &PathBuf| {
-        Engine::load(dir, EngineOptions::default().with_threads(args.threads))
+        let options = EngineOptions::default()
+            .with_threads(args.threads)
+            .with_twin(args.twin.twin.clone());
+        Engine::load(dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))
     };
     let engines = [load(&original)?, load(&converted)?];

@@ -52,6 +52,9 @@ pub struct ServeBenchArgs {
     /// Threads of the engine (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The real model as its real-shape twin.
+    #[command(flatten)]
+    pub twin: crate::args::TwinArgs,
     /// Where to write the JSON results (the plots go beside it).
     #[arg(long, default_value = "bench-results/serve.json")]
     pub json: PathBuf,
@@ -106,11 +109,15 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
         ..EngineOptions::default().with_threads(args.threads)
     };
     let mut models: Vec<(String, Arc<Engine>)> = Vec::new();
-    let engine = Engine::load(&tiny, options.clone())
-        .with_context(|| format!("loading {}", tiny.display()))?;
-    let name = tiny
+    let twin = options.clone().with_twin(args.twin.twin.clone());
+    let engine =
+        Engine::load(&tiny, twin).with_context(|| format!("loading {}", tiny.display()))?;
+    let mut name = tiny
         .file_name()
         .map_or("model".into(), |n| n.to_string_lossy().into_owned());
+    if let Some(shape) = &args.twin.twin {
+        name += &format!(" (twin {shape})");
+    }
     models.push((name, Arc::new(engine)));
     if args.shape != "none" {
         eprintln!(

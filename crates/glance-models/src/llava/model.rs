@@ -179,6 +179,11 @@ impl Llava {
         &self.text
     }
 
+    /// Masks the logits of ids `>= n`: see [`TextModel::limit_vocab`].
+    pub fn limit_vocab(&mut self, n: usize) {
+        self.text.limit_vocab(n)
+    }
+
     pub fn vision(&self) -> &ClipVision {
         &self.vision
     }

@@ -175,6 +175,17 @@ impl TextProcessor {
         self.tokenizer.get_vocab_size(true)
     }
 
+    /// One past the largest id the tokenizer can decode (added tokens included): the logits of
+    /// ids at or above it are never sampled (`TextModel::limit_vocab`). Robust to ids with gaps,
+    /// unlike [`TextProcessor::vocab_size`].
+    pub fn id_limit(&self) -> usize {
+        self.tokenizer
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1)
+    }
+
     /// The id of `token` (a vocabulary entry or an added token), if it has one.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tokenizer.token_to_id(token)

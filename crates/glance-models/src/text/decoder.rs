@@ -296,6 +296,8 @@ pub struct TextModel {
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// Ids at and above this are never produced: their logits are −∞ ([`TextModel::limit_vocab`]).
+    decodable: usize,
     rope: RotaryEmbedding,
     mode: Mode,
     device: Device,
@@ -381,10 +383,47 @@ impl TextModel {
             layers,
             norm: rms_norm(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps, mode)?,
             lm_head,
+            decodable: c.vocab_size,
             rope,
             mode,
             device: vb.device().clone(),
         })
+    }
+
+    /// Masks the logits of ids `>= n` (−∞) in [`CausalLm::logits`] and
+    /// [`TextModel::logits_rows`], so that no decoding strategy (greedy, sampling, speculative
+    /// drafts read through the same head, block diffusion) ever produces them: ids the tokenizer
+    /// cannot decode (LLaVA-1.5 pads 32002 tokens to 32064 rows), or a twin's padded vocabulary.
+    /// A second call can only lower the limit.
+    pub fn limit_vocab(&mut self, n: usize) {
+        self.decodable = self.decodable.min(n.max(1));
+    }
+
+    /// Ids below this can be produced (the vocabulary unless [`TextModel::limit_vocab`] lowered
+    /// it).
+    pub fn decodable_vocab(&self) -> usize {
+        self.decodable
+    }
+
+    /// The LM head's logits `(t, vocab)` of every id, none masked: for parity checks against
+    /// other implementations.
+    pub fn raw_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.lm_head.forward(hidden)?)
+    }
+
+    /// `logits` `(t, vocab)` with the ids at and above [`TextModel::decodable_vocab`] at −∞.
+    fn mask(&self, logits: Tensor) -> Result<Tensor> {
+        let vocab = logits.dim(1)?;
+        if self.decodable >= vocab {
+            return Ok(logits);
+        }
+        let t = logits.dim(0)?;
+        // (t, vocab - decodable)
+        let masked = Tensor::full(f32::NEG_INFINITY, (t, vocab - self.decodable), &self.device)?;
+        Ok(Tensor::cat(
+            &[&logits.narrow(1, 0, self.decodable)?, &masked],
+            1,
+        )?)
     }
 
     pub fn config(&self) -> &TextConfig {
@@ -511,7 +550,7 @@ impl TextModel {
     /// The logits of rows of different sequences `(n, hidden)` → `(n, vocab)`, the LM head read
     /// once; row `r` equals [`CausalLm::logits`] of that row alone.
     pub fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(self.lm_head.forward_rows(hidden)?)
+        self.mask(self.lm_head.forward_rows(hidden)?)
     }
 
     /// The final RMSNorm, `(t, hidden)`.
@@ -649,7 +688,8 @@ impl CausalLm for TextModel {
         Ok(self.norm.forward(&x)?)
     }
 
+    /// The LM head's logits, ids at and above [`TextModel::decodable_vocab`] masked (−∞).
     fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(self.lm_head.forward(hidden)?)
+        self.mask(self.lm_head.forward(hidden)?)
     }
 }

@@ -84,6 +84,51 @@ pub fn apply<T: Copy>(stages: &[StageIndex], v: &mut [[T; 16]]) {
     }
 }
 
+/// Reorders one weight row, held as stored (`block_len` elements per block: 32 for q8, 16 for
+/// q4's packed bytes), into the kernels' order: each whole group of 16 blocks as the vectors the
+/// network would make of it (vector `t`, lane `l` = 4-element word `t` of block `l`), so the
+/// kernels load it transposed; a last, partial group stays as stored.
+pub fn to_kernel_order<T: Copy + Default>(row: &mut [T], block_len: usize) {
+    permute_groups(
+        row,
+        block_len,
+        |b, t, words| b * words + t,
+        |b, t, _| t * GROUP + b,
+    );
+}
+
+/// The inverse of [`to_kernel_order`].
+pub fn to_stored_order<T: Copy + Default>(row: &mut [T], block_len: usize) {
+    permute_groups(
+        row,
+        block_len,
+        |b, t, _| t * GROUP + b,
+        |b, t, words| b * words + t,
+    );
+}
+
+/// Moves word `(block b, word t)` of every whole group from index `from(b, t, words)` to
+/// `to(b, t, words)` (in words of 4 elements).
+fn permute_groups<T: Copy + Default>(
+    row: &mut [T],
+    block_len: usize,
+    from: impl Fn(usize, usize, usize) -> usize,
+    to: impl Fn(usize, usize, usize) -> usize,
+) {
+    let words = block_len / 4;
+    let group_len = GROUP * block_len;
+    let mut tmp = vec![T::default(); group_len];
+    for group in row.chunks_exact_mut(group_len) {
+        tmp.copy_from_slice(group);
+        for b in 0..GROUP {
+            for t in 0..words {
+                let (src, dst) = (4 * from(b, t, words), 4 * to(b, t, words));
+                group[dst..dst + 4].copy_from_slice(&tmp[src..src + 4]);
+            }
+        }
+    }
+}
+
 /// One row's 8-bit values `qs` `(n,)`, `n` a multiple of 32, in group order: for each group,
 /// vector `v` (`0..8`) of 64 bytes, lane `l` holding values `4v..4v + 4` of the group's block
 /// `l`; the lanes of the blocks a last, partial group lacks are zero.
@@ -121,6 +166,26 @@ mod tests {
                     assert_eq!(label, (l, t), "w {w}: vector {t} lane {l}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn weight_rows_round_trip_and_match_the_network() {
+        for block_len in [32usize, 16] {
+            // Two whole groups and 3 blocks more.
+            let stored: Vec<u16> = (0..(2 * GROUP + 3) * block_len).map(|i| i as u16).collect();
+            let mut row = stored.clone();
+            to_kernel_order(&mut row, block_len);
+            assert_ne!(row, stored);
+            // Vector t lane l of the first group: word t of block l.
+            let (t, l) = (1, 9);
+            let at = 4 * (t * GROUP + l);
+            assert_eq!(row[at], stored[l * block_len + 4 * t]);
+            // The partial group is untouched.
+            let tail = 2 * GROUP * block_len;
+            assert_eq!(row[tail..], stored[tail..]);
+            to_stored_order(&mut row, block_len);
+            assert_eq!(row, stored);
         }
     }
 

@@ -321,6 +321,9 @@ mod x86 {
         }
     }
 
+    /// Input rows from which [`grouped_rows`] tiles two weight rows at a time.
+    const PAIR_FROM_ROWS: usize = 32;
+
     /// A packed format's weights as the grouped kernel reads them.
     pub trait GroupPrep {
         /// The 8 unsigned weight vectors of row `r`'s group `g` (of `blocks` ≤ 16 blocks, the
@@ -335,8 +338,8 @@ mod x86 {
     /// `out[r * m + i] = w_r · x_i` for weight rows `0..rows`. `prep` gives each group's 8
     /// unsigned weight vectors, meeting the inputs' 8 arranged vectors; `2^shift` is the
     /// weights' offset, whose integer term `2^shift · Σ q_x` is removed per block. `scales`
-    /// `(rows, n / 32)` are the weights' f16 scales. Two weight rows at a time share each input
-    /// load (a 512-bit load is what limits this loop).
+    /// `(rows, n / 32)` are the weights' f16 scales. With many input rows two weight rows at a
+    /// time share each input load (a 512-bit load is what limits the loop then).
     ///
     /// Per output: one integer sum per block (exact, in any order), then one float
     /// multiply-add per group in group order, then the lanes summed in a fixed tree — the same
@@ -356,12 +359,17 @@ mod x86 {
     ) {
         let mut acc = vec![_mm512_setzero_ps(); 2 * x.m];
         let mut r = 0;
-        while r + 2 <= rows {
-            grouped_tile::<2>(scales, x, r, shift, &mut acc, out, prep);
-            r += 2;
+        // Two weight rows per tile pay once the input rows make the loop compute-bound; below,
+        // one row at a time streams the weights faster (measured: 2× at one input row).
+        if x.m >= PAIR_FROM_ROWS {
+            while r + 2 <= rows {
+                grouped_tile::<2>(scales, x, r, shift, &mut acc, out, prep);
+                r += 2;
+            }
         }
-        if r < rows {
+        while r < rows {
             grouped_tile::<1>(scales, x, r, shift, &mut acc, out, prep);
+            r += 1;
         }
     }
 

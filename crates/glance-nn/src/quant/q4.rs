@@ -11,6 +11,9 @@
 //! Layout: `qs` `(rows, cols / 2)` bytes — per block 16 bytes, byte `j` holding value `j` in its
 //! low nibble and value `j + 16` in its high nibble (llama.cpp's order, which lets one AND and
 //! one shift unpack a block into 32 bytes in order) — and `scales` `(rows, cols / 32)` f16 bits.
+//! In memory each row's whole groups of 16 blocks are held in the kernels' order
+//! ([`super::group::to_kernel_order`]: the AVX-512 kernel loads them already transposed); files
+//! keep llama.cpp's order ([`Q4Matrix::stored_qs`], [`Q4Matrix::from_parts`]).
 //!
 //! Kernels: integer dot products against the input quantized to 8 bits per block
 //! ([`super::act`]): the nibbles are unsigned bytes, so `vpdpbusd` / `maddubs` take them directly
@@ -18,6 +21,7 @@
 //! input block. One accumulation order per output whatever the number of input rows.
 
 use super::act::QuantRows;
+use super::group::{to_kernel_order, to_stored_order};
 use super::half::Isa;
 use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
 use rayon::prelude::*;
@@ -68,15 +72,39 @@ impl Q4Matrix {
                 }
                 Ok::<(), QuantError>(())
             })?;
-        Ok(Self {
+        Ok(Self::in_kernel_order(rows, cols, qs, scales))
+    }
+
+    /// The parts with each row's bytes moved into the kernels' order.
+    fn in_kernel_order(rows: usize, cols: usize, mut qs: Vec<u8>, scales: Vec<u16>) -> Self {
+        qs.par_chunks_mut((cols / 2).max(1))
+            .for_each(|row| to_kernel_order(row, BLOCK / 2));
+        Self {
             rows,
             cols,
             qs,
             scales,
-        })
+        }
     }
 
-    /// From stored parts (a quantized checkpoint), checked for size.
+    /// The packed bytes in llama.cpp's order `(rows, cols / 2)` (as a file keeps them).
+    pub fn stored_qs(&self) -> Vec<u8> {
+        let mut qs = self.qs.clone();
+        qs.par_chunks_mut((self.cols / 2).max(1))
+            .for_each(|row| to_stored_order(row, BLOCK / 2));
+        qs
+    }
+
+    /// Row `r`'s bytes in llama.cpp's order into `buf`.
+    fn stored_row<'a>(&self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        let half = self.cols / 2;
+        buf.clear();
+        buf.extend_from_slice(&self.qs[r * half..(r + 1) * half]);
+        to_stored_order(buf, BLOCK / 2);
+        buf
+    }
+
+    /// From stored parts (a quantized checkpoint, bytes in llama.cpp's order), checked for size.
     pub fn from_parts(
         rows: usize,
         cols: usize,
@@ -95,12 +123,7 @@ impl Q4Matrix {
                 scales.len()
             )));
         }
-        Ok(Self {
-            rows,
-            cols,
-            qs,
-            scales,
-        })
+        Ok(Self::in_kernel_order(rows, cols, qs, scales))
     }
 
     pub fn storage_bytes(&self) -> usize {
@@ -111,7 +134,8 @@ impl Q4Matrix {
     #[cfg(test)]
     pub(crate) fn level(&self, r: usize, k: usize) -> u8 {
         let (b, j) = (k / BLOCK, k % BLOCK);
-        let byte = self.qs[(r * self.cols + b * BLOCK) / 2 + j % (BLOCK / 2)];
+        let mut buf = Vec::new();
+        let byte = self.stored_row(r, &mut buf)[b * BLOCK / 2 + j % (BLOCK / 2)];
         if j < BLOCK / 2 {
             byte & 0x0f
         } else {
@@ -121,18 +145,21 @@ impl Q4Matrix {
 
     /// Rows `first..` widened into `out` (whole rows).
     pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
-        let start = first * self.cols;
-        let qs = &self.qs[start / 2..(start + out.len()) / 2];
-        let scales = &self.scales[start / BLOCK..];
-        for ((ob, qb), &s) in out
-            .chunks_exact_mut(BLOCK)
-            .zip(qs.chunks_exact(BLOCK / 2))
-            .zip(scales)
-        {
-            let d = f16_value(s);
-            for j in 0..BLOCK / 2 {
-                ob[j] = d * ((qb[j] & 0x0f) as f32 - 8.0);
-                ob[j + BLOCK / 2] = d * ((qb[j] >> 4) as f32 - 8.0);
+        let (n, nb) = (self.cols, self.cols / BLOCK);
+        let mut buf = Vec::with_capacity(n / 2);
+        for (i, orow) in out.chunks_exact_mut(n.max(1)).enumerate() {
+            let qs = self.stored_row(first + i, &mut buf);
+            let scales = &self.scales[(first + i) * nb..];
+            for ((ob, qb), &s) in orow
+                .chunks_exact_mut(BLOCK)
+                .zip(qs.chunks_exact(BLOCK / 2))
+                .zip(scales)
+            {
+                let d = f16_value(s);
+                for j in 0..BLOCK / 2 {
+                    ob[j] = d * ((qb[j] & 0x0f) as f32 - 8.0);
+                    ob[j + BLOCK / 2] = d * ((qb[j] >> 4) as f32 - 8.0);
+                }
             }
         }
     }
@@ -167,9 +194,18 @@ impl Q4Matrix {
     }
 }
 
-/// The reference: per block `(d_w · d_x) · Σ (q_w − 8) q_x`, added in block order.
+/// The reference: per block `(d_w · d_x) · Σ (q_w − 8) q_x`, added in block order (`qs` in the
+/// kernels' order, each row read back in llama.cpp's).
 fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
     let n = x.n;
+    let qs: Vec<u8> = qs
+        .chunks_exact(n / 2)
+        .flat_map(|row| {
+            let mut row = row.to_vec();
+            to_stored_order(&mut row, BLOCK / 2);
+            row
+        })
+        .collect();
     super::act::portable_blocks(sc, x, rows, out, |r, b, xq| {
         let wb = &qs[(r * n + b * BLOCK) / 2..(r * n + (b + 1) * BLOCK) / 2];
         let mut dot = 0i32;
@@ -184,7 +220,7 @@ fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::group::GROUP_BYTES;
+    use super::super::group::{to_stored_order, GROUP, GROUP_BYTES};
     use super::super::x86::{
         grouped_rows, load_bytes, network_vectors, scale_256, transpose, GroupPrep,
     };
@@ -222,12 +258,19 @@ mod x86 {
         #[inline]
         unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8] {
             let base = self.qs.as_ptr().add((r * self.n + g * GROUP_BYTES) / 2);
-            let valid = blocks * BLOCK / 2;
             let mut v = [_mm512_setzero_si512(); 4];
-            for (i, vi) in v.iter_mut().enumerate() {
-                *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
+            if blocks == GROUP {
+                // Held transposed (the kernels' order).
+                for (i, vi) in v.iter_mut().enumerate() {
+                    *vi = _mm512_loadu_si512(base.add(64 * i) as *const _);
+                }
+            } else {
+                let valid = blocks * BLOCK / 2;
+                for (i, vi) in v.iter_mut().enumerate() {
+                    *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
+                }
+                transpose(&mut v, &self.net);
             }
-            transpose(&mut v, &self.net);
             let low = _mm512_set1_epi8(0x0f);
             let mut out = [_mm512_setzero_si512(); 8];
             for t in 0..4 {
@@ -257,7 +300,16 @@ mod x86 {
     /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        each_row_tile!(row_avx2, qs, sc, x, rows, out);
+        // Each row back in llama.cpp's order, then the per-block loop.
+        let (n, nb, m) = (x.n, x.blocks(), x.m);
+        let mut row = Vec::with_capacity(n / 2);
+        for r in 0..rows {
+            row.clear();
+            row.extend_from_slice(&qs[r * n / 2..(r + 1) * n / 2]);
+            to_stored_order(&mut row, BLOCK / 2);
+            let (sc, out) = (&sc[r * nb..(r + 1) * nb], &mut out[r * m..(r + 1) * m]);
+            each_row_tile!(row_avx2, &row, sc, x, 1, out);
+        }
     }
 
     /// # Safety

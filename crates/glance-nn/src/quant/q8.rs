@@ -2,7 +2,9 @@
 //! `w ≈ d · q` with `q` in `-127..=127` and one f16 scale `d` per block — 8.5 bits per weight.
 //!
 //! Layout (row-major, struct of arrays so every vector load is plain): `qs` `(rows, cols)` i8,
-//! `scales` `(rows, cols / 32)` f16 bits.
+//! `scales` `(rows, cols / 32)` f16 bits. In memory each row's whole groups of 16 blocks are held
+//! in the kernels' order ([`super::group::to_kernel_order`]: the AVX-512 kernel loads them already
+//! transposed); files keep llama.cpp's order ([`Q8Matrix::stored_qs`], [`Q8Matrix::from_parts`]).
 //!
 //! Kernels: the input rows are quantized to 8 bits per block ([`super::act`]) and each block's dot
 //! product is an integer one — AVX-512 VNNI `vpdpbusd` on two blocks at once, or AVX2's
@@ -12,6 +14,7 @@
 //! row alone, bit for bit.
 
 use super::act::QuantRows;
+use super::group::{to_kernel_order, to_stored_order};
 use super::half::Isa;
 use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
 use rayon::prelude::*;
@@ -59,15 +62,38 @@ impl Q8Matrix {
                 }
                 Ok::<(), QuantError>(())
             })?;
-        Ok(Self {
+        Ok(Self::in_kernel_order(rows, cols, qs, scales))
+    }
+
+    /// The parts with each row's values moved into the kernels' order.
+    fn in_kernel_order(rows: usize, cols: usize, mut qs: Vec<i8>, scales: Vec<u16>) -> Self {
+        qs.par_chunks_mut(cols.max(1))
+            .for_each(|row| to_kernel_order(row, BLOCK));
+        Self {
             rows,
             cols,
             qs,
             scales,
-        })
+        }
     }
 
-    /// From stored parts (a quantized checkpoint), checked for size.
+    /// The values in llama.cpp's order `(rows, cols)` (as a file keeps them).
+    pub fn stored_qs(&self) -> Vec<i8> {
+        let mut qs = self.qs.clone();
+        qs.par_chunks_mut(self.cols.max(1))
+            .for_each(|row| to_stored_order(row, BLOCK));
+        qs
+    }
+
+    /// Row `r`'s values in llama.cpp's order into `buf`.
+    fn stored_row<'a>(&self, r: usize, buf: &'a mut Vec<i8>) -> &'a [i8] {
+        buf.clear();
+        buf.extend_from_slice(&self.qs[r * self.cols..(r + 1) * self.cols]);
+        to_stored_order(buf, BLOCK);
+        buf
+    }
+
+    /// From stored parts (a quantized checkpoint, values in llama.cpp's order), checked for size.
     pub fn from_parts(
         rows: usize,
         cols: usize,
@@ -86,12 +112,7 @@ impl Q8Matrix {
                 scales.len()
             )));
         }
-        Ok(Self {
-            rows,
-            cols,
-            qs,
-            scales,
-        })
+        Ok(Self::in_kernel_order(rows, cols, qs, scales))
     }
 
     pub fn storage_bytes(&self) -> usize {
@@ -100,17 +121,20 @@ impl Q8Matrix {
 
     /// Rows `first..` widened into `out` (whole rows).
     pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
-        let start = first * self.cols;
-        let qs = &self.qs[start..start + out.len()];
-        let scales = &self.scales[start / BLOCK..];
-        for ((ob, qb), &s) in out
-            .chunks_exact_mut(BLOCK)
-            .zip(qs.chunks_exact(BLOCK))
-            .zip(scales)
-        {
-            let d = f16_value(s);
-            for (o, &q) in ob.iter_mut().zip(qb) {
-                *o = d * q as f32;
+        let (n, nb) = (self.cols, self.cols / BLOCK);
+        let mut buf = Vec::with_capacity(n);
+        for (i, orow) in out.chunks_exact_mut(n.max(1)).enumerate() {
+            let qs = self.stored_row(first + i, &mut buf);
+            let scales = &self.scales[(first + i) * nb..];
+            for ((ob, qb), &s) in orow
+                .chunks_exact_mut(BLOCK)
+                .zip(qs.chunks_exact(BLOCK))
+                .zip(scales)
+            {
+                let d = f16_value(s);
+                for (o, &q) in ob.iter_mut().zip(qb) {
+                    *o = d * q as f32;
+                }
             }
         }
     }
@@ -145,11 +169,20 @@ impl Q8Matrix {
     }
 }
 
-/// The reference: per block `(d_w · d_x) · Σ q_w q_x`, added in block order.
+/// The reference: per block `(d_w · d_x) · Σ q_w q_x`, added in block order (`qs` in the
+/// kernels' order, each row read back in llama.cpp's).
 fn block_portable(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
     let n = x.n;
+    let stored: Vec<i8> = qs
+        .chunks_exact(n)
+        .flat_map(|row| {
+            let mut row = row.to_vec();
+            to_stored_order(&mut row, BLOCK);
+            row
+        })
+        .collect();
     super::act::portable_blocks(sc, x, rows, out, |r, b, xq| {
-        let w = &qs[r * n + b * BLOCK..r * n + (b + 1) * BLOCK];
+        let w = &stored[r * n + b * BLOCK..r * n + (b + 1) * BLOCK];
         w.iter().zip(xq).map(|(&a, &q)| a as i32 * q as i32).sum()
     });
 }
@@ -157,7 +190,7 @@ fn block_portable(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::group::GROUP_BYTES;
+    use super::super::group::{to_stored_order, GROUP, GROUP_BYTES};
     use super::super::x86::{
         grouped_rows, load_bytes, network_vectors, scale_256, transpose, GroupPrep,
     };
@@ -194,12 +227,19 @@ mod x86 {
         #[inline]
         unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8] {
             let base = self.qs.as_ptr().add(r * self.n + g * GROUP_BYTES) as *const u8;
-            let valid = blocks * BLOCK;
             let mut v = [_mm512_setzero_si512(); 8];
-            for (i, vi) in v.iter_mut().enumerate() {
-                *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
+            if blocks == GROUP {
+                // Held transposed (the kernels' order).
+                for (i, vi) in v.iter_mut().enumerate() {
+                    *vi = _mm512_loadu_si512(base.add(64 * i) as *const _);
+                }
+            } else {
+                let valid = blocks * BLOCK;
+                for (i, vi) in v.iter_mut().enumerate() {
+                    *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
+                }
+                transpose(&mut v, &self.net);
             }
-            transpose(&mut v, &self.net);
             let flip = _mm512_set1_epi8(-128);
             for vi in v.iter_mut() {
                 *vi = _mm512_xor_si512(*vi, flip);
@@ -214,7 +254,16 @@ mod x86 {
     /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        each_row_tile!(row_avx2, qs, sc, x, rows, out);
+        // Each row back in llama.cpp's order, then the per-block loop.
+        let (n, nb, m) = (x.n, x.blocks(), x.m);
+        let mut row = Vec::with_capacity(n);
+        for r in 0..rows {
+            row.clear();
+            row.extend_from_slice(&qs[r * n..(r + 1) * n]);
+            to_stored_order(&mut row, BLOCK);
+            let (sc, out) = (&sc[r * nb..(r + 1) * nb], &mut out[r * m..(r + 1) * m]);
+            each_row_tile!(row_avx2, &row, sc, x, 1, out);
+        }
     }
 
     /// # Safety
@@ -287,12 +336,13 @@ mod tests {
             (17, 4, 1120),
         ] {
             let w = Q8Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
+            let stored = w.stored_qs();
             check_kernel(
                 rows,
                 n,
                 m,
                 |x, out, isa| w.block(0, rows, x, out, isa),
-                |r, k| w.qs[r * n + k] as f32 * f16_value(w.scales[(r * n + k) / BLOCK]),
+                |r, k| stored[r * n + k] as f32 * f16_value(w.scales[(r * n + k) / BLOCK]),
             );
         }
     }

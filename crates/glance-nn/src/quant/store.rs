@@ -104,7 +104,7 @@ pub fn to_stored(name: &str, p: &PackedMatrix) -> Vec<StoredTensor> {
                 // Written as I8 (candle's DType has no I8: see `stored_dtype_is_i8`).
                 dtype: DType::U8,
                 shape: vec![rows, cols],
-                bytes: q.qs.iter().map(|&v| v as u8).collect(),
+                bytes: q.stored_qs().iter().map(|&v| v as u8).collect(),
             },
             scales(&q.scales),
         ],
@@ -113,7 +113,7 @@ pub fn to_stored(name: &str, p: &PackedMatrix) -> Vec<StoredTensor> {
                 name: format!("{name}.q4"),
                 dtype: DType::U8,
                 shape: vec![rows, cols / 2],
-                bytes: q.qs.clone(),
+                bytes: q.stored_qs(),
             },
             scales(&q.scales),
         ],

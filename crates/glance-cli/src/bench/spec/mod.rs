@@ -33,7 +33,7 @@ use glance_engine::eval::{DESCRIPTION_MAX_NEW_TOKENS, SHORT_MAX_NEW_TOKENS};
 use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request, Response};
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::random::random_var_builder;
-use glance_nn::{CausalLm, DraftLm, Mode};
+use glance_nn::{DraftLm, Mode};
 use glance_world::{description_prf, exact_match, Family};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -210,15 +210,11 @@ fn head_dirs(args: &SpecBenchArgs, model_dir: &Path) -> Vec<PathBuf> {
 
 /// Loads every head and checks that it fits the model.
 fn load_heads(args: &SpecBenchArgs, model_dir: &Path, engine: &Engine) -> Result<Vec<Head>> {
-    let text = engine.model().text();
     let mut heads = Vec::new();
     for dir in head_dirs(args, model_dir) {
         let head = engine
-            .install(|| DraftHead::load(&dir, &Device::Cpu))
+            .read_draft(&dir)
             .with_context(|| format!("loading the draft head in {}", dir.display()))?;
-        head.config()
-            .check_target(text.hidden_size(), text.vocab_size())
-            .with_context(|| format!("draft head {}", dir.display()))?;
         heads.push(Head {
             dir: Some(dir),
             config: head.config().clone(),
@@ -226,8 +222,11 @@ fn load_heads(args: &SpecBenchArgs, model_dir: &Path, engine: &Engine) -> Result
         });
     }
     if args.random_heads {
-        let config: serde_json::Value =
+        let mut config: serde_json::Value =
             glance_models::checkpoint::read_json(&model_dir.join("config.json"))?;
+        if let Some(shape) = &engine.options().twin {
+            config = glance_models::twin::twin_llava_value(&config, shape)?;
+        }
         let target = config.get("text_config").unwrap_or(&config);
         for (seed, queries, injection) in [(1, Some(RANDOM_QUERIES), true), (2, None, false)] {
             let c = DraftConfig::for_target(target, queries, injection)?;
