@@ -14,51 +14,36 @@ use glance_engine::{
 };
 use std::path::{Path, PathBuf};
 
-/// The default model: glance-tiny, trained on the glance world.
-pub const DEFAULT_MODEL: &str = "models/glance-tiny";
-
-/// `--model`, or else the default model: `models/glance-tiny` under the current directory, or
-/// failing that under the source tree this binary was built from.
+/// `--model` resolved as [`glance_home::locate`] does (no `--model`: the shipped glance-tiny,
+/// installed to the glance home on first use).
 pub fn model_dir(arg: Option<&Path>) -> Result<PathBuf> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let repo = manifest.ancestors().nth(2).unwrap_or(manifest);
-    resolve_model(
-        arg,
-        &[PathBuf::from(DEFAULT_MODEL), repo.join(DEFAULT_MODEL)],
-    )
-}
-
-/// `arg` if given, else the first of `candidates` that is a directory.
-fn resolve_model(arg: Option<&Path>, candidates: &[PathBuf]) -> Result<PathBuf> {
-    if let Some(dir) = arg {
-        return Ok(dir.to_path_buf());
-    }
-    if let Some(dir) = candidates.iter().find(|c| c.is_dir()) {
-        return Ok(dir.clone());
-    }
-    let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-    bail!(
-        "no --model given and the default model (glance-tiny) is not installed (looked in {}); \
-         pass --model DIR with a Hugging Face LLaVA directory, e.g. --model fixtures/models/llama-gqa",
-        looked.join(" and ")
-    )
+    let arg = arg.map(|p| p.to_string_lossy());
+    Ok(glance_home::locate(arg.as_deref(), None)?.dir)
 }
 
 /// The model to load and the engine's thread count.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model directory (Hugging Face LLaVA layout: config.json, *.safetensors, tokenizer.json, …).
-    /// Default: models/glance-tiny (in the current directory, else in the glance source tree).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    /// The model: a directory (Hugging Face LLaVA layout: config.json, *.safetensors,
+    /// tokenizer.json, …), a shipped model (glance-tiny, glance-tiny-dvlm), a directory under
+    /// the glance home's models/, or a Hugging Face repo id (org/name) in the local HF cache
+    /// ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). `glance models` lists
+    /// them. Default: glance-tiny, embedded in this binary.
+    #[arg(long, value_name = "DIR|NAME|ORG/NAME")]
+    pub model: Option<String>,
+    /// The revision of a Hugging Face repo id: a branch, tag or commit hash [default: main].
+    #[arg(long, requires = "model")]
+    pub revision: Option<String>,
     /// Threads for the tensor kernels (default: one per core; at most 4 per core).
     #[arg(long)]
     pub threads: Option<usize>,
     /// How the text decoder's linear weights are held: f32, bf16 or f16 (kept as stored when the
     /// checkpoint has that dtype), q8 (8-bit, blocks of 32) or q4 (4-bit Q4_0). The vision tower
-    /// and projector use f32 with f32, else a 16-bit float.
-    #[arg(long, default_value = "f32", value_parser = parse_weights)]
-    pub weights: glance_engine::WeightFormat,
+    /// and projector use f32 with f32, else a 16-bit float. Default: the format a `glance
+    /// quantize` directory records, else f32; a directory written by quantize loads in its own
+    /// format only.
+    #[arg(long, value_parser = parse_weights)]
+    pub weights: Option<glance_engine::WeightFormat>,
     #[command(flatten)]
     pub twin: TwinArgs,
 }
@@ -85,17 +70,31 @@ pub fn parse_weights(s: &str) -> std::result::Result<glance_engine::WeightFormat
 }
 
 impl ModelArgs {
+    /// The model directory and its name.
+    pub fn locate(&self) -> Result<glance_home::Located> {
+        Ok(glance_home::locate(
+            self.model.as_deref(),
+            self.revision.as_deref(),
+        )?)
+    }
+
     pub fn dir(&self) -> Result<PathBuf> {
-        model_dir(self.model.as_deref())
+        Ok(self.locate()?.dir)
     }
 
     /// Loads the engine with `options` and this thread count.
     pub fn engine(&self, options: EngineOptions) -> Result<(PathBuf, Engine)> {
         glance_engine::resolve_threads(self.threads).context("--threads")?;
         let dir = self.dir()?;
+        let weights = match self.weights {
+            Some(w) => w,
+            None => glance_models::checkpoint::recorded_format(&dir)
+                .with_context(|| format!("reading the weights of {}", dir.display()))?
+                .unwrap_or(glance_engine::WeightFormat::F32),
+        };
         let options = options
             .with_threads(self.threads)
-            .with_weights(self.weights)
+            .with_weights(weights)
             .with_twin(self.twin.twin.clone());
         let engine = Engine::load(&dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))?;
@@ -407,21 +406,6 @@ pub fn check_writable(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn model_defaults_to_the_first_existing_candidate() {
-        let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let missing = here.join("no-such-model");
-        let given = Path::new("/given/model");
-        let r = resolve_model(Some(given), std::slice::from_ref(&missing)).unwrap();
-        assert_eq!(r, given);
-        let r = resolve_model(None, &[missing.clone(), here.clone()]).unwrap();
-        assert_eq!(r, here);
-        let e = resolve_model(None, std::slice::from_ref(&missing)).unwrap_err();
-        let msg = format!("{e:#}");
-        assert!(msg.contains("--model DIR"), "{msg}");
-        assert!(msg.contains("no-such-model"), "{msg}");
-    }
 
     #[test]
     fn unwritable_outputs_fail_early() {

@@ -9,11 +9,13 @@ mod curve;
 mod demo;
 mod eval;
 mod logits;
+mod models;
 mod plot;
 mod progress;
 mod quantize;
 mod run;
 mod serve;
+mod signals;
 mod threads;
 mod train;
 mod train_diffusion;
@@ -46,10 +48,13 @@ enum Command {
     /// Show the model at work: a world test image (saved as PNG), one question per family, the
     /// answers beside the ground truth, with timings.
     Demo(demo::DemoArgs),
+    /// List the models --model can name (shipped, glance home, Hugging Face cache) and where
+    /// they are.
+    Models(models::ModelsArgs),
     /// Write the logits of every prompt position to a .npy file (for parity checks).
     Logits(logits::LogitsArgs),
-    /// Write a model directory with its weights packed (bf16, f16, q8 or q4) so that loading it
-    /// with the same --weights reads them as they are.
+    /// Write a model directory with its weights packed (bf16, f16, q8 or q4), its draft heads and
+    /// settings; loading it reads the packed weights as they are (no --weights needed).
     Quantize(quantize::QuantizeArgs),
     /// Measure speed: prints a table and writes JSON.
     #[command(subcommand)]
@@ -71,6 +76,7 @@ fn main() {
         Command::Eval(a) => eval::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Logits(a) => logits::run(a),
+        Command::Models(a) => models::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Bench(b) => bench::run(b),
         Command::World(w) => world::run(w),

@@ -1,6 +1,6 @@
 //! `glance quantize --weights q4 DIR OUT`: a copy of a model directory with its weights packed
-//! (the layout of `glance_nn::quant::store`); `glance run --model OUT --weights q4` then loads the
-//! packed values without quantizing again.
+//! (the layout of `glance_nn::quant::store`, which records the format), with its draft heads and
+//! settings; `glance run --model OUT` then loads the packed values without quantizing again.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -13,7 +13,7 @@ pub struct QuantizeArgs {
     /// and projector in bf16, or f16 with f16).
     #[arg(long, value_parser = crate::args::parse_weights)]
     pub weights: WeightFormat,
-    /// The model directory to read (Hugging Face LLaVA layout).
+    /// The model to read: a directory (Hugging Face LLaVA layout) or a name as --model takes it.
     pub dir: PathBuf,
     /// The directory to write (must not exist).
     pub out: PathBuf,
@@ -24,8 +24,9 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         bail!("--weights f32 is what checkpoints already are: choose bf16, f16, q8 or q4");
     }
     let start = std::time::Instant::now();
-    let s = glance_models::quantize::quantize_dir(&args.dir, &args.out, args.weights)
-        .with_context(|| format!("quantizing {}", args.dir.display()))?;
+    let dir = crate::args::model_dir(Some(&args.dir))?;
+    let s = glance_models::quantize::quantize_dir(&dir, &args.out, args.weights)
+        .with_context(|| format!("quantizing {}", dir.display()))?;
     // What was written, format by format: q8 / q4 fall back to bf16 for a matrix whose input
     // dimension is not a multiple of 32, and the vision tower is in a 16-bit float.
     let formats: Vec<String> = s

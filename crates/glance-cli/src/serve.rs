@@ -96,13 +96,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..args.decode.engine_options(EngineOptions::default())?
     };
     options.validate()?;
-    let dir = args.model.dir()?;
-    let model_name = match &args.served_model_name {
-        Some(n) => n.clone(),
-        None => dir
-            .file_name()
-            .map_or("glance".into(), |n| n.to_string_lossy().into_owned()),
-    };
+    // The model's name: a repo id for a Hugging Face model, else its directory's name.
+    let located = args.model.locate()?;
+    let model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| located.name.clone());
     let config = ServerConfig {
         model_name: model_name.clone(),
         max_batch: args.max_batch,

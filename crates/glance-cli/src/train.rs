@@ -179,6 +179,9 @@ fn world(a: WorldArgs) -> Result<()> {
             out.join("metrics.jsonl").display()
         ),
         RunEnd::Stopped => eprintln!("stopped; continue with --resume"),
+        RunEnd::Interrupted(signal) => {
+            crate::signals::exit_interrupted(signal, trainer.state.stage_step, &ckpt)
+        }
     }
     Ok(())
 }

@@ -14,7 +14,8 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct DiffusionArgs {
-    /// The autoregressive source model directory (e.g. models/glance-tiny).
+    /// The autoregressive source model: a directory or a name as --model takes it (e.g.
+    /// glance-tiny).
     #[arg(long)]
     pub from: PathBuf,
     /// Output directory (checkpoint, metrics.jsonl, model/). Default: runs/diffusion.
@@ -67,6 +68,8 @@ pub fn run(a: DiffusionArgs) -> Result<()> {
         |t| t.state.step,
         || Ok(DiffusionTrainer::new(build_config(&a)?, &out)?),
     )?;
+    // Before the start-up line: from then on, Ctrl-C checkpoints.
+    crate::signals::checkpoint_on_signals();
     let c = &trainer.state.config;
     let n: usize = trainer
         .params()
@@ -96,12 +99,16 @@ pub fn run(a: DiffusionArgs) -> Result<()> {
             out.join("metrics.jsonl").display()
         ),
         RunEnd::Stopped => eprintln!("stopped; continue with --resume"),
+        RunEnd::Interrupted(signal) => {
+            crate::signals::exit_interrupted(signal, trainer.state.step, &ckpt)
+        }
     }
     Ok(())
 }
 
 fn build_config(a: &DiffusionArgs) -> Result<DiffusionTrainConfig> {
-    let mut c = DiffusionTrainConfig::new(a.from.clone(), a.run.budget());
+    let from = crate::args::model_dir(Some(&a.from))?;
+    let mut c = DiffusionTrainConfig::new(from, a.run.budget());
     c.seed = a.run.seed;
     if let Some(b) = a.run.batch {
         c.batch = b;

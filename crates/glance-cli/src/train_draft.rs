@@ -20,7 +20,8 @@ pub enum DraftKind {
 
 #[derive(Args)]
 pub struct DraftArgs {
-    /// The target model directory (a LLaVA checkpoint, e.g. models/glance-tiny).
+    /// The target model: a directory (a LLaVA checkpoint) or a name as --model takes it (e.g.
+    /// glance-tiny).
     #[arg(long)]
     pub target: PathBuf,
     /// Output directory (checkpoint, metrics.jsonl, head/). Default: runs/draft-<kind>.
@@ -100,6 +101,11 @@ pub fn run(a: DraftArgs) -> Result<()> {
             out.join("metrics.jsonl").display()
         ),
         RunEnd::Stopped => eprintln!("stopped; continue with --resume"),
+        RunEnd::Interrupted(signal) => crate::signals::exit_interrupted(
+            signal,
+            trainer.state.step,
+            &DraftTrainer::checkpoint_path(&out),
+        ),
     }
     Ok(())
 }
@@ -136,9 +142,10 @@ fn eval_head(a: &DraftArgs, dir: &std::path::Path) -> Result<()> {
 
 fn build_config(a: &DraftArgs) -> Result<DraftTrainConfig> {
     let budget = a.run.budget();
+    let target = crate::args::model_dir(Some(&a.target))?;
     let mut c = match a.kind {
         DraftKind::Vispec => {
-            let mut c = DraftTrainConfig::vispec(a.target.clone(), a.adaptor_queries, budget);
+            let mut c = DraftTrainConfig::vispec(target, a.adaptor_queries, budget);
             if a.no_adaptor {
                 c.adaptor_queries = None;
             }
@@ -147,7 +154,7 @@ fn build_config(a: &DraftArgs) -> Result<DraftTrainConfig> {
             }
             c
         }
-        DraftKind::Eagle => DraftTrainConfig::eagle(a.target.clone(), budget),
+        DraftKind::Eagle => DraftTrainConfig::eagle(target, budget),
     };
     c.seed = a.run.seed;
     if let Some(b) = a.run.batch {

@@ -457,9 +457,12 @@ fn weight_formats_and_quantized_checkpoints() {
     );
     expect_failure(
         "f32 of q4",
-        &run_args(s(&out), s(&img), &[]),
+        &run_args(s(&out), s(&img), &["--weights", "f32"]),
         "--weights q4",
     );
+    // No --weights: the format the directory records.
+    let (code, err) = run_bounded("q4 by default", &run_args(s(&out), s(&img), &[]));
+    assert_eq!(code, Some(0), "{err}");
     // The output directory exists now: refused.
     expect_failure(
         "quantize twice",

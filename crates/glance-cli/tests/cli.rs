@@ -140,7 +140,9 @@ fn logits_raw_match_the_transformers_fixture() {
 fn help_explains_every_command() {
     let o = glance(&["--help"]);
     let h = stdout(&o);
-    for cmd in ["run", "eval", "demo", "logits", "bench", "world", "train"] {
+    for cmd in [
+        "run", "eval", "demo", "models", "logits", "bench", "world", "train",
+    ] {
         assert!(h.contains(cmd), "{h}");
     }
     let o = glance(&["run", "--help"]);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{glance, scratch, stderr, stdout};
+use common::{glance, glance_command, scratch, stderr, stdout};
 use std::path::PathBuf;
 
 fn model_dir() -> PathBuf {
@@ -58,7 +58,8 @@ fn eval_default_model(name: &str, extra: &[&str]) -> (serde_json::Value, String)
     let mut args = vec!["eval", "--split", "test", "--n", FLOOR_IMAGES];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--json", json.to_str().unwrap()]);
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_glance"))
+    let o = glance_command()
+        .env_remove("RAYON_NUM_THREADS")
         .args(&args)
         .current_dir(&dir)
         .output()

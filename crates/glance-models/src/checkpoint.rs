@@ -209,6 +209,53 @@ impl glance_nn::quant::RawSource for MappedTensors {
     }
 }
 
+/// The weight format a directory written by `glance quantize` records
+/// (`glance_nn::quant::store::WEIGHTS_KEY` in its safetensors metadata), or `None` for an
+/// ordinary checkpoint. Every weight file's header is read; files that disagree are an error.
+pub fn recorded_format(dir: &Path) -> Result<Option<glance_nn::WeightFormat>> {
+    let mut found: Option<glance_nn::WeightFormat> = None;
+    for path in weight_files(dir)? {
+        let bad = |reason: String| Error::Safetensors {
+            path: path.clone(),
+            reason,
+        };
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        // SAFETY: read-only map of a file we only read.
+        let mmap = unsafe { memmap_file(&file) }.map_err(|e| Error::io(&path, e))?;
+        let (_, header) =
+            safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| bad(e.to_string()))?;
+        let metadata = header.metadata();
+        glance_nn::quant::store::check_metadata(metadata.as_ref()).map_err(bad)?;
+        let format = metadata
+            .as_ref()
+            .and_then(|m| m.get(glance_nn::quant::store::WEIGHTS_KEY))
+            .map(|w| w.parse::<glance_nn::WeightFormat>())
+            .transpose()?;
+        if found.is_some() && format != found {
+            return Err(bad(format!(
+                "records weights {} but an earlier file of the checkpoint records {}",
+                format.map_or("none".into(), |f| f.name().to_string()),
+                found.map_or("none", |f| f.name())
+            )));
+        }
+        found = format;
+    }
+    Ok(found)
+}
+
+/// Checks a requested weight format against the one `dir` records ([`recorded_format`]): a
+/// directory written by `glance quantize` loads in its own format only.
+pub fn check_format(dir: &Path, format: glance_nn::WeightFormat) -> Result<()> {
+    match recorded_format(dir)? {
+        Some(recorded) if recorded != format => Err(Error::InvalidParam(format!(
+            "{} holds {recorded} weights (written by `glance quantize`): load it with --weights \
+             {recorded}, or without --weights, instead of {format}",
+            dir.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Parses the header of a safetensors file and checks the packed-weight layout version of a file
 /// written by `glance quantize` ([`glance_nn::quant::store::check_metadata`]), that every tensor
 /// lies inside the file and that no weight is stored as integers or booleans: converting those

@@ -4,8 +4,10 @@
 //!
 //! The model is loaded as [`Llava::load_as`] loads it, recording every packed matrix by name; the
 //! output's `model.safetensors` holds those in packed form and every other tensor as the source
-//! stores it. The directory's other files (config, tokenizer, templates) are copied;
-//! sub-directories (draft heads) are not.
+//! stores it. The directory's other files (config with its `block_diffusion` settings, tokenizer,
+//! templates) are copied, and so are its draft heads (`draft-*/`, which load in f32 whatever the
+//! model's format), as they are. Written files are mode 0644 (readable by all, as `cp` leaves
+//! them).
 
 use crate::checkpoint::MappedTensors;
 use crate::llava::{Llava, LlavaConfig, WeightLayout};
@@ -104,7 +106,9 @@ pub fn quantize_dir(src: &Path, out: &Path, format: WeightFormat) -> Result<Quan
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";
         if path.is_file() && !weights {
-            std::fs::copy(&path, out.join(&*name)).map_err(|e| Error::io(&path, e))?;
+            copy_file(&path, &out.join(&*name))?;
+        } else if path.is_dir() && name.starts_with("draft-") {
+            copy_draft(&path, &out.join(&*name))?;
         }
     }
     let metadata = HashMap::from([
@@ -116,6 +120,8 @@ pub fn quantize_dir(src: &Path, out: &Path, format: WeightFormat) -> Result<Quan
     ]);
     let file = out.join("model.safetensors");
     safetensors::serialize_to_file(views, Some(metadata), &file).map_err(bad)?;
+    // The safetensors writer renames a private temporary file (mode 0600) into place.
+    readable_by_all(&file)?;
     let bytes = std::fs::metadata(&file)
         .map_err(|e| Error::io(&file, e))?
         .len();
@@ -133,6 +139,37 @@ pub fn quantize_dir(src: &Path, out: &Path, format: WeightFormat) -> Result<Quan
         copied: copied.len(),
         bytes,
     })
+}
+
+/// Copies a file, leaving it mode 0644.
+fn copy_file(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).map_err(|e| Error::io(from, e))?;
+    readable_by_all(to)
+}
+
+/// Copies a draft head's directory (its files; a head has no sub-directories).
+fn copy_draft(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).map_err(|e| Error::io(to, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| Error::io(from, e))? {
+        let path = entry.map_err(|e| Error::io(from, e))?.path();
+        if path.is_file() {
+            copy_file(&path, &to.join(path.file_name().unwrap_or_default()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets mode 0644 (on Unix; elsewhere files keep the platform's default).
+fn readable_by_all(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| Error::io(path, e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 /// Refuses an output directory inside the source directory (or the source itself): the copy

@@ -34,6 +34,7 @@ pub mod draft;
 mod error;
 pub mod export;
 pub mod heads;
+pub mod interrupt;
 pub mod metrics;
 pub mod optim;
 pub mod packing;

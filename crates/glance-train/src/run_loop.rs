@@ -1,7 +1,8 @@
 //! The step loop of the single-stage trainers (draft heads, block-diffusion conversion): train
 //! until the budget is spent, fixing the step count of a time budget after the first steps,
 //! checkpointing and validating on their cadence, then export, checkpoint and validate once more;
-//! or stop with a checkpoint after `stop_after` steps of this call.
+//! or stop with a checkpoint after `stop_after` steps of this call, or when a stop is requested
+//! ([`crate::interrupt`]: Ctrl-C).
 
 use crate::config::Budget;
 use crate::trainer::{RunEnd, PROBE_STEPS};
@@ -39,6 +40,11 @@ pub(crate) fn run(t: &mut impl Steps, stop_after: Option<u64>) -> Result<RunEnd>
         let p = t.progress();
         if p.total.is_some_and(|total| p.step >= total) {
             break;
+        }
+        if let Some(signal) = crate::interrupt::requested() {
+            t.checkpoint()?;
+            crate::interrupt::clear();
+            return Ok(RunEnd::Interrupted(signal));
         }
         if stop_after.is_some_and(|n| taken >= n) {
             t.checkpoint()?;

@@ -69,6 +69,9 @@ pub enum RunEnd {
     Finished,
     /// `stop_after` steps were taken; the checkpoint holds the state.
     Stopped,
+    /// A stop was requested ([`crate::interrupt`], e.g. by Ctrl-C) with this signal number; the
+    /// checkpoint holds the state.
+    Interrupted(i32),
 }
 
 pub struct Trainer {
@@ -253,6 +256,11 @@ impl Trainer {
                 .stage_total
                 .is_none_or(|t| self.state.stage_step < t)
             {
+                if let Some(signal) = crate::interrupt::requested() {
+                    self.save_checkpoint()?;
+                    crate::interrupt::clear();
+                    return Ok(RunEnd::Interrupted(signal));
+                }
                 if stop_after.is_some_and(|n| taken >= n) {
                     self.save_checkpoint()?;
                     return Ok(RunEnd::Stopped);

@@ -28,7 +28,7 @@ use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request
 use glance_prune::{Budget, Policy, PruneSpec};
 use glance_world::Family;
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct DiffusionBenchArgs {
@@ -426,7 +426,7 @@ pub fn run(args: DiffusionBenchArgs) -> Result<()> {
     glance_engine::resolve_threads(args.threads).context("--threads")?;
     let converted = match &args.model {
         Some(d) => d.clone(),
-        None => model_dir(None)?.with_file_name("glance-tiny-dvlm"),
+        None => model_dir(Some(Path::new("glance-tiny-dvlm")))?,
     };
     let original = model_dir(args.original.as_deref())?;
     let load = |dir: &PathBuf| {

@@ -6,7 +6,7 @@
 use super::fixture;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Longest a single bad-input run may take before it counts as a hang.
@@ -15,9 +15,8 @@ pub const CASE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Runs `glance args…` with [`CASE_TIMEOUT`]; kills the process and fails on expiry. Returns
 /// (exit code, stderr).
 pub fn run_bounded(label: &str, args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_glance"))
+    let mut child = super::glance_command()
         .args(args)
-        .env("RAYON_NUM_THREADS", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

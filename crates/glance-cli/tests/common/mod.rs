@@ -24,13 +24,20 @@ pub fn s(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")
 }
 
+/// The glance home of the tests (the shipped models are installed there, once).
+pub const TEST_HOME: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/glance-home");
+
+/// The built `glance`, on one kernel thread, with the tests' glance home.
+pub fn glance_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_glance"));
+    c.env("RAYON_NUM_THREADS", "1")
+        .env("GLANCE_HOME", TEST_HOME);
+    c
+}
+
 /// Runs `glance` with `args` on one kernel thread.
 pub fn glance(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glance"))
-        .args(args)
-        .env("RAYON_NUM_THREADS", "1")
-        .output()
-        .expect("binary runs")
+    glance_command().args(args).output().expect("binary runs")
 }
 
 pub fn stdout(o: &Output) -> String {

@@ -9,6 +9,9 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The glance home of the tests (the shipped models are installed there, once).
+pub const TEST_HOME: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/glance-home");
+
 /// A running server; killed when dropped.
 pub struct Server {
     child: Child,
@@ -18,7 +21,15 @@ pub struct Server {
 impl Server {
     /// Starts `glance serve --port 0 args…` and waits for its "listening on" line.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_glance"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_glance"));
+        cmd.env("GLANCE_HOME", TEST_HOME);
+        Self::start_command(cmd, args)
+    }
+
+    /// [`Server::start`] with `cmd` (a program, its directory and environment) in place of the
+    /// built binary.
+    pub fn start_command(mut cmd: Command, args: &[&str]) -> Server {
+        let mut child = cmd
             .arg("serve")
             .args(["--port", "0", "--threads", "1"])
             .args(args)

@@ -87,17 +87,23 @@ pub struct Llava {
 }
 
 impl Llava {
-    /// Loads a checkpoint directory (config.json + safetensors), computing in f32.
+    /// Loads a checkpoint directory (config.json + safetensors) with its weights in the format
+    /// the directory records ([`checkpoint::recorded_format`]: a `glance quantize` output), else
+    /// in f32.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        Self::load_as(dir, device, WeightFormat::F32)
+        let format = checkpoint::recorded_format(dir)?.unwrap_or(WeightFormat::F32);
+        Self::load_as(dir, device, format)
     }
 
     /// Loads a checkpoint directory with the text decoder's linear weights in `format` and the
     /// vision tower's and projector's in [`WeightFormat::companion`] (f32 for f32, else a 16-bit
     /// float: the anchors quantize the language model only). Weights the file already stores in
     /// the wanted 16-bit dtype are used in place from the memory-mapped file.
+    /// A directory written by `glance quantize` loads in the format it records only
+    /// ([`checkpoint::check_format`]).
     pub fn load_as(dir: &Path, device: &Device, format: WeightFormat) -> Result<Self> {
         let config = LlavaConfig::from_dir(dir)?;
+        checkpoint::check_format(dir, format)?;
         let vb = checkpoint::var_builder(dir, DType::F32, device)?;
         let layout = WeightLayout::detect(&vb);
         let mut load = WeightLoad::new(format);
