@@ -322,7 +322,13 @@ mod x86 {
     }
 
     /// Input rows from which [`grouped_rows`] tiles two weight rows at a time.
-    const PAIR_FROM_ROWS: usize = 32;
+    const PAIR_FROM_ROWS: usize = 16;
+
+    /// Input rows from which [`grouped_rows`] takes the weight rows [`ROW_BLOCK`] at a time.
+    const BLOCK_FROM_ROWS: usize = 16;
+
+    /// Weight rows that meet one group of the inputs before the next group.
+    const ROW_BLOCK: usize = 8;
 
     /// A packed format's weights as the grouped kernel reads them.
     pub trait GroupPrep {
@@ -357,87 +363,98 @@ mod x86 {
         out: &mut [f32],
         prep: &impl GroupPrep,
     ) {
-        let mut acc = vec![_mm512_setzero_ps(); 2 * x.m];
-        let mut r = 0;
-        // Two weight rows per tile pay once the input rows make the loop compute-bound; below,
-        // one row at a time streams the weights faster (measured: 2× at one input row).
-        if x.m >= PAIR_FROM_ROWS {
-            while r + 2 <= rows {
-                grouped_tile::<2>(scales, x, r, shift, &mut acc, out, prep);
-                r += 2;
+        let (m, nb) = (x.m, x.blocks());
+        let groups = nb.div_ceil(GROUP);
+        // With several input rows, a block of weight rows goes through one group at a time, so
+        // the group's inputs (m × 512 bytes) stay in L1 while every row of the block meets them;
+        // with one to a few, each row streams alone (the weights' prefetch likes that best).
+        let block = if m >= BLOCK_FROM_ROWS { ROW_BLOCK } else { 1 };
+        // Two weight rows per tile pay once the input rows make the loop compute-bound.
+        let pair = m >= PAIR_FROM_ROWS;
+        let mut acc = vec![_mm512_setzero_ps(); block * m];
+        for r0 in (0..rows).step_by(block) {
+            let rb = block.min(rows - r0);
+            let acc = &mut acc[..rb * m];
+            acc.fill(_mm512_setzero_ps());
+            for g in 0..groups {
+                let mut j = 0;
+                if pair {
+                    while j + 2 <= rb {
+                        let acc = &mut acc[j * m..(j + 2) * m];
+                        grouped_step::<2>(scales, x, r0 + j, g, shift, acc, prep);
+                        j += 2;
+                    }
+                }
+                while j < rb {
+                    let acc = &mut acc[j * m..(j + 1) * m];
+                    grouped_step::<1>(scales, x, r0 + j, g, shift, acc, prep);
+                    j += 1;
+                }
             }
-        }
-        while r < rows {
-            grouped_tile::<1>(scales, x, r, shift, &mut acc, out, prep);
-            r += 1;
+            for (j, acc_j) in acc.chunks_exact(m.max(1)).enumerate() {
+                for (k, a) in acc_j.iter().enumerate() {
+                    out[(r0 + j) * m + k] = crate::matvec::hsum512(*a);
+                }
+            }
         }
     }
 
-    /// Weight rows `r0..r0 + R` of [`grouped_rows`] against every input row; `acc` holds
-    /// `R · m` accumulators.
+    /// Group `g` of weight rows `r0..r0 + R` of [`grouped_rows`] against every input row, into
+    /// `acc` `(R, m)`.
     ///
     /// # Safety
-    /// As [`grouped_rows`], for weight rows `r0..r0 + R`; `acc` holds at least `R · x.m` accumulators.
+    /// As [`grouped_rows`], for weight rows `r0..r0 + R` and a group of the rows; `acc` holds
+    /// `R · x.m` accumulators.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn grouped_tile<const R: usize>(
+    unsafe fn grouped_step<const R: usize>(
         scales: &[u16],
         x: &QuantRows,
         r0: usize,
+        g: usize,
         shift: u32,
         acc: &mut [__m512],
-        out: &mut [f32],
         prep: &impl GroupPrep,
     ) {
         let (m, nb) = (x.m, x.blocks());
-        let groups = nb.div_ceil(GROUP);
         let shift = _mm_cvtsi32_si128(shift as i32);
-        let acc = &mut acc[..R * m];
-        acc.fill(_mm512_setzero_ps());
-        for g in 0..groups {
-            let blocks = (nb - g * GROUP).min(GROUP);
-            let bm: __mmask16 = if blocks == GROUP {
-                0xffff
-            } else {
-                (1 << blocks) - 1
-            };
-            let mut wv = [[_mm512_setzero_si512(); 8]; R];
-            let mut dw = [_mm512_setzero_ps(); R];
-            for j in 0..R {
-                wv[j] = prep.prep(r0 + j, g, blocks);
-                let ws = scales.as_ptr().add((r0 + j) * nb + g * GROUP);
-                dw[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bm, ws as *const i16));
-            }
-            // (m, 8 vectors): this group of every input row, contiguous.
-            let xg = x.grouped.as_ptr().add(g * m * GROUP_BYTES) as *const __m512i;
-            for k in 0..m {
-                let xk = xg.add(8 * k);
-                let at = k * nb + g * GROUP;
-                let sums = _mm512_maskz_loadu_epi32(bm, x.sums.as_ptr().add(at));
-                let offset = _mm512_sll_epi32(sums, shift);
-                let dx = _mm512_maskz_loadu_ps(bm, x.d.as_ptr().add(at));
-                // Two integer chains per weight row; each input vector loaded once.
-                let mut s = [[_mm512_setzero_si512(); 2]; R];
-                for v in (0..8).step_by(2) {
-                    let (x0, x1) = (
-                        _mm512_loadu_si512(xk.add(v)),
-                        _mm512_loadu_si512(xk.add(v + 1)),
-                    );
-                    for j in 0..R {
-                        s[j][0] = _mm512_dpbusd_epi32(s[j][0], wv[j][v], x0);
-                        s[j][1] = _mm512_dpbusd_epi32(s[j][1], wv[j][v + 1], x1);
-                    }
-                }
-                for j in 0..R {
-                    let dot = _mm512_sub_epi32(_mm512_add_epi32(s[j][0], s[j][1]), offset);
-                    let a = &mut acc[j * m + k];
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[j], dx), *a);
-                }
-            }
-        }
+        let blocks = (nb - g * GROUP).min(GROUP);
+        let bm: __mmask16 = if blocks == GROUP {
+            0xffff
+        } else {
+            (1 << blocks) - 1
+        };
+        let mut wv = [[_mm512_setzero_si512(); 8]; R];
+        let mut dw = [_mm512_setzero_ps(); R];
         for j in 0..R {
-            for k in 0..m {
-                out[(r0 + j) * m + k] = crate::matvec::hsum512(acc[j * m + k]);
+            wv[j] = prep.prep(r0 + j, g, blocks);
+            let ws = scales.as_ptr().add((r0 + j) * nb + g * GROUP);
+            dw[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bm, ws as *const i16));
+        }
+        // (m, 8 vectors): this group of every input row, contiguous.
+        let xg = x.grouped.as_ptr().add(g * m * GROUP_BYTES) as *const __m512i;
+        for k in 0..m {
+            let xk = xg.add(8 * k);
+            let at = k * nb + g * GROUP;
+            let sums = _mm512_maskz_loadu_epi32(bm, x.sums.as_ptr().add(at));
+            let offset = _mm512_sll_epi32(sums, shift);
+            let dx = _mm512_maskz_loadu_ps(bm, x.d.as_ptr().add(at));
+            // Two integer chains per weight row; each input vector loaded once.
+            let mut s = [[_mm512_setzero_si512(); 2]; R];
+            for v in (0..8).step_by(2) {
+                let (x0, x1) = (
+                    _mm512_loadu_si512(xk.add(v)),
+                    _mm512_loadu_si512(xk.add(v + 1)),
+                );
+                for j in 0..R {
+                    s[j][0] = _mm512_dpbusd_epi32(s[j][0], wv[j][v], x0);
+                    s[j][1] = _mm512_dpbusd_epi32(s[j][1], wv[j][v + 1], x1);
+                }
+            }
+            for j in 0..R {
+                let dot = _mm512_sub_epi32(_mm512_add_epi32(s[j][0], s[j][1]), offset);
+                let a = &mut acc[j * m + k];
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[j], dx), *a);
             }
         }
     }
