@@ -321,6 +321,36 @@ mod x86 {
         }
     }
 
+    /// Group `g` of a weight row as `V` vectors of 4-byte words in the kernels' order
+    /// ([`super::group`]): `base` points at the group; a whole group is held transposed (plain
+    /// loads), a partial one as stored (its `valid` bytes loaded, the rest zero, then
+    /// transposed by `net`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW; `base` must be valid for reading the group's bytes
+    /// (`V · 64` when `whole`, else `valid`).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    pub unsafe fn load_group<const V: usize>(
+        base: *const u8,
+        whole: bool,
+        valid: usize,
+        net: &[[__m512i; 2]],
+    ) -> [__m512i; V] {
+        let mut v = [_mm512_setzero_si512(); V];
+        if whole {
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = _mm512_loadu_si512(base.add(64 * i) as *const _);
+            }
+        } else {
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
+            }
+            transpose(&mut v, net);
+        }
+        v
+    }
+
     /// Input rows from which [`grouped_rows`] tiles two weight rows at a time.
     const PAIR_FROM_ROWS: usize = 16;
 
@@ -467,6 +497,25 @@ mod x86 {
     #[inline]
     pub unsafe fn scale_256(bits: u16) -> __m256 {
         _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
+    }
+}
+
+/// Runs `kernel(r, row)` for rows `0..rows` of `qs` (`row_len` elements a row, `block_len` a
+/// block, held in the kernels' order), each row read back in llama.cpp's order: how the
+/// per-block kernels (AVX2, portable) see a packed matrix.
+pub(crate) fn for_each_stored_row<T: Copy + Default>(
+    qs: &[T],
+    row_len: usize,
+    block_len: usize,
+    rows: usize,
+    mut kernel: impl FnMut(usize, &[T]),
+) {
+    let mut row = Vec::with_capacity(row_len);
+    for r in 0..rows {
+        row.clear();
+        row.extend_from_slice(&qs[r * row_len..(r + 1) * row_len]);
+        group::to_stored_order(&mut row, block_len);
+        kernel(r, &row);
     }
 }
 

@@ -198,14 +198,11 @@ impl Q4Matrix {
 /// kernels' order, each row read back in llama.cpp's).
 fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
     let n = x.n;
-    let qs: Vec<u8> = qs
-        .chunks_exact(n / 2)
-        .flat_map(|row| {
-            let mut row = row.to_vec();
-            to_stored_order(&mut row, BLOCK / 2);
-            row
-        })
-        .collect();
+    let mut stored = Vec::with_capacity(qs.len());
+    super::for_each_stored_row(qs, n / 2, BLOCK / 2, rows, |_, row| {
+        stored.extend_from_slice(row)
+    });
+    let qs = stored;
     super::act::portable_blocks(sc, x, rows, out, |r, b, xq| {
         let wb = &qs[(r * n + b * BLOCK) / 2..(r * n + (b + 1) * BLOCK) / 2];
         let mut dot = 0i32;
@@ -220,10 +217,9 @@ fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::group::{to_stored_order, GROUP, GROUP_BYTES};
-    use super::super::x86::{
-        grouped_rows, load_bytes, network_vectors, scale_256, transpose, GroupPrep,
-    };
+    use super::super::for_each_stored_row;
+    use super::super::group::{GROUP, GROUP_BYTES};
+    use super::super::x86::{grouped_rows, load_group, network_vectors, scale_256, GroupPrep};
     use super::BLOCK;
     use crate::matvec::hsum256;
     use std::arch::x86_64::*;
@@ -258,19 +254,7 @@ mod x86 {
         #[inline]
         unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8] {
             let base = self.qs.as_ptr().add((r * self.n + g * GROUP_BYTES) / 2);
-            let mut v = [_mm512_setzero_si512(); 4];
-            if blocks == GROUP {
-                // Held transposed (the kernels' order).
-                for (i, vi) in v.iter_mut().enumerate() {
-                    *vi = _mm512_loadu_si512(base.add(64 * i) as *const _);
-                }
-            } else {
-                let valid = blocks * BLOCK / 2;
-                for (i, vi) in v.iter_mut().enumerate() {
-                    *vi = load_bytes(base.add(64 * i), valid.saturating_sub(64 * i));
-                }
-                transpose(&mut v, &self.net);
-            }
+            let v = load_group::<4>(base, blocks == GROUP, blocks * BLOCK / 2, &self.net);
             let low = _mm512_set1_epi8(0x0f);
             let mut out = [_mm512_setzero_si512(); 8];
             for t in 0..4 {
@@ -300,16 +284,11 @@ mod x86 {
     /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        // Each row back in llama.cpp's order, then the per-block loop.
         let (n, nb, m) = (x.n, x.blocks(), x.m);
-        let mut row = Vec::with_capacity(n / 2);
-        for r in 0..rows {
-            row.clear();
-            row.extend_from_slice(&qs[r * n / 2..(r + 1) * n / 2]);
-            to_stored_order(&mut row, BLOCK / 2);
+        for_each_stored_row(qs, n / 2, BLOCK / 2, rows, |r, row| {
             let (sc, out) = (&sc[r * nb..(r + 1) * nb], &mut out[r * m..(r + 1) * m]);
-            each_row_tile!(row_avx2, &row, sc, x, 1, out);
-        }
+            each_row_tile!(row_avx2, row, sc, x, 1, out);
+        });
     }
 
     /// # Safety
