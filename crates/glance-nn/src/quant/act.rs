@@ -14,7 +14,7 @@ pub struct QuantRows {
     /// `(m, n / 32)` scales.
     pub(crate) d: Vec<f32>,
     /// The rows' groups of 16 blocks arranged as the AVX-512 VNNI kernels read them
-    /// ([`super::group::arrange_inputs`], the last group padded with zeros), group-major:
+    /// ([`super::group::arrange_group`], the last group padded with zeros), group-major:
     /// `(⌈n / 512⌉, m, 512)`.
     pub(crate) grouped: Vec<i8>,
     /// `(m, n / 32)`: `Σ q` per block — the integer term a weight offset removes (q4's 8, and
@@ -55,18 +55,12 @@ impl QuantRows {
             sums[b] = sum;
             offset8[b] = 8.0 * scale * sum as f32;
         }
-        // Each row arranged, then stored group-major: the kernels read one group of every row
-        // together.
-        let per_row = n.div_ceil(GROUP_BYTES) * GROUP_BYTES;
-        let mut rows = Vec::with_capacity(m * per_row);
-        for row in qs.chunks_exact(n.max(1)) {
-            super::group::arrange_inputs(row, &mut rows);
-        }
-        let mut grouped = vec![0i8; m * per_row];
-        for (k, row) in rows.chunks_exact(per_row.max(1)).enumerate() {
-            for (g, group) in row.chunks_exact(GROUP_BYTES).enumerate() {
+        // Group-major: the kernels read one group of every row together.
+        let mut grouped = vec![0i8; m * n.div_ceil(GROUP_BYTES) * GROUP_BYTES];
+        for (k, row) in qs.chunks_exact(n.max(1)).enumerate() {
+            for (g, group) in row.chunks(GROUP_BYTES).enumerate() {
                 let at = (g * m + k) * GROUP_BYTES;
-                grouped[at..at + GROUP_BYTES].copy_from_slice(group);
+                super::group::arrange_group(group, &mut grouped[at..at + GROUP_BYTES]);
             }
         }
         Self {

@@ -129,20 +129,24 @@ fn permute_groups<T: Copy + Default>(
     }
 }
 
-/// One row's 8-bit values `qs` `(n,)`, `n` a multiple of 32, in group order: for each group,
-/// vector `v` (`0..8`) of 64 bytes, lane `l` holding values `4v..4v + 4` of the group's block
-/// `l`; the lanes of the blocks a last, partial group lacks are zero.
-pub fn arrange_inputs(qs: &[i8], out: &mut Vec<i8>) {
-    let words = super::BLOCK / 4;
-    for group in qs.chunks(GROUP_BYTES) {
-        for v in 0..words {
-            for l in 0..GROUP {
-                let at = l * super::BLOCK + 4 * v;
-                match group.get(at..at + 4) {
-                    Some(word) => out.extend_from_slice(word),
-                    None => out.extend_from_slice(&[0; 4]),
-                }
-            }
+/// One group of a row's 8-bit input values (`group`: up to 16 blocks of 32, as quantized) into
+/// `out` (512 bytes) in the kernels' order: vector `v` (`0..8`) of 64 bytes, lane `l` holding
+/// values `4v..4v + 4` of block `l`; the lanes of blocks a partial group lacks are zero.
+pub fn arrange_group(group: &[i8], out: &mut [i8]) {
+    assert!(
+        out.len() == GROUP_BYTES && group.len() <= GROUP_BYTES && group.len() % super::BLOCK == 0,
+        "arrange_group: {} values into {} bytes",
+        group.len(),
+        out.len()
+    );
+    let blocks = group.len() / super::BLOCK;
+    if blocks < GROUP {
+        out.fill(0);
+    }
+    for (l, block) in group.chunks_exact(super::BLOCK).enumerate() {
+        for (v, word) in block.chunks_exact(4).enumerate() {
+            let at = 4 * (v * GROUP + l);
+            out[at..at + 4].copy_from_slice(word);
         }
     }
 }
@@ -192,9 +196,10 @@ mod tests {
     #[test]
     fn inputs_are_arranged_by_block_lane() {
         let qs: Vec<i8> = (0..GROUP_BYTES + 32).map(|i| (i % 251) as i8).collect();
-        let mut out = Vec::new();
-        arrange_inputs(&qs, &mut out);
-        assert_eq!(out.len(), 2 * GROUP_BYTES);
+        let mut out = vec![7i8; 2 * GROUP_BYTES];
+        for (g, group) in qs.chunks(GROUP_BYTES).enumerate() {
+            arrange_group(group, &mut out[g * GROUP_BYTES..(g + 1) * GROUP_BYTES]);
+        }
         // Vector 5, lane 9, byte 2: value 4·5 + 2 of block 9.
         assert_eq!(out[5 * 64 + 9 * 4 + 2], qs[9 * 32 + 22]);
         // The second group has one block: lane 0 holds it, the other lanes are zero.

@@ -404,8 +404,8 @@ mod x86 {
         let mut acc = vec![_mm512_setzero_ps(); block * m];
         for r0 in (0..rows).step_by(block) {
             let rb = block.min(rows - r0);
+            // Every accumulator is first written by group 0 (no clearing pass).
             let acc = &mut acc[..rb * m];
-            acc.fill(_mm512_setzero_ps());
             for g in 0..groups {
                 let mut j = 0;
                 if pair {
@@ -484,7 +484,8 @@ mod x86 {
             for j in 0..R {
                 let dot = _mm512_sub_epi32(_mm512_add_epi32(s[j][0], s[j][1]), offset);
                 let a = &mut acc[j * m + k];
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[j], dx), *a);
+                let before = if g == 0 { _mm512_setzero_ps() } else { *a };
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[j], dx), before);
             }
         }
     }
