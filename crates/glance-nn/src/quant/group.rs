@@ -134,7 +134,9 @@ fn permute_groups<T: Copy + Default>(
 /// values `4v..4v + 4` of block `l`; the lanes of blocks a partial group lacks are zero.
 pub fn arrange_group(group: &[i8], out: &mut [i8]) {
     assert!(
-        out.len() == GROUP_BYTES && group.len() <= GROUP_BYTES && group.len() % super::BLOCK == 0,
+        out.len() == GROUP_BYTES
+            && group.len() <= GROUP_BYTES
+            && group.len().is_multiple_of(super::BLOCK),
         "arrange_group: {} values into {} bytes",
         group.len(),
         out.len()
