@@ -43,12 +43,7 @@ fn logits(dir: &Path) -> Tensor {
         &Device::Cpu,
     )
     .unwrap();
-    let ids: Vec<u32> = case["input_ids"]
-        .to_vec1::<i64>()
-        .unwrap()
-        .into_iter()
-        .map(|x| x as u32)
-        .collect();
+    let ids: Vec<u32> = common::ids(&case["input_ids"]);
     let enc = model.encode_image(&case["pixel_values"]).unwrap();
     let emb = model.embed_prompt(&ids, &[&enc.features]).unwrap();
     let pos: Vec<u32> = (0..ids.len() as u32).collect();

@@ -25,14 +25,6 @@ fn manifest() -> Value {
         .unwrap()
 }
 
-fn ids(t: &Tensor) -> Vec<u32> {
-    t.to_vec1::<i64>()
-        .unwrap()
-        .into_iter()
-        .map(|x| x as u32)
-        .collect()
-}
-
 struct Case {
     name: String,
     model: Llava,
@@ -72,7 +64,7 @@ fn vision_tower_projector_and_logits_match_transformers() {
         let d_hidden = max_abs(&enc.vision_hidden, &c.t["vision_hidden"]);
         let d_attn = max_abs(enc.cls_attention.as_ref().unwrap(), &c.t["vision_cls_attn"]);
         let d_feat = max_abs(&enc.features, &c.t["image_features"]);
-        let input_ids = ids(&c.t["input_ids"]);
+        let input_ids = common::ids(&c.t["input_ids"]);
         let emb = c.model.embed_prompt(&input_ids, &[&enc.features]).unwrap();
         let positions: Vec<u32> = (0..input_ids.len() as u32).collect();
         let text = c.model.text();
@@ -95,11 +87,11 @@ fn vision_tower_projector_and_logits_match_transformers() {
 #[test]
 fn greedy_generation_matches_transformers_and_cached_equals_recomputed() {
     for c in &cases() {
-        let input_ids = ids(&c.t["input_ids"]);
+        let input_ids = common::ids(&c.t["input_ids"]);
         let enc = c.model.encode_image(&c.t["pixel_values"]).unwrap();
         let emb = c.model.embed_prompt(&input_ids, &[&enc.features]).unwrap();
         let positions: Vec<u32> = (0..input_ids.len() as u32).collect();
-        let want = ids(&c.t["greedy_ids"]);
+        let want = common::ids(&c.t["greedy_ids"]);
         let cfg = GenerateConfig {
             max_new_tokens: want.len(),
             eos_token_ids: vec![2],
@@ -144,7 +136,7 @@ fn kv_cache_prefill_in_chunks_equals_one_pass() {
             t.arch == TextArch::Mistral && t.layer_windows.iter().any(Option::is_some)
         })
         .expect("a Mistral fixture with a sliding window");
-    let input_ids = ids(&c.t["input_ids"]);
+    let input_ids = common::ids(&c.t["input_ids"]);
     let enc = c.model.encode_image(&c.t["pixel_values"]).unwrap();
     let emb = c.model.embed_prompt(&input_ids, &[&enc.features]).unwrap();
     let text = c.model.text();

@@ -316,14 +316,6 @@ fn boolean_masks_equal_their_structured_forms() {
     }
 }
 
-fn ids_of(t: &Tensor) -> Vec<u32> {
-    t.to_vec1::<i64>()
-        .unwrap()
-        .into_iter()
-        .map(|x| x as u32)
-        .collect()
-}
-
 #[test]
 fn sliding_window_fixture_under_chain_tree_and_boolean_masks() {
     let manifest: Value =
@@ -352,7 +344,7 @@ fn sliding_window_fixture_under_chain_tree_and_boolean_masks() {
         &Device::Cpu,
     )
     .unwrap();
-    let input_ids = ids_of(&t["input_ids"]);
+    let input_ids = common::ids(&t["input_ids"]);
     let n = input_ids.len();
     let enc = model.encode_image(&t["pixel_values"]).unwrap();
     let emb = model.embed_prompt(&input_ids, &[&enc.features]).unwrap();

@@ -48,18 +48,8 @@ fn fixture_twins_give_the_transformers_greedy_tokens() {
         let small = Llava::load(&dir, &Device::Cpu).unwrap();
         let twin = load_llava(&dir, &Device::Cpu, WeightFormat::F32, &doubled(&dir)).unwrap();
         assert!(twin.config().text.hidden_size > small.config().text.hidden_size);
-        let ids: Vec<u32> = t["input_ids"]
-            .to_vec1::<i64>()
-            .unwrap()
-            .into_iter()
-            .map(|x| x as u32)
-            .collect();
-        let want: Vec<u32> = t["greedy_ids"]
-            .to_vec1::<i64>()
-            .unwrap()
-            .into_iter()
-            .map(|x| x as u32)
-            .collect();
+        let ids: Vec<u32> = common::ids(&t["input_ids"]);
+        let want: Vec<u32> = common::ids(&t["greedy_ids"]);
         let positions: Vec<u32> = (0..ids.len() as u32).collect();
         let run = |m: &Llava| -> (Tensor, Vec<u32>) {
             let enc = m.encode_image(&t["pixel_values"]).unwrap();

@@ -25,12 +25,7 @@ fn manifest() -> Value {
 /// The prompt logits `(t, vocab)` of `model` on a fixture case.
 fn prompt_logits(model: &Llava, t: &HashMap<String, Tensor>) -> Tensor {
     let enc = model.encode_image(&t["pixel_values"]).unwrap();
-    let ids: Vec<u32> = t["input_ids"]
-        .to_vec1::<i64>()
-        .unwrap()
-        .into_iter()
-        .map(|x| x as u32)
-        .collect();
+    let ids: Vec<u32> = common::ids(&t["input_ids"]);
     let emb = model.embed_prompt(&ids, &[&enc.features]).unwrap();
     let positions: Vec<u32> = (0..ids.len() as u32).collect();
     let text = model.text();

@@ -21,3 +21,12 @@ pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
         .to_scalar()
         .unwrap()
 }
+
+/// A fixture's integer tensor (stored as i64, e.g. `input_ids`, `greedy_ids`) as token ids.
+pub fn ids(t: &Tensor) -> Vec<u32> {
+    t.to_vec1::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|x| x as u32)
+        .collect()
+}

@@ -4,8 +4,20 @@
 //! (which a shared machine's other load does not distort). The model-level figure is
 //! `glance bench decode --rows`.
 
+/// Best wall time of 5 runs of `f` on `pool`, in seconds.
+fn best_seconds(pool: &rayon::ThreadPool, f: &(dyn Fn() + Sync)) -> f64 {
+    (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            pool.install(f);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 mod throughput {
     use super::super::*;
+    use super::best_seconds;
 
     /// Manual: `cargo test --release -p glance-nn throughput -- --ignored --nocapture`. Weight
     /// bytes streamed per second by each format's matrix-vector kernel on one thread, beside
@@ -24,15 +36,7 @@ mod throughput {
             .unwrap();
         let xt =
             candle_core::Tensor::from_vec(x.clone(), (1, cols), &candle_core::Device::Cpu).unwrap();
-        let best = |f: &(dyn Fn() + Sync)| {
-            (0..5)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    pool.install(f);
-                    t.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
+        let best = |f: &(dyn Fn() + Sync)| best_seconds(&pool, f);
         let s = best(&|| {
             std::hint::black_box(crate::matvec::matvec(&wt, &xt).unwrap());
         });
@@ -60,6 +64,7 @@ mod throughput {
 
 mod rows_cost {
     use super::super::*;
+    use super::best_seconds;
 
     /// Manual: `T=2 cargo test --release -p glance-nn rows_cost -- --ignored --nocapture`. The
     /// cost of `m` input rows relative to one, per format, over 8 TinyLlama MLP-shaped matrices
@@ -83,15 +88,7 @@ mod rows_cost {
             .num_threads(threads)
             .build()
             .unwrap();
-        let best = |f: &(dyn Fn() + Sync)| {
-            (0..5)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    pool.install(f);
-                    t.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
+        let best = |f: &(dyn Fn() + Sync)| best_seconds(&pool, f);
         let ms = [1usize, 2, 4, 8, 16, 32, 64];
         let formats: Vec<WeightFormat> = std::env::var("F")
             .map(|s| s.split(',').map(|f| f.parse().unwrap()).collect())
