@@ -198,13 +198,16 @@ impl GenArgs {
 /// The decoding strategy.
 #[derive(Args, Clone, Debug, Default)]
 pub struct DecodeArgs {
-    /// Decoding strategy: `ar` (autoregressive, one token per forward pass), `vispec`
+    /// Decoding strategy: `auto` (the fastest lossless strategy the model offers on this
+    /// machine, chosen per request from a cost model measured once and cached: cost-aware
+    /// speculation where a draft can pay, else `ar`), `ar` (autoregressive, one token per
+    /// forward pass), `vispec`
     /// (speculative decoding with the vision-aware ViSpec draft head), `eagle` (the same with
     /// the text-only head), or, on a model converted with `glance train diffusion`,
     /// `diffusion-threshold` (parallel unmasking, lossy), `diffusion-linear` or
     /// `diffusion-quadratic` (block-diffusion self-speculation). Every strategy but
     /// diffusion-threshold gives the same output as `ar` under greedy decoding.
-    #[arg(long, value_name = "STRATEGY", default_value = "ar")]
+    #[arg(long, value_name = "STRATEGY", default_value = "auto")]
     pub decode: String,
     /// Draft head directory for vispec / eagle (repeatable, one per kind; each serves the kind
     /// its config names). When given, only these heads are used. Default: the model
@@ -221,10 +224,11 @@ impl DecodeArgs {
     /// The strategy; draft options without a speculative strategy are refused.
     pub fn spec(&self) -> Result<DecodeSpec> {
         let spec = self.decode.parse::<DecodeSpec>()?;
-        if spec.draft_kind().is_none() && (self.tree.any() || !self.draft.is_empty()) {
+        let speculative = spec.draft_kind().is_some() || spec == DecodeSpec::Auto;
+        if !speculative && (self.tree.any() || !self.draft.is_empty()) {
             bail!(
                 "--draft, --draft-depth, --draft-top-k, --draft-budget and --chain apply to \
-                 --decode vispec or eagle, not `{spec}`"
+                 --decode vispec, eagle or auto, not `{spec}`"
             );
         }
         self.diffusion.settings(spec)?;
@@ -237,6 +241,7 @@ impl DecodeArgs {
             drafts: self.draft.clone(),
             tree: self.tree.settings()?,
             diffusion: self.diffusion.settings(self.spec()?)?,
+            cost_cache: glance_home::cache_root().map(|d| d.join("cost")),
             ..base
         })
     }

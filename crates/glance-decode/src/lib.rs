@@ -7,12 +7,15 @@
 //!   settings live;
 //! * [`autoregressive`]: one token per forward pass, the reference every faster strategy must
 //!   reproduce token for token under greedy decoding;
-//! * [`speculative`]: draft-head speculative decoding (EAGLE, ViSpec);
+//! * [`speculative`]: draft-head speculative decoding (EAGLE, ViSpec), with fixed trees or rounds
+//!   planned from measured costs;
+//! * [`cost`]: the measured cost model (a pass over `k` rows, a draft step) plans read;
 //! * [`diffusion`]: block-diffusion decoding of converted models (Fast-dVLM): threshold, linear
 //!   and quadratic self-speculation;
 //! * [`stop`]: stop-string matching over streamed text.
 
 pub mod autoregressive;
+pub mod cost;
 pub mod diffusion;
 pub mod sampler;
 pub mod speculative;
@@ -23,6 +26,7 @@ pub use autoregressive::{
     check_prompt, generate, prefill, Autoregressive, FinishReason, GenerateConfig, Generation,
     Prefilled, PrefilledImage,
 };
+pub use cost::{CostModel, DraftCost};
 pub use diffusion::{
     BlockDiffusion, DiffusionMode, DiffusionOptions, DiffusionSettings, OptionNames,
 };

@@ -60,17 +60,22 @@ pub enum DecodeSpec {
     DiffusionLinear,
     /// Block diffusion, quadratic self-speculation: lossless, one pass per step.
     DiffusionQuadratic,
+    /// The fastest lossless strategy the model offers, chosen per request from the measured
+    /// cost model ([`crate::cost`]): cost-aware speculation with the request's best draft head
+    /// where a draft can pay on this machine, else `ar`.
+    Auto,
 }
 
 impl DecodeSpec {
     /// Every strategy glance can run.
-    pub const ALL: [DecodeSpec; 6] = [
+    pub const ALL: [DecodeSpec; 7] = [
         DecodeSpec::Ar,
         DecodeSpec::Vispec,
         DecodeSpec::Eagle,
         DecodeSpec::DiffusionThreshold,
         DecodeSpec::DiffusionLinear,
         DecodeSpec::DiffusionQuadratic,
+        DecodeSpec::Auto,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +86,7 @@ impl DecodeSpec {
             DecodeSpec::DiffusionThreshold => "diffusion-threshold",
             DecodeSpec::DiffusionLinear => "diffusion-linear",
             DecodeSpec::DiffusionQuadratic => "diffusion-quadratic",
+            DecodeSpec::Auto => "auto",
         }
     }
 
@@ -126,6 +132,7 @@ impl FromStr for DecodeSpec {
             "diffusion-threshold" => Ok(DecodeSpec::DiffusionThreshold),
             "diffusion-linear" => Ok(DecodeSpec::DiffusionLinear),
             "diffusion-quadratic" => Ok(DecodeSpec::DiffusionQuadratic),
+            "auto" => Ok(DecodeSpec::Auto),
             _ => {
                 let known: Vec<&str> = Self::ALL.iter().map(|d| d.name()).collect();
                 Err(Error::InvalidParam(format!(
@@ -149,6 +156,9 @@ pub struct DecodeStats {
     pub counters: BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub histograms: BTreeMap<String, Vec<u64>>,
+    /// Why `auto` chose `strategy` (`None` when the request named it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto: Option<String>,
 }
 
 impl DecodeStats {

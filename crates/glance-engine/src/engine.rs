@@ -11,6 +11,7 @@
 //! own KV cache, sampler and detokeniser, and the shared caches hand out immutable entries (a
 //! cached prefix is forked before a request appends to it).
 
+mod auto;
 pub(crate) mod batch;
 mod finite;
 
@@ -65,6 +66,8 @@ pub struct Engine {
     prefixes: PrefixCache,
     /// Draft heads loaded so far, by kind.
     drafts: Mutex<HashMap<&'static str, Arc<dyn DraftLm>>>,
+    /// The measured cost model, once a request needed it ([`auto`]).
+    cost: Mutex<Option<glance_decode::CostModel>>,
     load_time: Duration,
 }
 
@@ -157,6 +160,7 @@ impl Engine {
             encodings: EncodingCache::new(options.image_cache_bytes),
             prefixes: PrefixCache::new(options.prefix_cache_bytes),
             drafts: Mutex::new(HashMap::new()),
+            cost: Mutex::new(None),
             options,
             load_time: Duration::ZERO,
         }
@@ -264,12 +268,14 @@ impl Engine {
     }
 
     /// Loads the draft head in `dir` for this engine's model without making it the engine's
-    /// head: as a twin when the model is one ([`EngineOptions::twin`]), and checked to fit the
-    /// model.
+    /// head: as a twin when the model is one ([`EngineOptions::twin`]), in the model's weight
+    /// format ([`EngineOptions::weights`]), and checked to fit the model.
     pub fn read_draft(&self, dir: &Path) -> Result<DraftHead> {
         let head = self.pool.install(|| match &self.options.twin {
-            Some(shape) => glance_models::twin::load_draft(dir, &Device::Cpu, shape),
-            None => DraftHead::load(dir, &Device::Cpu),
+            Some(shape) => {
+                glance_models::twin::load_draft(dir, &Device::Cpu, self.options.weights, shape)
+            }
+            None => DraftHead::load_as(dir, &Device::Cpu, self.options.weights),
         })?;
         let t = self.model.text();
         head.config()
@@ -298,8 +304,27 @@ impl Engine {
         self.strategy(&request).map(|_| ())
     }
 
-    /// The strategy `request` names, with what it needs loaded.
-    fn strategy(&self, request: &Request) -> Result<Box<dyn DecodeStrategy>> {
+    /// The strategy `request` names (or `auto` chooses), with what it needs loaded, and why
+    /// `auto` chose it.
+    fn strategy(&self, request: &Request) -> Result<(Box<dyn DecodeStrategy>, Option<String>)> {
+        if let Some(choice) = self.choose(request)? {
+            let strategy: Box<dyn DecodeStrategy> = match (choice.spec.draft_kind(), choice.cost) {
+                (Some(kind), Some(cost)) => {
+                    let tree = request
+                        .tree
+                        .clone()
+                        .unwrap_or_else(|| self.options.tree.clone());
+                    Box::new(Speculative::new(self.draft(kind)?, tree)?.cost_aware(cost)?)
+                }
+                _ => Box::new(Autoregressive),
+            };
+            return Ok((strategy, Some(choice.reason)));
+        }
+        Ok((self.named_strategy(request)?, None))
+    }
+
+    /// The strategy `request` names.
+    fn named_strategy(&self, request: &Request) -> Result<Box<dyn DecodeStrategy>> {
         if let Some(mode) = request.decode.diffusion_mode() {
             let bd = self
                 .model
@@ -328,6 +353,11 @@ impl Engine {
             )?));
         }
         Ok(match request.decode.draft_kind() {
+            None if request.decode == DecodeSpec::Auto => {
+                return Err(Error::InvalidParam(
+                    "`auto` is resolved per request, before a strategy is built".into(),
+                ))
+            }
             None => Box::new(Autoregressive),
             Some(kind) => {
                 let tree = request
@@ -397,7 +427,7 @@ impl Engine {
     ) -> Result<Response> {
         let start = Instant::now();
         // Before any work: a strategy the model cannot run is refused at once.
-        let strategy = self.strategy(request)?;
+        let (strategy, auto) = self.strategy(request)?;
         let prune = request.prune.as_ref().filter(|p| !p.is_noop());
         let rendered = self.render(
             &request.prompt,
@@ -412,7 +442,8 @@ impl Engine {
         let prompt_rows = prefilled.state.prompt_len();
         let before_prefill = start.elapsed() - prefilled.state.elapsed;
         let streamed = self.decode(request, strategy, prefilled.state, on_event)?;
-        let generation = streamed.generation;
+        let mut generation = streamed.generation;
+        generation.stats.auto = auto;
         let prefill = generation.prefill;
         let select = prefilled.select;
         Ok(Response {

@@ -53,6 +53,9 @@ pub struct EngineOptions {
     /// cost of the named shape's decoder (`tinyllama-1.1b`, `llava-7b`); draft heads load as
     /// twins too. Built at load time, in `weights`.
     pub twin: Option<TwinShape>,
+    /// Directory of cached cost models (`--decode auto`, [`glance_decode::cost`]); `None`: the
+    /// cost model is measured once per engine and kept in memory only.
+    pub cost_cache: Option<PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -68,6 +71,7 @@ impl Default for EngineOptions {
             diffusion: None,
             weights: WeightFormat::F32,
             twin: None,
+            cost_cache: None,
         }
     }
 }

@@ -220,9 +220,10 @@ impl Request {
             p.validate()?;
         }
         if let Some(t) = &self.tree {
-            if self.decode.draft_kind().is_none() {
+            if self.decode.draft_kind().is_none() && self.decode != DecodeSpec::Auto {
                 return Err(Error::InvalidParam(format!(
-                    "a draft tree applies to the speculative strategies (vispec, eagle), not `{}`",
+                    "a draft tree applies to the speculative strategies (vispec, eagle, auto), \
+                     not `{}`",
                     self.decode
                 )));
             }

@@ -154,7 +154,7 @@ fn a_cancelled_sequence_leaves_the_batch_and_the_others_are_unchanged() {
         images: vec![],
     });
     pruned.decode = glance_engine::DecodeSpec::Vispec;
-    assert!(!Engine::batchable(&pruned));
+    assert!(!engine.batchable(&pruned));
 }
 
 #[test]

@@ -39,6 +39,16 @@ pub fn home() -> Result<PathBuf> {
     })
 }
 
+/// glance's cache directory (measured cost models, `--decode auto`): `cache/` under
+/// `$GLANCE_HOME` when that is set, else `glance` in the platform cache directory
+/// (`$XDG_CACHE_HOME` or `~/.cache` on Linux); `None` on a system without one.
+pub fn cache_root() -> Option<PathBuf> {
+    if let Some(h) = std::env::var_os(HOME_ENV).filter(|h| !h.is_empty()) {
+        return Some(PathBuf::from(h).join("cache"));
+    }
+    dirs::cache_dir().map(|d| d.join("glance"))
+}
+
 /// `models/` under the glance home.
 pub fn models_dir() -> Result<PathBuf> {
     Ok(home()?.join("models"))

@@ -104,6 +104,13 @@ pub trait DraftLm: Send + Sync {
     /// each image's rows replaced by the head's compressed image tokens if it has an adaptor.
     fn start(&self, prompt: &DraftPrompt<'_>) -> Result<DraftStart>;
 
+    /// Rows [`DraftLm::start`] runs for a prompt of `rows` rows whose images hold `image_rows`
+    /// rows each (what the start costs): the prompt's rows unless the head compresses images.
+    fn start_rows(&self, rows: usize, image_rows: &[usize]) -> usize {
+        let _ = image_rows;
+        rows
+    }
+
     /// Rows for tokens with embeddings `emb` `(n, hidden)` and predecessor hidden states `prev`
     /// `(n, hidden)`: `(n, hidden)`.
     fn fuse(&self, emb: &Tensor, prev: &Tensor, context: &DraftContext) -> Result<Tensor>;

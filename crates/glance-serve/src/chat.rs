@@ -19,7 +19,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_core::Stream;
-use glance_engine::{Engine, Event, FinishReason, Flow, Request};
+use glance_engine::{Event, FinishReason, Flow, Request};
 use serde_json::json;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,7 +87,7 @@ async fn handle(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let job_app = app.clone();
     match &app.batcher {
-        Some(_) if Engine::batchable(&request) => {
+        Some(_) if app.engine.batchable(&request) => {
             // Prepared here (images encoded off the batching thread), then decoded in the batch.
             tokio::task::spawn_blocking(move || match job_app.engine.prepare(&request) {
                 // The client left while its images were encoded: nothing to decode.

@@ -36,6 +36,30 @@ pub enum BenchCommand {
     Diffusion(diffusion::DiffusionBenchArgs),
 }
 
+/// The cost model as reports show it: the decode step in ms, `c(k)` at the timed row counts,
+/// and each draft head's step and prompt-row costs in decode steps.
+pub(crate) fn cost_report(cost: &glance_decode::CostModel) -> serde_json::Value {
+    let step = cost.pass(1);
+    let drafts: serde_json::Map<String, serde_json::Value> = cost
+        .drafts
+        .iter()
+        .map(|(kind, d)| {
+            let steps: Vec<f64> = d.step_s.iter().map(|s| s / step).collect();
+            (
+                kind.clone(),
+                serde_json::json!({"step_in_decode_steps": steps, "prompt_row_in_decode_steps": d.row_s / step}),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "key": cost.key,
+        "decode_step_ms": step * 1e3,
+        "c": cost.curve().into_iter().map(|(k, c)| serde_json::json!([k, c])).collect::<Vec<_>>(),
+        "drafts": drafts,
+        "measured_s": cost.measured_s,
+    })
+}
+
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(a) => decode::run(a),

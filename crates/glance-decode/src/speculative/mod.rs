@@ -20,15 +20,18 @@
 //!    tokens and the next token become the pending rows of the next round, each paired with the
 //!    target hidden state (from this pass) that predicted it.
 
+pub mod plan;
 pub mod tree;
 pub mod verify;
 
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
+use crate::cost::CostModel;
 use crate::sampler::Sampler;
 use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
 use candle_core::Tensor;
-use glance_core::{Result, TokenId};
-use glance_nn::{AttnMask, CausalLm, DraftLm, DraftPrompt, TreeMask};
+use glance_core::{Error, Result, TokenId};
+use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, TreeMask};
+use plan::{Planner, Round};
 use std::sync::Arc;
 use std::time::Instant;
 pub use tree::{DraftTree, TreeSettings};
@@ -41,16 +44,50 @@ pub const POSITION_BUCKET: usize = 16;
 pub struct Speculative {
     draft: Arc<dyn DraftLm>,
     settings: TreeSettings,
+    /// Plan rounds from measured costs ([`Speculative::cost_aware`]); `None`: every round grows
+    /// the tree `settings` describe.
+    cost: Option<CostModel>,
 }
 
 impl Speculative {
     pub fn new(draft: Arc<dyn DraftLm>, settings: TreeSettings) -> Result<Self> {
         settings.validate()?;
-        Ok(Self { draft, settings })
+        Ok(Self {
+            draft,
+            settings,
+            cost: None,
+        })
+    }
+
+    /// Plans every round from `cost` ([`plan`]): how deep to draft, how many nodes to verify,
+    /// and plain steps where drafting does not pay. `cost` must hold this head's draft costs
+    /// ([`CostModel::measure_draft`]).
+    pub fn cost_aware(mut self, cost: CostModel) -> Result<Self> {
+        cost.check()?;
+        if cost.draft(self.draft.kind()).is_none() {
+            return Err(Error::Config(format!(
+                "cost-aware speculation: the cost model has no figures for the {} head",
+                self.draft.kind()
+            )));
+        }
+        self.cost = Some(cost);
+        Ok(self)
     }
 
     pub fn settings(&self) -> &TreeSettings {
         &self.settings
+    }
+
+    /// A planner for a request whose draft start runs `start_rows` rows, when cost-aware.
+    fn planner(&self, start_rows: usize) -> Option<Planner> {
+        let cost = self.cost.as_ref()?;
+        let draft = cost.draft(self.draft.kind())?.clone();
+        Some(Planner::new(
+            cost.clone(),
+            draft,
+            self.settings.clone(),
+            start_rows,
+        ))
     }
 }
 
@@ -62,6 +99,8 @@ struct Tally {
     accepted: u64,
     draft_forwards: u64,
     recovered: u64,
+    /// Rounds that verified no draft (cost-aware plain steps).
+    plain_rounds: u64,
     /// Rounds whose tree reached depth `d` (index `d - 1`), and those that accepted it.
     offered_by_depth: Vec<u64>,
     accepted_by_depth: Vec<u64>,
@@ -133,40 +172,24 @@ impl DecodeStrategy for Speculative {
             ));
         }
 
-        // The draft's prompt rows, then `x`'s row: all pending.
-        let clock = Instant::now();
         let image_rows: Vec<Vec<usize>> = state.images.iter().map(|i| i.rows.clone()).collect();
-        let draft_start = self.draft.start(&DraftPrompt {
-            inputs: &state.inputs,
-            hidden: &state.hidden,
-            positions: &state.positions,
-            images: &image_rows,
-        })?;
-        let context = draft_start.context;
+        let image_counts: Vec<usize> = image_rows.iter().map(Vec::len).collect();
+        let mut planner = self.planner(self.draft.start_rows(prompt_len, &image_counts));
         let mut target_cache = state.cache;
         let mut draft_cache = self.draft.new_cache();
-        let x_row = self
-            .draft
-            .fuse(&model.embed_tokens(&[x])?, &last_hidden, &context)?;
-        let mut pending_rows = Tensor::cat(&[&draft_start.rows, &x_row], 0)?;
-        let mut pending_pos = draft_start.positions;
-        pending_pos.push(pos + 1);
+        // The draft's prompt rows and context, once it has started (at the first drafting
+        // round), and the rows waiting for it: each emitted token with the target hidden state
+        // that predicted it, `x`'s last.
+        let mut drafting: Option<(DraftContext, Option<DraftStart>)> = None;
+        let mut pending = Pending {
+            tokens: vec![x],
+            prev: vec![last_hidden.clone()],
+            positions: vec![pos + 1],
+        };
         pos += 1; // x's position
-        tally.time.start += clock.elapsed();
 
         let reason = loop {
-            // 1. Pending rows with real hidden states: committed in the draft's cache.
-            let clock = Instant::now();
-            let out = self.draft.forward(
-                &pending_rows,
-                &pending_pos,
-                &AttnMask::causal(),
-                &mut draft_cache,
-            )?;
-            let n = out.dim(0)?;
-            let root = out.narrow(0, n - 1, 1)?;
-            let mark = draft_cache.mark();
-            // 2. The tree, as deep as the answer and the context leave room for.
+            // The tree, as deep as the answer and the context leave room for.
             // (Beyond the answer's last token a draft cannot be used; the verified rows must fit
             // the context after the cached ones.)
             let room_answer = (config.max_new_tokens - tokens.len()).saturating_sub(1);
@@ -175,26 +198,71 @@ impl DecodeStrategy for Speculative {
             settings.budget = settings
                 .budget
                 .min(max.saturating_sub(target_cache.len() + 1));
-            let depth = settings
+            let room = settings
                 .depth
                 .min(room_answer)
                 .min(room_context)
                 .min(settings.budget);
-            let tree = tree::grow(
-                model,
-                self.draft.as_ref(),
-                &context,
-                &mut draft_cache,
-                &root,
-                pos,
-                &settings,
-                depth,
-                &config.eos_token_ids,
-            )?;
-            draft_cache.rollback(&mark)?;
-            tally.time.draft += clock.elapsed();
+            let depth = match planner.as_mut() {
+                None => room,
+                Some(p) => match p.next_round(room) {
+                    Round::Plain => 0,
+                    Round::Draft { depth } => depth.min(room),
+                },
+            };
             let clock = Instant::now();
-            // 3. One target pass over [x, tree…].
+            let mut tree = DraftTree::default();
+            if depth > 0 {
+                // 1. The draft starts (its prompt rows) if it has not; the pending rows with
+                // real hidden states are committed in its cache.
+                if drafting.is_none() {
+                    let s = self.draft.start(&DraftPrompt {
+                        inputs: &state.inputs,
+                        hidden: &state.hidden,
+                        positions: &state.positions,
+                        images: &image_rows,
+                    })?;
+                    drafting = Some((s.context.clone(), Some(s)));
+                    tally.time.start += clock.elapsed();
+                }
+                let Some((context, prompt)) = drafting.as_mut() else {
+                    unreachable!("the draft was started above")
+                };
+                let pending_count = pending.tokens.len();
+                let (mut rows, mut positions) =
+                    pending.rows(model, self.draft.as_ref(), context)?;
+                if let Some(p) = prompt.take() {
+                    rows = Tensor::cat(&[&p.rows, &rows], 0)?;
+                    positions = [p.positions, positions].concat();
+                }
+                let out =
+                    self.draft
+                        .forward(&rows, &positions, &AttnMask::causal(), &mut draft_cache)?;
+                let n = out.dim(0)?;
+                let root = out.narrow(0, n - 1, 1)?;
+                let mark = draft_cache.mark();
+                // 2. The tree.
+                tree = tree::grow(
+                    model,
+                    self.draft.as_ref(),
+                    context,
+                    &mut draft_cache,
+                    &root,
+                    pos,
+                    &settings,
+                    depth,
+                    &config.eos_token_ids,
+                )?;
+                draft_cache.rollback(&mark)?;
+                if let Some(p) = planner.as_ref() {
+                    tree.keep_best(p.budget(&tree, pending_count));
+                }
+                tally.time.draft += clock.elapsed();
+            } else {
+                tally.plain_rounds += 1;
+            }
+            let clock = Instant::now();
+            // 3. One target pass over [x, tree…] (a decode step when the tree is empty).
             let mut ids = Vec::with_capacity(tree.len() + 1);
             ids.push(x);
             ids.extend(&tree.tokens);
@@ -212,7 +280,14 @@ impl DecodeStrategy for Speculative {
             let clock = Instant::now();
             // 4. Accept, emit, keep the accepted rows.
             let verdict = verify(&tree, &logits, &mut sampler)?;
-            record(&mut tally, &tree, &verdict, tokens.len());
+            match planner.as_mut() {
+                None => record(&mut tally, &tree, &verdict, tokens.len()),
+                Some(_) if tree.is_empty() => {}
+                Some(p) => {
+                    record(&mut tally, &tree, &verdict, tokens.len());
+                    p.record(&tree, verdict.accepted.len());
+                }
+            }
             let mut keep = vec![0];
             keep.extend(verdict.accepted.iter().map(|&i| i + 1));
             target_cache.keep_speculative(ids.len(), &keep)?;
@@ -235,23 +310,52 @@ impl DecodeStrategy for Speculative {
                 tally.time.accept += clock.elapsed();
                 break r;
             }
-            // The next round's pending rows: each emitted token with the hidden state before it.
-            let idx: Vec<u32> = keep.iter().map(|&r| r as u32).collect();
-            let idx = Tensor::from_vec(idx, keep.len(), hidden.device())?;
-            // (k + 1, hidden): the target's hidden states of x and the accepted nodes.
-            let prev = hidden.index_select(&idx, 0)?;
-            pending_rows = self
-                .draft
-                .fuse(&model.embed_tokens(&emitted)?, &prev, &context)?;
-            pending_pos = (0..emitted.len() as u32)
-                .map(|i| pos - emitted.len() as u32 + 1 + i)
-                .collect();
+            // The next round's pending rows: each emitted token with the hidden state before it
+            // (after this round's if the draft did not run).
+            if depth > 0 {
+                pending.clear();
+            }
+            for (k, (&t, &row)) in emitted.iter().zip(&keep).enumerate() {
+                pending.tokens.push(t);
+                pending.prev.push(hidden.narrow(0, row, 1)?);
+                pending
+                    .positions
+                    .push(pos - emitted.len() as u32 + 1 + k as u32);
+            }
             x = verdict.next;
             tally.time.accept += clock.elapsed();
         };
         Ok(finish(
             self, tokens, reason, prompt_len, prefill, start, forwards, tally,
         ))
+    }
+}
+
+/// Emitted tokens whose rows have not run through the draft yet.
+struct Pending {
+    tokens: Vec<TokenId>,
+    /// Per token, the target's hidden state that predicted it `(1, hidden)`.
+    prev: Vec<Tensor>,
+    positions: Vec<u32>,
+}
+
+impl Pending {
+    /// The draft rows `(n, hidden)` and their positions.
+    fn rows(
+        &self,
+        model: &dyn CausalLm,
+        draft: &dyn DraftLm,
+        context: &DraftContext,
+    ) -> Result<(Tensor, Vec<u32>)> {
+        let prev = Tensor::cat(&self.prev, 0)?;
+        let rows = draft.fuse(&model.embed_tokens(&self.tokens)?, &prev, context)?;
+        Ok((rows, self.positions.clone()))
+    }
+
+    fn clear(&mut self) {
+        self.tokens.clear();
+        self.prev.clear();
+        self.positions.clear();
     }
 }
 
@@ -295,6 +399,9 @@ fn finish(
     c.insert("accepted_tokens".into(), tally.accepted);
     c.insert("draft_forwards".into(), tally.draft_forwards);
     c.insert("recovered_tokens".into(), tally.recovered);
+    if strategy.cost.is_some() {
+        c.insert("plain_rounds".into(), tally.plain_rounds);
+    }
     let us = |d: std::time::Duration| d.as_micros() as u64;
     c.insert("time_start_us".into(), us(tally.time.start));
     c.insert("time_draft_us".into(), us(tally.time.draft));

@@ -125,6 +125,63 @@ impl DraftTree {
         c
     }
 
+    /// Each node's path probability: the product of the draft probabilities from the root down
+    /// to it (the draft's estimate that verification accepts it).
+    pub fn path_probs(&self) -> Vec<f32> {
+        let mut path: Vec<f32> = Vec::with_capacity(self.len());
+        for i in 0..self.len() {
+            // Parents come before children.
+            let above = self.parents[i].map_or(1.0, |p| path[p]);
+            path.push(above * self.probs[i]);
+        }
+        path
+    }
+
+    /// Node indices by path probability, highest first (ties by index, so parents — never less
+    /// likely than their children — come before them).
+    pub fn best_first(&self) -> Vec<usize> {
+        let path = self.path_probs();
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.sort_by(|&a, &b| path[b].total_cmp(&path[a]).then(a.cmp(&b)));
+        order
+    }
+
+    /// Keeps the `n` nodes of highest path probability (closed under ancestors), parents first.
+    pub fn keep_best(&mut self, n: usize) {
+        if n >= self.len() {
+            return;
+        }
+        let mut keep = vec![false; self.len()];
+        let mut kept = 0;
+        for i in self.best_first() {
+            if kept == n {
+                break;
+            }
+            // Ancestors first: every ancestor is at least as likely, so it is kept already
+            // unless tied; keep the chain up to a kept node.
+            let mut chain = Vec::new();
+            let mut a = Some(i);
+            while let Some(j) = a.filter(|&j| !keep[j]) {
+                chain.push(j);
+                a = self.parents[j];
+            }
+            if kept + chain.len() > n {
+                continue;
+            }
+            kept += chain.len();
+            chain.into_iter().for_each(|j| keep[j] = true);
+        }
+        let mut index = vec![usize::MAX; self.len()];
+        let chosen: Vec<usize> = (0..self.len()).filter(|&i| keep[i]).collect();
+        chosen.iter().enumerate().for_each(|(k, &i)| index[i] = k);
+        self.tokens = chosen.iter().map(|&i| self.tokens[i]).collect();
+        self.parents = chosen
+            .iter()
+            .map(|&i| self.parents[i].map(|p| index[p]))
+            .collect();
+        self.probs = chosen.iter().map(|&i| self.probs[i]).collect();
+    }
+
     /// Parents for the verification pass over `[root, nodes…]`: the root is row 0.
     pub fn verify_parents(&self) -> Vec<Option<usize>> {
         std::iter::once(None)
@@ -301,7 +358,7 @@ fn select(nodes: &[Grown], budget: usize, forwards: u64) -> DraftTree {
 
 /// Draft probabilities `(n, vocab)` of predicted hidden states `(n, hidden)` through the
 /// target's LM head (softmax at temperature 1: the tree ranks by the draft's own confidence).
-fn draft_probs(target: &dyn CausalLm, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
+pub(crate) fn draft_probs(target: &dyn CausalLm, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
     let logits: Vec<Vec<f32>> = target.logits(hidden)?.to_vec2()?;
     Ok(logits
         .into_iter()
@@ -377,6 +434,28 @@ mod tests {
         );
         assert_eq!(t.depth(4), 3);
         assert_eq!(t.children(None), vec![0, 1]);
+    }
+
+    #[test]
+    fn the_best_nodes_are_kept_with_their_ancestors() {
+        // root ─ 0 (0.9) ─ 2 (0.5: path 0.45)
+        //      └ 1 (0.1) ─ 3 (0.9: path 0.09)
+        let mut t = DraftTree {
+            tokens: vec![10, 11, 12, 13],
+            parents: vec![None, None, Some(0), Some(1)],
+            probs: vec![0.9, 0.1, 0.5, 0.9],
+            forwards: 2,
+        };
+        let path = t.path_probs();
+        assert!((path[2] - 0.45).abs() < 1e-6 && (path[3] - 0.09).abs() < 1e-6);
+        assert_eq!(t.best_first(), vec![0, 2, 1, 3]);
+        let mut two = t.clone();
+        two.keep_best(2);
+        assert_eq!(two.tokens, vec![10, 12]);
+        assert_eq!(two.parents, vec![None, Some(0)]);
+        t.keep_best(3);
+        assert_eq!(t.tokens, vec![10, 11, 12]);
+        assert_eq!(t.parents, vec![None, None, Some(0)]);
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub struct Prepared {
     started: Instant,
     prepared_in: Duration,
     prefix: Option<PrefixPlan>,
+    /// Why `auto` chose `ar`, for an `auto` request.
+    auto: Option<String>,
 }
 
 enum Phase {
@@ -97,19 +99,35 @@ pub struct Sequence<'e> {
 
 impl Engine {
     /// Whether `request` can join a batch: plain autoregressive decoding without pruning.
-    pub fn batchable(request: &Request) -> bool {
-        request.decode == DecodeSpec::Ar && request.prune.as_ref().is_none_or(|p| p.is_noop())
+    /// `auto` requests join when `auto` chooses `ar` for them.
+    pub fn batchable(&self, request: &Request) -> bool {
+        self.batch_reason(request).is_some()
+    }
+
+    /// `Some` when `request` can join a batch, with `auto`'s reason if it chose `ar`.
+    fn batch_reason(&self, request: &Request) -> Option<Option<String>> {
+        if request.prune.as_ref().is_some_and(|p| !p.is_noop()) {
+            return None;
+        }
+        match request.decode {
+            DecodeSpec::Ar => Some(None),
+            DecodeSpec::Auto => match self.choose(request) {
+                Ok(Some(c)) if c.spec == DecodeSpec::Ar => Some(Some(c.reason)),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// Everything before the prefill: validation, template, tokens, images (through the encoding
     /// cache), the prompt rows. Errors here are the request's (bad images, a prompt too long).
     pub fn prepare(&self, request: &Request) -> Result<Prepared> {
         request.validate()?;
-        if !Self::batchable(request) {
+        let Some(auto) = self.batch_reason(request) else {
             return Err(Error::InvalidParam(
                 "only autoregressive requests without pruning are batched".into(),
             ));
-        }
+        };
         let started = Instant::now();
         self.pool.install(|| {
             let rendered = self.render(&request.prompt, false)?;
@@ -139,6 +157,7 @@ impl Engine {
             };
             Ok(Prepared {
                 prefix,
+                auto,
                 usage: Usage {
                     prompt_tokens: rendered.prompt.ids.len(),
                     visual_tokens: visual,
@@ -449,7 +468,10 @@ impl Sequence<'_> {
                 prefix_rows: self.prefix_rows,
             },
             token_ids: self.tokens,
-            decode: DecodeStats::new("ar", self.forwards),
+            decode: DecodeStats {
+                auto: p.auto.clone(),
+                ..DecodeStats::new("ar", self.forwards)
+            },
         })
     }
 }

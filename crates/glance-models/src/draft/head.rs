@@ -9,10 +9,10 @@ use crate::text::{Keys, Layer, Step, TextConfig};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use glance_core::{Error, Result};
-use glance_nn::weights::{linear, param, rms_norm};
+use glance_nn::weights::{linear, linear_as, param, rms_norm};
 use glance_nn::{
     attention, AttnMask, DraftContext, DraftLm, DraftPrompt, DraftStart, KvCache, Linear, Mode,
-    RmsNorm, RotaryEmbedding,
+    RmsNorm, RotaryEmbedding, WeightFormat, WeightLoad,
 };
 use std::path::Path;
 
@@ -84,15 +84,33 @@ pub struct DraftHead {
 }
 
 impl DraftHead {
-    /// Loads `dir` (`config.json`, `model.safetensors`) for inference.
+    /// Loads `dir` (`config.json`, `model.safetensors`) for inference, in f32.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        Self::load_as(dir, device, WeightFormat::F32)
+    }
+
+    /// Loads `dir` with the per-row matrices (`fc`, `inject`, the decoder layer's) packed in
+    /// `format`, the target's: a draft step then streams the bytes of the target's format, not
+    /// f32's (the adaptor, run once per image, stays f32). The draft's weights only decide what
+    /// is proposed, so every lossless strategy stays lossless in any format.
+    pub fn load_as(dir: &Path, device: &Device, format: WeightFormat) -> Result<Self> {
         let config = DraftConfig::load(dir)?;
         let vb = var_builder(dir, DType::F32, device)?;
-        Self::from_var_builder(&vb, config, Mode::Infer)
+        Self::from_var_builder_as(&vb, config, Mode::Infer, &WeightLoad::new(format))
     }
 
     /// The head's tensors under `vb`: `fc`, `inject`, `adaptor.*`, `layer.*`, `norm`.
     pub fn from_var_builder(vb: &VarBuilder, config: DraftConfig, mode: Mode) -> Result<Self> {
+        Self::from_var_builder_as(vb, config, mode, &WeightLoad::f32())
+    }
+
+    /// [`DraftHead::from_var_builder`] with the per-row matrices held as `load` says.
+    pub fn from_var_builder_as(
+        vb: &VarBuilder,
+        config: DraftConfig,
+        mode: Mode,
+        load: &WeightLoad,
+    ) -> Result<Self> {
         config.validate()?;
         let c = config.layer_config()?;
         let h = c.hidden_size;
@@ -102,19 +120,13 @@ impl DraftHead {
             .transpose()?;
         let inject = config
             .global_injection
-            .then(|| linear(&vb.pp("inject"), 2 * h, h, false))
+            .then(|| linear_as(&vb.pp("inject"), 2 * h, h, false, load))
             .transpose()?;
         Ok(Self {
-            fc: linear(&vb.pp("fc"), 2 * h, h, true)?,
+            fc: linear_as(&vb.pp("fc"), 2 * h, h, true, load)?,
             inject,
             adaptor,
-            layer: Layer::load(
-                &vb.pp("layer"),
-                &c,
-                c.layer_windows[0],
-                mode,
-                &glance_nn::WeightLoad::f32(),
-            )?,
+            layer: Layer::load(&vb.pp("layer"), &c, c.layer_windows[0], mode, load)?,
             norm: rms_norm(&vb.pp("norm"), h, c.rms_norm_eps, mode)?,
             rope: RotaryEmbedding::new(
                 c.head_dim,
@@ -251,6 +263,16 @@ impl DraftLm for DraftHead {
 
     fn new_cache(&self) -> KvCache {
         KvCache::new(1)
+    }
+
+    fn start_rows(&self, rows: usize, image_rows: &[usize]) -> usize {
+        match self.config.adaptor_queries {
+            None => rows,
+            Some(n_q) => image_rows
+                .iter()
+                .filter(|&&n| n > 0)
+                .fold(rows, |r, &n| r.saturating_sub(n) + n_q),
+        }
     }
 
     fn start(&self, prompt: &DraftPrompt<'_>) -> Result<DraftStart> {

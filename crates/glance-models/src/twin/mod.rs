@@ -202,7 +202,12 @@ pub fn load_llava(
 }
 
 /// Loads the draft head `dir` as the twin that goes with its target's twin at `shape`.
-pub fn load_draft(dir: &Path, device: &Device, shape: &TwinShape) -> Result<DraftHead> {
+pub fn load_draft(
+    dir: &Path,
+    device: &Device,
+    format: WeightFormat,
+    shape: &TwinShape,
+) -> Result<DraftHead> {
     let small = DraftConfig::load(dir)?;
     let small_layer = small.layer_config()?;
     let mut big = shape.sizes()?;
@@ -219,7 +224,7 @@ pub fn load_draft(dir: &Path, device: &Device, shape: &TwinShape) -> Result<Draf
         seed: SEED,
     };
     let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone());
-    DraftHead::from_var_builder(&vb, config, Mode::Infer)
+    DraftHead::from_var_builder_as(&vb, config, Mode::Infer, &WeightLoad::new(format))
 }
 
 /// Sites of a LLaVA checkpoint's names under `layout`.

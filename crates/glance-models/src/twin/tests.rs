@@ -272,7 +272,7 @@ fn a_draft_head_twin_predicts_what_the_small_head_predicts() {
     let config = DraftConfig::for_target(&small_text, Some(3), true).unwrap();
     let small = DraftHead::write_random(&dir, config, 11).unwrap();
     let shape = TwinShape::custom("test", text(512, 256, 4, (8, 4, 32), 90));
-    let twin = load_draft(&dir, &Device::Cpu, &shape).unwrap();
+    let twin = load_draft(&dir, &Device::Cpu, WeightFormat::F32, &shape).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!((twin.hidden_size(), twin.vocab_size()), (512, 90));
     let cpu = Device::Cpu;

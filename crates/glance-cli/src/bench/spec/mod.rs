@@ -104,11 +104,13 @@ const MAX_REPS: usize = 100;
 /// Adaptor queries of the untrained ViSpec head of `--random-heads`.
 const RANDOM_QUERIES: usize = 16;
 
-/// One column: autoregressive decoding, or speculative decoding with one head.
+/// One column: autoregressive decoding, speculative decoding with one head, or `auto`.
 pub struct Column {
     pub name: String,
     pub spec: DecodeSpec,
     pub head: Option<Head>,
+    /// For `auto`: the heads it chooses from (the first column's head of each kind).
+    pub auto_heads: Vec<Arc<dyn DraftLm>>,
 }
 
 /// A draft head and where it came from.
@@ -249,6 +251,7 @@ fn columns(heads: Vec<Head>) -> Result<Vec<Column>> {
         name: "ar".into(),
         spec: DecodeSpec::Ar,
         head: None,
+        auto_heads: Vec::new(),
     }];
     for head in heads {
         let mut name = label(&head.config).to_string();
@@ -272,8 +275,23 @@ fn columns(heads: Vec<Head>) -> Result<Vec<Column>> {
             name,
             spec: head.config.kind().parse()?,
             head: Some(head),
+            auto_heads: Vec::new(),
         });
     }
+    let mut auto_heads: Vec<Arc<dyn DraftLm>> = Vec::new();
+    for c in &cols {
+        if let Some(h) = &c.head {
+            if !auto_heads.iter().any(|a| a.kind() == h.lm.kind()) {
+                auto_heads.push(h.lm.clone());
+            }
+        }
+    }
+    cols.push(Column {
+        name: "auto".into(),
+        spec: DecodeSpec::Auto,
+        head: None,
+        auto_heads,
+    });
     Ok(cols)
 }
 
@@ -290,11 +308,14 @@ fn answer(
     if let Some(h) = &col.head {
         engine.set_draft(h.lm.clone());
     }
+    for h in &col.auto_heads {
+        engine.set_draft(h.clone());
+    }
     let request = Request {
         sampling,
         max_new_tokens,
         decode: col.spec,
-        tree: col.head.is_some().then(|| tree.clone()),
+        tree: (col.spec != DecodeSpec::Ar).then(|| tree.clone()),
         ..Request::chat(question, vec![image.clone()])
     };
     engine
@@ -328,7 +349,7 @@ fn measure(
                 tallies: cols
                     .iter()
                     .map(|c| Tally {
-                        mismatches: (temperature == 0.0 && c.head.is_some()).then_some(0),
+                        mismatches: (temperature == 0.0 && c.spec != DecodeSpec::Ar).then_some(0),
                         ..Tally::default()
                     })
                     .collect(),
@@ -419,7 +440,13 @@ pub fn run(args: SpecBenchArgs) -> Result<()> {
         tree.budget
     );
     for c in cols.iter().skip(1) {
-        let h = c.head.as_ref().expect("speculative columns have a head");
+        let Some(h) = c.head.as_ref() else {
+            println!(
+                "  {:<20} chosen per request from the measured cost model",
+                c.name
+            );
+            continue;
+        };
         println!(
             "  {:<20} {}",
             c.name,
@@ -432,6 +459,9 @@ pub fn run(args: SpecBenchArgs) -> Result<()> {
     }
     let measured = measure(&engine, &args, &cols, &tree)?;
     let mut json = report::report(&dir, &engine, &args, &tree, &cols, &measured)?;
+    if let Some(cost) = engine.measured_cost() {
+        json["cost_model"] = crate::bench::cost_report(&cost);
+    }
     if !args.no_random {
         json["projection"] = projection::project(&args, &tree, &cols, &measured, engine.threads())?;
     }

@@ -1,0 +1,338 @@
+//! Cost-aware speculation: each round decides, from the measured [`CostModel`] and what this
+//! request's drafts have accepted so far, whether drafting pays, how deep to draft, and how many
+//! of the drafted nodes to verify (Sequoia's objective — accepted tokens per unit of measured
+//! time — with EAGLE-2's confidence-ranked nodes).
+//!
+//! * **Plain rounds.** When no depth is predicted to beat a decode step, the round verifies an
+//!   empty tree: one row, exactly a decode step, and no draft work at all (the emitted tokens
+//!   wait as pending rows until the draft runs again). On a cache-resident model, where a pass
+//!   over `k` rows costs `k` steps, no round ever drafts.
+//! * **The draft's prompt pass** is paid only once the answer has run plainly for as long as
+//!   that pass would take (the ski-rental rule): an answer that ends sooner costs exactly what
+//!   autoregressive decoding costs, and a long one pays at most twice the pass.
+//! * **Depth** maximises `E[tokens] / (drafting + pass(rows))` with per-depth acceptance
+//!   estimated from this request's rounds (smoothed towards a prior).
+//! * **Verified nodes**: after drafting, the `B` best nodes by path probability (calibrated by
+//!   the request's accepted / predicted ratio) that maximise the same rate, drafting time
+//!   included; `B = 0` is a plain step.
+//!
+//! Planning only decides which tokens are proposed and verified; verification is unchanged, so
+//! every plan is as lossless as any fixed tree.
+
+use super::tree::{DraftTree, TreeSettings};
+use crate::cost::{CostModel, DraftCost};
+
+/// Acceptance assumed at a depth no round has reached yet.
+const PRIOR_ACCEPTANCE: f64 = 0.7;
+/// Weight of the prior, in rounds.
+const PRIOR_ROUNDS: f64 = 2.0;
+/// Weight of the calibration's prior (ratio 1), in tokens.
+const PRIOR_TOKENS: f64 = 4.0;
+/// Plain rounds in a row after which one round drafts anyway, to keep acceptance estimates
+/// current when speculation could pay.
+const EXPLORE_AFTER: u32 = 16;
+/// A plan must beat a plain step by this factor to be chosen (measurement noise).
+const MARGIN: f64 = 1.02;
+
+/// What a round does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// Verify no draft: one decode step.
+    Plain,
+    /// Draft up to `depth` tokens deep (starting the draft first if it has not run yet).
+    Draft { depth: usize },
+}
+
+/// A request's planner.
+pub struct Planner {
+    cost: CostModel,
+    draft: DraftCost,
+    settings: TreeSettings,
+    /// Rows of the draft's prompt pass, paid at its start.
+    start_rows: usize,
+    started: bool,
+    /// Modelled seconds of plain rounds before the start (the ski-rental account).
+    plain_before_start: f64,
+    plain_streak: u32,
+    /// Per depth `d` (index `d - 1`): rounds that offered a node at depth `d` with depth `d - 1`
+    /// accepted, and rounds that accepted depth `d`.
+    offered: Vec<f64>,
+    reached: Vec<f64>,
+    accepted_tokens: f64,
+    predicted_tokens: f64,
+    /// Whether any plan can beat a plain step, even if every draft were accepted.
+    can_pay: bool,
+}
+
+impl Planner {
+    pub fn new(
+        cost: CostModel,
+        draft: DraftCost,
+        settings: TreeSettings,
+        start_rows: usize,
+    ) -> Self {
+        let mut p = Self {
+            cost,
+            draft,
+            settings,
+            start_rows,
+            started: false,
+            plain_before_start: 0.0,
+            plain_streak: 0,
+            offered: Vec::new(),
+            reached: Vec::new(),
+            accepted_tokens: 0.0,
+            predicted_tokens: 0.0,
+            can_pay: false,
+        };
+        p.can_pay = p.best_depth(usize::MAX, 0, |_| 1.0).is_some();
+        p
+    }
+
+    /// Whether speculation can beat a decode step at all here: with every draft accepted, some
+    /// depth's round must cost less than its tokens' decode steps.
+    pub fn can_pay(&self) -> bool {
+        self.can_pay
+    }
+
+    /// The best depth for a round and its predicted speed-up over plain decoding, if one beats a
+    /// decode step: `room` caps the depth.
+    pub fn predicted(&self, room: usize) -> Option<(usize, f64)> {
+        self.best_depth(room, 0, |d| self.acceptance(d))
+    }
+
+    /// What the next round does, with room for `room` draft tokens. (Rows waiting for the draft
+    /// after plain rounds are a catch-up paid once, like the start, not a cost of every round:
+    /// they do not enter the choice.)
+    pub fn next_round(&mut self, room: usize) -> Round {
+        let plain = self.cost.pass(1);
+        if !self.can_pay || room == 0 {
+            return self.plain(plain);
+        }
+        let best = self.predicted(room);
+        let depth = match best {
+            Some((d, _)) => d,
+            None if self.plain_streak >= EXPLORE_AFTER => {
+                // Re-measure acceptance: the depth that would pay with every draft accepted.
+                match self.best_depth(room, 0, |_| 1.0) {
+                    Some((d, _)) => d,
+                    None => return self.plain(plain),
+                }
+            }
+            None => return self.plain(plain),
+        };
+        if !self.started {
+            let start = self.draft.row_s * self.start_rows as f64;
+            if self.plain_before_start < start {
+                return self.plain(plain);
+            }
+            self.started = true;
+        }
+        self.plain_streak = 0;
+        Round::Draft { depth }
+    }
+
+    fn plain(&mut self, plain: f64) -> Round {
+        if !self.started {
+            self.plain_before_start += plain;
+        }
+        self.plain_streak = self.plain_streak.saturating_add(1);
+        Round::Plain
+    }
+
+    /// How many of `tree`'s nodes to verify once drafted (with `pending` rows run through the
+    /// draft first): the count, best nodes first ([`DraftTree::keep_best`]), maximising predicted
+    /// tokens per second, drafting time included; 0 verifies none.
+    pub fn budget(&self, tree: &DraftTree, pending: usize) -> usize {
+        let order = tree.best_first();
+        let path = tree.path_probs();
+        let kappa = self.calibration();
+        // The pending rows, the root's probabilities, then one step per draft forward.
+        let spent = self.draft.row_s * pending as f64
+            + self.draft.step(1)
+            + tree.forwards as f64 * self.draft.step(self.settings.top_k);
+        let (mut best, mut best_rate) = (0, 1.0 / (spent + self.cost.pass(1)));
+        let mut value = 1.0;
+        for (b, &i) in order.iter().enumerate() {
+            value += kappa * path[i] as f64;
+            let rate = value / (spent + self.cost.pass(b + 2));
+            if rate > best_rate {
+                (best, best_rate) = (b + 1, rate);
+            }
+        }
+        best
+    }
+
+    /// Records a verified round: the tree as verified and the accepted path's length.
+    pub fn record(&mut self, tree: &DraftTree, accepted: usize) {
+        let deepest = (0..tree.len()).map(|i| tree.depth(i)).max().unwrap_or(0);
+        for d in 1..=deepest.min(accepted + 1) {
+            bump(&mut self.offered, d - 1);
+        }
+        for d in 1..=accepted {
+            bump(&mut self.reached, d - 1);
+        }
+        self.accepted_tokens += accepted as f64;
+        self.predicted_tokens += tree.path_probs().iter().map(|&p| p as f64).sum::<f64>();
+    }
+
+    /// Conditional acceptance at depth `d ≥ 1`, smoothed towards the prior.
+    fn acceptance(&self, d: usize) -> f64 {
+        let offered = self.offered.get(d - 1).copied().unwrap_or(0.0);
+        let reached = self.reached.get(d - 1).copied().unwrap_or(0.0);
+        (reached + PRIOR_ROUNDS * PRIOR_ACCEPTANCE) / (offered + PRIOR_ROUNDS)
+    }
+
+    /// Accepted / draft-predicted tokens so far, smoothed towards 1.
+    fn calibration(&self) -> f64 {
+        ((self.accepted_tokens + PRIOR_TOKENS) / (self.predicted_tokens + PRIOR_TOKENS))
+            .clamp(0.25, 2.0)
+    }
+
+    /// The depth (≤ `room`, ≤ the settings' depth) whose round is predicted fastest per token
+    /// with per-depth acceptance `accept`, and its speed-up over a plain step, if above
+    /// [`MARGIN`].
+    fn best_depth(
+        &self,
+        room: usize,
+        pending: usize,
+        accept: impl Fn(usize) -> f64,
+    ) -> Option<(usize, f64)> {
+        let plain_rate = 1.0 / self.cost.pass(1);
+        let width = self.settings.top_k.max(1);
+        let max_depth = self.settings.depth.min(room).min(self.settings.budget);
+        let mut best: Option<(usize, f64)> = None;
+        let (mut tokens, mut reach) = (1.0, 1.0);
+        let mut drafting = self.draft.row_s * pending as f64;
+        for d in 1..=max_depth {
+            reach *= accept(d);
+            tokens += reach;
+            drafting += self.draft.step(if d == 1 { 1 } else { width });
+            let rows = (d * width).min(self.settings.budget) + 1;
+            let rate = tokens / (drafting + self.cost.pass(rows));
+            let gain = rate / plain_rate;
+            if gain > MARGIN && best.is_none_or(|(_, g)| gain > g) {
+                best = Some((d, gain));
+            }
+        }
+        best
+    }
+}
+
+fn bump(v: &mut Vec<f64>, i: usize) {
+    if v.len() <= i {
+        v.resize(i + 1, 0.0);
+    }
+    v[i] += 1.0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn cost(pass_s: &[f64]) -> CostModel {
+        CostModel {
+            key: "test".into(),
+            rows: (1..=pass_s.len()).collect(),
+            pass_s: pass_s.to_vec(),
+            drafts: BTreeMap::new(),
+            measured_s: 0.0,
+        }
+    }
+
+    fn draft(step: f64, row: f64) -> DraftCost {
+        DraftCost {
+            step_s: vec![step; 4],
+            row_s: row,
+        }
+    }
+
+    fn chain(probs: &[f32]) -> DraftTree {
+        DraftTree {
+            tokens: (0..probs.len() as u32).collect(),
+            parents: (0..probs.len())
+                .map(|i| i.checked_sub(1))
+                .collect::<Vec<_>>(),
+            probs: probs.to_vec(),
+            forwards: probs.len() as u64,
+        }
+    }
+
+    #[test]
+    fn a_cache_resident_model_never_drafts() {
+        // c(k) = k: no tree can beat a decode step, however well it is accepted.
+        let linear: Vec<f64> = (1..=16).map(|k| k as f64).collect();
+        let mut p = Planner::new(cost(&linear), draft(0.1, 0.01), TreeSettings::chain(6), 10);
+        assert!(!p.can_pay());
+        for _ in 0..100 {
+            assert_eq!(p.next_round(6), Round::Plain);
+        }
+    }
+
+    #[test]
+    fn a_memory_bound_model_drafts_after_paying_for_the_start_plainly() {
+        // A pass over up to 16 rows costs little more than one: drafting pays.
+        let flat: Vec<f64> = (1..=16).map(|k| 1.0 + 0.05 * k as f64).collect();
+        let mut p = Planner::new(cost(&flat), draft(0.05, 0.1), TreeSettings::chain(6), 30);
+        assert!(p.can_pay());
+        // The start costs 30 × 0.1 = 3 s: about three plain steps of 1.05 s come first.
+        let rounds: Vec<Round> = (0..4).map(|_| p.next_round(6)).collect();
+        assert_eq!(&rounds[..3], &[Round::Plain; 3]);
+        assert!(
+            matches!(rounds[3], Round::Draft { depth } if depth >= 3),
+            "{rounds:?}"
+        );
+    }
+
+    #[test]
+    fn rejected_drafts_turn_rounds_plain_and_accepted_ones_deepen_them() {
+        let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
+        let mut p = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        let first = p.next_round(6);
+        assert!(matches!(first, Round::Draft { .. }), "{first:?}");
+        for _ in 0..20 {
+            p.record(&chain(&[0.9, 0.9, 0.9]), 0);
+        }
+        assert_eq!(p.next_round(6), Round::Plain);
+        let mut q = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        for _ in 0..20 {
+            q.record(&chain(&[0.9; 6]), 6);
+        }
+        let Round::Draft { depth } = q.next_round(6) else {
+            panic!("all accepted, yet plain")
+        };
+        assert!(depth >= 5, "{depth}");
+        // Room caps the depth.
+        assert!(matches!(q.next_round(2), Round::Draft { depth: 1 | 2 }));
+    }
+
+    #[test]
+    fn plain_streaks_explore_when_speculation_could_pay() {
+        let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
+        let mut p = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        for _ in 0..20 {
+            p.record(&chain(&[0.9, 0.9]), 0);
+        }
+        let rounds: Vec<Round> = (0..=EXPLORE_AFTER).map(|_| p.next_round(6)).collect();
+        assert!(rounds[..EXPLORE_AFTER as usize]
+            .iter()
+            .all(|r| *r == Round::Plain));
+        assert!(matches!(
+            rounds[EXPLORE_AFTER as usize],
+            Round::Draft { .. }
+        ));
+    }
+
+    #[test]
+    fn the_budget_keeps_the_nodes_whose_confidence_pays_for_their_rows() {
+        let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
+        let p = Planner::new(cost(&curve), draft(0.0, 0.0), TreeSettings::chain(6), 0);
+        // Path probabilities 0.9, 0.81, 0.73, then 0.07, 0.007: the last two do not pay for a
+        // quarter of a step each.
+        let t = chain(&[0.9, 0.9, 0.9, 0.1, 0.1]);
+        assert_eq!(p.budget(&t, 0), 3);
+        // Unlikely nodes are not worth a row.
+        assert_eq!(p.budget(&chain(&[0.01, 0.5]), 0), 0);
+    }
+}

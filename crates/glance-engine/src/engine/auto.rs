@@ -1,0 +1,215 @@
+//! `--decode auto`: the engine's measured cost model ([`glance_decode::cost`]) and the choice of
+//! strategy it drives.
+//!
+//! The cost model is measured at the first request that needs it (a few seconds at most) and
+//! kept for the engine's life; with [`EngineOptions::cost_cache`] set it is also written to
+//! `<dir>/<hash>.json` and read back by later processes whose key matches — the key names
+//! everything the figures depend on: the model (its directory and `config.json`), the weight
+//! format, the twin shape, the thread count, the CPU and glance's version.
+//!
+//! `auto` picks, per request, cost-aware speculation with the request's best draft head (ViSpec
+//! for a prompt with images, EAGLE for text, whichever the model offers) when a draft can beat a
+//! decode step on this machine even in principle, else `ar`. Block diffusion is not among its
+//! choices yet: a converted model runs `ar` under `auto`.
+//!
+//! [`EngineOptions::cost_cache`]: crate::EngineOptions::cost_cache
+
+use super::Engine;
+use crate::request::Request;
+use glance_core::{Error, Result};
+use glance_decode::speculative::plan::Planner;
+use glance_decode::{CostModel, DecodeSpec};
+use glance_nn::{CausalLm, DraftLm};
+use std::path::Path;
+
+/// What `auto` resolved a request to.
+pub(crate) struct Choice {
+    pub spec: DecodeSpec,
+    /// The cost model with the chosen head's figures, for a speculative choice.
+    pub cost: Option<CostModel>,
+    pub reason: String,
+}
+
+impl Engine {
+    /// The cost model of this engine, measured (or read from the cost cache) at first use, with
+    /// the figures of `draft` if given.
+    pub fn cost_model(&self, draft: Option<&dyn DraftLm>) -> Result<CostModel> {
+        self.pool.install(|| {
+            let mut slot = self.cost.lock().expect("not poisoned");
+            let text = self.model.text();
+            if slot.is_none() {
+                let key = self.cost_key();
+                *slot = Some(match self.read_cost(&key) {
+                    Some(c) => c,
+                    None => {
+                        let c = CostModel::measure(text, key)?;
+                        self.write_cost(&c);
+                        c
+                    }
+                });
+            }
+            let cost = slot.as_mut().expect("set above");
+            if let Some(d) = draft {
+                if cost.draft(d.kind()).is_none() {
+                    cost.measure_draft(text, d)?;
+                    self.write_cost(cost);
+                }
+            }
+            Ok(cost.clone())
+        })
+    }
+
+    /// Uses `cost` as this engine's cost model (figures measured elsewhere, or made up by a
+    /// test), replacing any measured before. Draft kinds it lacks are measured when needed.
+    pub fn set_cost_model(&self, cost: CostModel) -> Result<()> {
+        cost.check()?;
+        *self.cost.lock().expect("not poisoned") = Some(cost);
+        Ok(())
+    }
+
+    /// The cost model, if a request has measured (or read) it.
+    pub fn measured_cost(&self) -> Option<CostModel> {
+        self.cost.lock().expect("not poisoned").clone()
+    }
+
+    /// The concrete strategy `request` runs: itself, or `auto`'s choice.
+    pub(crate) fn choose(&self, request: &Request) -> Result<Option<Choice>> {
+        if request.decode != DecodeSpec::Auto {
+            return Ok(None);
+        }
+        let with_images = !request.prompt.images().is_empty();
+        let kinds = if with_images {
+            [DecodeSpec::Vispec, DecodeSpec::Eagle]
+        } else {
+            [DecodeSpec::Eagle, DecodeSpec::Vispec]
+        };
+        let head = kinds.iter().find_map(|&spec| {
+            let kind = spec.draft_kind()?;
+            self.draft(kind).ok().map(|h| (spec, h))
+        });
+        let Some((spec, head)) = head else {
+            return Ok(Some(Choice {
+                spec: DecodeSpec::Ar,
+                cost: None,
+                reason: "ar: the model has no draft head".into(),
+            }));
+        };
+        let cost = self.cost_model(Some(head.as_ref()))?;
+        let draft = cost
+            .draft(head.kind())
+            .cloned()
+            .ok_or_else(|| Error::Config("the cost model lacks the draft's figures".into()))?;
+        let tree = request.tree.clone().unwrap_or(self.options.tree.clone());
+        let step_ms = cost.pass(1) * 1e3;
+        let summary = format!(
+            "a decode step {step_ms:.1} ms, c(2) {:.2}, c(8) {:.2}, a draft step {:.2} of a \
+             decode step",
+            cost.c(2),
+            cost.c(8),
+            draft.step(1) / cost.pass(1)
+        );
+        let planner = Planner::new(cost.clone(), draft, tree, 0);
+        Ok(Some(if planner.can_pay() {
+            Choice {
+                spec,
+                reason: format!("{spec} (cost-aware): {summary}"),
+                cost: Some(cost),
+            }
+        } else {
+            Choice {
+                spec: DecodeSpec::Ar,
+                cost: None,
+                reason: format!(
+                    "ar: no {spec} draft can beat a decode step here, even fully accepted \
+                     ({summary})"
+                ),
+            }
+        }))
+    }
+
+    /// What the cost model depends on.
+    fn cost_key(&self) -> String {
+        let model = match &self.dir {
+            Some(dir) => {
+                let config = std::fs::read(dir.join("config.json")).unwrap_or_default();
+                let dir = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+                format!("{} config {:016x}", dir.display(), fnv1a(&config))
+            }
+            None => {
+                let t = self.model.text();
+                format!(
+                    "in-memory hidden {} layers {} vocab {}",
+                    t.hidden_size(),
+                    t.num_layers(),
+                    t.vocab_size()
+                )
+            }
+        };
+        let twin = self
+            .options
+            .twin
+            .as_ref()
+            .map_or("none".to_string(), |t| format!("{t:?}"));
+        format!(
+            "{model} | weights {} | twin {twin} | threads {} | cpu {} | glance {}",
+            self.options.weights,
+            self.threads,
+            cpu_name(),
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+
+    fn cost_file(&self, key: &str) -> Option<std::path::PathBuf> {
+        let dir = self.options.cost_cache.as_ref()?;
+        Some(dir.join(format!("{:016x}.json", fnv1a(key.as_bytes()))))
+    }
+
+    /// The cached figures for `key`, if a file holds them (anything unreadable is measured anew).
+    fn read_cost(&self, key: &str) -> Option<CostModel> {
+        let bytes = std::fs::read(self.cost_file(key)?).ok()?;
+        let cost: CostModel = serde_json::from_slice(&bytes).ok()?;
+        (cost.key == key && cost.check().is_ok()).then_some(cost)
+    }
+
+    /// Writes the figures to the cost cache; a cache that cannot be written is skipped (the
+    /// figures stay in memory).
+    fn write_cost(&self, cost: &CostModel) {
+        let Some(path) = self.cost_file(&cost.key) else {
+            return;
+        };
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec_pretty(cost)?)?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            eprintln!(
+                "glance: the cost model was not cached at {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The CPU's model name (Linux: `/proc/cpuinfo`), else the architecture.
+fn cpu_name() -> String {
+    let from_proc = std::fs::read_to_string(Path::new("/proc/cpuinfo"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|n| n.trim().to_string())
+        });
+    from_proc.unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// FNV-1a, 64 bits: a stable name for a cache file (the key inside decides).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -1,0 +1,212 @@
+//! `--decode auto` and cost-aware speculation through the engine: what `auto` chooses under a
+//! given cost model, that every choice (plain rounds, drafted rounds, the draft's late start)
+//! keeps greedy output equal to autoregressive decoding's, and the on-disk cost cache.
+
+use glance_decode::{CostModel, DraftCost};
+use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request, Response};
+use glance_prune::{Budget, Policy, PruneSpec};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/glance-tiny")
+}
+
+fn run(e: &Engine, r: &Request) -> Response {
+    e.generate(r, &mut |_| Flow::Continue).unwrap()
+}
+
+/// A cost model: a pass over `k` rows costs `1 + slope (k - 1)`; both heads' draft steps cost
+/// `step` and a draft prompt row `row`.
+fn cost(slope: f64, step: f64, row: f64) -> CostModel {
+    let rows: Vec<usize> = (1..=32).collect();
+    let pass_s = rows.iter().map(|&k| 1.0 + slope * (k - 1) as f64).collect();
+    let draft = DraftCost {
+        step_s: vec![step; 4],
+        row_s: row,
+    };
+    CostModel {
+        key: "test".into(),
+        rows,
+        pass_s,
+        drafts: BTreeMap::from([("vispec".into(), draft.clone()), ("eagle".into(), draft)]),
+        measured_s: 0.0,
+    }
+}
+
+fn world(index: u64) -> (ImageInput, Vec<String>) {
+    let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
+    let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
+    (
+        image,
+        ex.questions.iter().map(|q| q.question.clone()).collect(),
+    )
+}
+
+/// Where a draft pays (a pass over many rows costs little more than one), `auto` runs
+/// cost-aware ViSpec on a prompt with an image and EAGLE on text, and its greedy tokens are
+/// autoregressive decoding's, with and without pruning; trained heads are accepted.
+#[test]
+fn auto_speculates_where_drafts_pay_and_stays_lossless() {
+    let e = Engine::load(&tiny(), EngineOptions::default()).unwrap();
+    e.set_cost_model(cost(0.05, 0.05, 0.0)).unwrap();
+    let tight = Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.125)));
+    let (mut decoded, mut passes) = (0usize, 0u64);
+    for index in 0..3 {
+        let (image, questions) = world(index);
+        let mut prompts: Vec<(String, usize)> = questions.into_iter().map(|q| (q, 16)).collect();
+        prompts.push(("Describe the image in detail.".into(), 160));
+        for (text, n) in prompts {
+            for prune in [None, tight.clone()] {
+                let ar = Request {
+                    max_new_tokens: n,
+                    prune: prune.clone(),
+                    ..Request::chat(&text, vec![image.clone()])
+                };
+                let want = run(&e, &ar);
+                let got = run(
+                    &e,
+                    &Request {
+                        decode: DecodeSpec::Auto,
+                        ..ar.clone()
+                    },
+                );
+                assert_eq!(got.token_ids, want.token_ids, "{index} {text:?} {prune:?}");
+                assert_eq!(got.decode.strategy, "vispec");
+                let why = got.decode.auto.as_deref().unwrap();
+                assert!(why.contains("cost-aware"), "{why}");
+                if n > 16 && prune.is_none() {
+                    decoded += got.token_ids.len() - 1;
+                    passes += got.decode.forward_passes;
+                }
+            }
+        }
+    }
+    let per_pass = decoded as f64 / passes as f64;
+    assert!(per_pass >= 2.0, "{per_pass:.2} tokens per target pass");
+    // Text only: the EAGLE head.
+    let text = Request {
+        max_new_tokens: 24,
+        decode: DecodeSpec::Auto,
+        ..Request::chat("What is a red circle?", vec![])
+    };
+    let got = run(&e, &text);
+    assert_eq!(got.decode.strategy, "eagle");
+    let ar = run(
+        &e,
+        &Request {
+            decode: DecodeSpec::Ar,
+            ..text
+        },
+    );
+    assert_eq!(got.token_ids, ar.token_ids);
+}
+
+/// Where a pass over `k` rows costs `k` steps, no draft can pay: `auto` decodes plainly, says
+/// why, and its requests can join a batch.
+#[test]
+fn auto_decodes_plainly_where_no_draft_can_pay() {
+    let e = Engine::load(&tiny(), EngineOptions::default()).unwrap();
+    e.set_cost_model(cost(1.0, 0.1, 0.0)).unwrap();
+    let (image, _) = world(0);
+    let r = Request {
+        max_new_tokens: 40,
+        decode: DecodeSpec::Auto,
+        ..Request::chat("Describe the image.", vec![image])
+    };
+    let got = run(&e, &r);
+    assert_eq!(got.decode.strategy, "ar");
+    let why = got.decode.auto.as_deref().unwrap();
+    assert!(why.starts_with("ar: no vispec draft can beat"), "{why}");
+    assert_eq!(got.decode.forward_passes as usize, got.token_ids.len() - 1);
+    assert!(e.batchable(&r));
+    e.set_cost_model(cost(0.05, 0.05, 0.0)).unwrap();
+    assert!(!e.batchable(&r));
+}
+
+/// A costly draft start and a middling curve: the answer begins plainly (the start is paid only
+/// after as much plain decoding), then drafts; rounds that draft and rounds that do not mix in
+/// one answer, and the tokens are still autoregressive decoding's, greedy and seeded.
+#[test]
+fn plain_and_drafted_rounds_mix_losslessly() {
+    let e = Engine::load(&tiny(), EngineOptions::default()).unwrap();
+    // A start of ~40 rows at 0.25 steps each: ~10 plain steps first.
+    e.set_cost_model(cost(0.3, 0.1, 0.25)).unwrap();
+    let (image, _) = world(1);
+    let ar = Request {
+        max_new_tokens: 160,
+        ..Request::chat("Describe the image in detail.", vec![image])
+    };
+    let want = run(&e, &ar);
+    let auto = Request {
+        decode: DecodeSpec::Auto,
+        ..ar.clone()
+    };
+    let got = run(&e, &auto);
+    assert_eq!(got.token_ids, want.token_ids);
+    let c = &got.decode.counters;
+    assert!(c["plain_rounds"] >= 5, "{c:?}");
+    assert!(c["drafts"] >= 1 && c["accepted_tokens"] >= 1, "{c:?}");
+    // Seeded sampling: the same answer twice.
+    let sampled = Request {
+        sampling: glance_core::SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 7,
+        },
+        ..auto
+    };
+    assert_eq!(run(&e, &sampled).token_ids, run(&e, &sampled).token_ids);
+}
+
+/// The measured cost model is written to the cost cache and read back by a later engine on the
+/// same model, format and threads, without measuring again.
+#[test]
+fn the_cost_model_is_measured_once_and_cached_on_disk() {
+    let dir = std::env::temp_dir().join(format!("glance-cost-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = EngineOptions {
+        cost_cache: Some(dir.clone()),
+        threads: Some(1),
+        ..EngineOptions::default()
+    };
+    let e = Engine::load(&tiny(), options.clone()).unwrap();
+    assert!(e.measured_cost().is_none());
+    let r = Request {
+        max_new_tokens: 4,
+        decode: DecodeSpec::Auto,
+        ..Request::chat("What is a red circle?", vec![])
+    };
+    run(&e, &r);
+    let first = e.measured_cost().unwrap();
+    assert!(first.pass(1) > 0.0 && first.c(8) >= 1.0 && first.draft("eagle").is_some());
+    assert!(first.key.contains("threads 1"), "{}", first.key);
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert_eq!(files.len(), 1);
+    let again = Engine::load(&tiny(), options).unwrap();
+    run(&again, &r);
+    let read = again.measured_cost().unwrap();
+    assert_eq!(read.key, first.key);
+    let same = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs();
+    assert!(read
+        .pass_s
+        .iter()
+        .zip(&first.pass_s)
+        .all(|(&a, &b)| same(a, b)));
+    assert!(same(read.measured_s, first.measured_s));
+    // Another thread count is another machine configuration: measured anew.
+    let two = Engine::load(
+        &tiny(),
+        EngineOptions {
+            cost_cache: Some(dir.clone()),
+            threads: Some(2),
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    run(&two, &r);
+    assert_ne!(two.measured_cost().unwrap().key, first.key);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
