@@ -417,7 +417,12 @@ fn bad_draft_heads_and_tree_flags() {
             &["--decode", "vispec", "--chain", "--draft-top-k", "3"][..],
             "--chain",
         ),
-        (&["--draft-depth", "3"][..], "vispec or eagle"),
+        (
+            &["--decode", "ar", "--draft-depth", "3"][..],
+            "vispec, eagle or auto",
+        ),
+        // `auto` (the default) with a broken head given: refused, never silently plain.
+        (&["--draft", s(&empty)][..], "config.json"),
         (&["--decode", "medusa"][..], "vispec"),
     ] {
         expect_failure(&flags.join(" "), &run_args(s(&m), s(&img), flags), keyword);

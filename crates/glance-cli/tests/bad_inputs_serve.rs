@@ -86,7 +86,10 @@ fn start_up_flags_are_refused_before_listening() {
             vec!["--decode", "diffusion-linear", "--threshold", "0.5"],
             "--threshold only applies to diffusion-threshold",
         ),
-        (vec!["--draft-depth", "3"], "vispec or eagle"),
+        (
+            vec!["--decode", "ar", "--draft-depth", "3"],
+            "vispec, eagle or auto",
+        ),
         (vec!["--prune-layer", "1"], "fastv"),
     ];
     for (flags, keyword) in &cases {

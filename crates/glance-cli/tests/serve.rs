@@ -138,6 +138,14 @@ fn answers_equal_glance_run(mode: &str) {
         server.metric("glance_visual_tokens_total{model_name=\"llama-gqa\"}"),
         64.0
     );
+    // The server's default is `auto`; a model without draft heads decodes plainly.
+    assert_eq!(
+        server.metric(
+            "glance_decode_strategy_total{model_name=\"llama-gqa\",strategy=\"ar\",\
+             chosen_by=\"auto\"}"
+        ),
+        4.0
+    );
 }
 
 #[test]

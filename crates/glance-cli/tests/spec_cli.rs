@@ -85,7 +85,9 @@ fn bench_spec_reports_every_strategy_and_group_and_greedy_equals_ar() {
         .iter()
         .map(|x| x["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["ar", "vispec", "eagle", "vispec-noadaptor"]);
+    assert_eq!(names, ["ar", "vispec", "eagle", "vispec-noadaptor", "auto"]);
+    // `auto` measured the cost model, and the report shows it.
+    assert!(v["cost_model"]["c"].as_array().unwrap().len() >= 4, "{v}");
     let groups = v["groups"].as_array().unwrap();
     let keys: Vec<(f64, &str)> = groups
         .iter()
@@ -125,6 +127,11 @@ fn bench_spec_reports_every_strategy_and_group_and_greedy_equals_ar() {
                 assert_eq!(r["accuracy"], ar["accuracy"], "{r}");
             } else {
                 assert!(r["greedy_mismatches"].is_null(), "{r}");
+            }
+            assert!(f(&r["tokens_per_forward"]) >= 1.0, "{r}");
+            if r["strategy"] == "auto" {
+                // Plain rounds or drafted ones, as the machine's costs say: checked above.
+                continue;
             }
             let rounds = r["rounds"].as_u64().unwrap();
             let phases: f64 = ["start", "draft", "verify", "accept"]

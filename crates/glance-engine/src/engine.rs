@@ -304,12 +304,44 @@ impl Engine {
         self.strategy(&request).map(|_| ())
     }
 
+    /// The block-diffusion settings of `request` (its own, else the engine's, else the defaults
+    /// with the model's block size) and the model's mask token; an unconverted model is refused.
+    fn diffusion_settings(&self, request: &Request) -> Result<(DiffusionSettings, u32)> {
+        let bd = self
+            .model
+            .config()
+            .block_diffusion
+            .as_ref()
+            .ok_or_else(|| {
+                Error::InvalidParam(format!(
+                    "--decode {}: this model is not converted for block diffusion (its \
+                     config.json has no `block_diffusion` entry); convert it with `glance train \
+                     diffusion --from DIR`",
+                    request.decode
+                ))
+            })?;
+        let settings = match (&request.diffusion, &self.options.diffusion) {
+            (Some(s), _) | (None, Some(s)) => s.clone(),
+            (None, None) => DiffusionSettings {
+                block: bd.block_size.min(glance_decode::diffusion::MAX_BLOCK),
+                ..DiffusionSettings::default()
+            },
+        };
+        Ok((settings, bd.mask_token_id))
+    }
+
     /// The strategy `request` names (or `auto` chooses), with what it needs loaded, and why
     /// `auto` chose it.
     fn strategy(&self, request: &Request) -> Result<(Box<dyn DecodeStrategy>, Option<String>)> {
         if let Some(choice) = self.choose(request)? {
-            let strategy: Box<dyn DecodeStrategy> = match (choice.spec.draft_kind(), choice.cost) {
-                (Some(kind), Some(cost)) => {
+            let strategy: Box<dyn DecodeStrategy> = match (choice.spec, choice.cost) {
+                (DecodeSpec::DiffusionLinear, Some(cost)) => {
+                    let (settings, mask) = self.diffusion_settings(request)?;
+                    let mode = glance_decode::DiffusionMode::Linear;
+                    Box::new(BlockDiffusion::new(mode, settings, mask)?.cost_aware(cost)?)
+                }
+                (spec, Some(cost)) if spec.draft_kind().is_some() => {
+                    let kind = spec.draft_kind().expect("checked");
                     let tree = request
                         .tree
                         .clone()
@@ -326,31 +358,8 @@ impl Engine {
     /// The strategy `request` names.
     fn named_strategy(&self, request: &Request) -> Result<Box<dyn DecodeStrategy>> {
         if let Some(mode) = request.decode.diffusion_mode() {
-            let bd = self
-                .model
-                .config()
-                .block_diffusion
-                .as_ref()
-                .ok_or_else(|| {
-                    Error::InvalidParam(format!(
-                        "--decode {}: this model is not converted for block diffusion (its \
-                     config.json has no `block_diffusion` entry); convert it with `glance train \
-                     diffusion --from DIR`",
-                        request.decode
-                    ))
-                })?;
-            let settings = match (&request.diffusion, &self.options.diffusion) {
-                (Some(s), _) | (None, Some(s)) => s.clone(),
-                (None, None) => DiffusionSettings {
-                    block: bd.block_size.min(glance_decode::diffusion::MAX_BLOCK),
-                    ..DiffusionSettings::default()
-                },
-            };
-            return Ok(Box::new(BlockDiffusion::new(
-                mode,
-                settings,
-                bd.mask_token_id,
-            )?));
+            let (settings, mask) = self.diffusion_settings(request)?;
+            return Ok(Box::new(BlockDiffusion::new(mode, settings, mask)?));
         }
         Ok(match request.decode.draft_kind() {
             None if request.decode == DecodeSpec::Auto => {

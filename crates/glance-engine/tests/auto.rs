@@ -210,3 +210,42 @@ fn the_cost_model_is_measured_once_and_cached_on_disk() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// On a model converted for block diffusion (no draft heads), `auto` runs linear
+/// self-speculation with cost-aware blocks where a block can pay — the converted model's own
+/// autoregressive tokens, with plain steps and drafted blocks mixed — and `ar` where none can.
+#[test]
+fn auto_plans_diffusion_blocks_on_a_converted_model() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/glance-tiny-dvlm");
+    let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+    let (image, _) = world(2);
+    let ar = Request {
+        max_new_tokens: 120,
+        ..Request::chat("Describe the image in detail.", vec![image])
+    };
+    let want = run(&e, &ar);
+    let auto = Request {
+        decode: DecodeSpec::Auto,
+        ..ar.clone()
+    };
+    e.set_cost_model(cost(0.05, 0.05, 0.0)).unwrap();
+    let got = run(&e, &auto);
+    assert_eq!(got.decode.strategy, "diffusion-linear");
+    assert!(got
+        .decode
+        .auto
+        .as_deref()
+        .unwrap()
+        .contains("cost-aware blocks"));
+    assert_eq!(got.token_ids, want.token_ids);
+    let passes = got.decode.forward_passes as usize;
+    assert!(passes < got.token_ids.len() - 1, "{passes} passes");
+    // A middling curve: blocks where acceptance pays for them, plain steps otherwise.
+    e.set_cost_model(cost(0.4, 0.05, 0.0)).unwrap();
+    let got = run(&e, &auto);
+    assert_eq!(got.token_ids, want.token_ids);
+    e.set_cost_model(cost(1.0, 0.05, 0.0)).unwrap();
+    let got = run(&e, &auto);
+    assert_eq!(got.decode.strategy, "ar");
+    assert_eq!(got.token_ids, want.token_ids);
+}

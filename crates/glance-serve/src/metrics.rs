@@ -77,6 +77,8 @@ struct Counters {
     by_status: std::collections::BTreeMap<String, u64>,
     success_by_reason: std::collections::BTreeMap<&'static str, u64>,
     accepted_by_position: Vec<u64>,
+    /// Requests by the strategy that decoded them and whether `auto` chose it.
+    by_strategy: std::collections::BTreeMap<(String, &'static str), u64>,
 }
 
 /// Every metric of one server.
@@ -151,8 +153,16 @@ impl Metrics {
             .fetch_add(stat("draft_tokens"), Ordering::Relaxed);
         self.accepted_tokens
             .fetch_add(stat("accepted_tokens"), Ordering::Relaxed);
+        let mut c = self.counters.lock().expect("not poisoned");
+        let chosen_by = if r.decode.auto.is_some() {
+            "auto"
+        } else {
+            "request"
+        };
+        *c.by_strategy
+            .entry((r.decode.strategy.clone(), chosen_by))
+            .or_default() += 1;
         if let Some(h) = r.decode.histograms.get("accepted_by_depth") {
-            let mut c = self.counters.lock().expect("not poisoned");
             if c.accepted_by_position.len() < h.len() {
                 c.accepted_by_position.resize(h.len(), 0);
             }
@@ -160,6 +170,7 @@ impl Metrics {
                 *a += *n;
             }
         }
+        drop(c);
         self.ttft.lock().expect("not poisoned").observe(ttft_s);
         let later = r.usage.completion_tokens.saturating_sub(1);
         if later > 0 {
@@ -288,6 +299,18 @@ impl Metrics {
         );
         for (status, n) in &c.by_status {
             let _ = writeln!(out, "glance_requests_total{{{m},status=\"{status}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP glance_decode_strategy_total Generations by the strategy that decoded them, \
+             and whether `auto` chose it (chosen_by=\"auto\") or the request named it.\n\
+             # TYPE glance_decode_strategy_total counter"
+        );
+        for ((strategy, by), n) in &c.by_strategy {
+            let _ = writeln!(
+                out,
+                "glance_decode_strategy_total{{{m},strategy=\"{strategy}\",chosen_by=\"{by}\"}} {n}"
+            );
         }
         drop(c);
         self.ttft.lock().expect("not poisoned").render(

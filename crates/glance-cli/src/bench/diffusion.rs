@@ -44,6 +44,10 @@ pub struct DiffusionBenchArgs {
     /// Both models as real-shape twins.
     #[command(flatten)]
     pub twin: crate::args::TwinArgs,
+    /// How both models' text decoder weights are held: f32, bf16, f16, q8 or q4 (as `glance run
+    /// --weights`).
+    #[arg(long, value_parser = crate::args::parse_weights, default_value = "f32")]
+    pub weights: glance_engine::WeightFormat,
     /// World test-split images; each brings one question per family.
     #[arg(long, default_value_t = 30)]
     pub n: usize,
@@ -430,9 +434,12 @@ pub fn run(args: DiffusionBenchArgs) -> Result<()> {
     };
     let original = model_dir(args.original.as_deref())?;
     let load = |dir: &PathBuf| {
-        let options = EngineOptions::default()
-            .with_threads(args.threads)
-            .with_twin(args.twin.twin.clone());
+        let options = EngineOptions {
+            weights: args.weights,
+            ..EngineOptions::default()
+        }
+        .with_threads(args.threads)
+        .with_twin(args.twin.twin.clone());
         Engine::load(dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))
     };
@@ -460,6 +467,7 @@ pub fn run(args: DiffusionBenchArgs) -> Result<()> {
     json["original"] = json!(original.display().to_string());
     json["images"] = json!(args.n);
     json["threads"] = json!(engines[1].threads());
+    json["weights"] = json!(args.weights.name());
     plot(&args.plot, &cols, &measured)?;
     super::write_json(&args.json, &json)?;
     println!(

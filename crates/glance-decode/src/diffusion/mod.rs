@@ -26,7 +26,9 @@ pub mod selfspec;
 pub mod threshold;
 
 use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
+use crate::cost::CostModel;
 use crate::sampler::Sampler;
+use crate::speculative::plan::{best_chain, Acceptance, EXPLORE_AFTER};
 use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
@@ -226,6 +228,50 @@ impl DiffusionOptions {
 pub struct BlockSize {
     size: usize,
     settings: DiffusionSettings,
+    plan: Option<BlockPlan>,
+}
+
+/// Cost-aware block sizes for linear self-speculation: each step takes the block whose expected
+/// tokens (from this request's acceptance by draft position) per measured second — a drafting
+/// pass and a verification pass over `B` rows — is best, and `B = 1` (a plain decode step, no
+/// drafting pass) when no block beats it. As [`crate::speculative::plan`] does for draft trees.
+#[derive(Debug, Clone)]
+struct BlockPlan {
+    cost: CostModel,
+    acceptance: Acceptance,
+    plain_streak: u32,
+}
+
+impl BlockPlan {
+    /// Seconds of a linear step with `drafts` drafted slots.
+    fn step_seconds(&self, drafts: usize) -> f64 {
+        2.0 * self.cost.pass(drafts + 1)
+    }
+
+    fn choose(&self, limit: usize) -> usize {
+        let plain = self.cost.pass(1);
+        let max_drafts = limit.saturating_sub(1);
+        let seconds = |d: usize| self.step_seconds(d);
+        let best =
+            best_chain(max_drafts, plain, |d| self.acceptance.at(d), seconds).or_else(|| {
+                (self.plain_streak >= EXPLORE_AFTER)
+                    .then(|| best_chain(max_drafts, plain, |_| 1.0, seconds))
+                    .flatten()
+            });
+        best.map_or(1, |(d, _)| d + 1)
+    }
+}
+
+/// Whether linear self-speculation can beat a decode step under `cost` with blocks of up to
+/// `max_block`, even with every draft accepted.
+pub fn linear_can_pay(cost: &CostModel, max_block: usize) -> bool {
+    best_chain(
+        max_block.saturating_sub(1),
+        cost.pass(1),
+        |_| 1.0,
+        |d| 2.0 * cost.pass(d + 1),
+    )
+    .is_some()
 }
 
 impl BlockSize {
@@ -233,6 +279,20 @@ impl BlockSize {
         Self {
             size: settings.block,
             settings: settings.clone(),
+            plan: None,
+        }
+    }
+
+    /// Blocks planned from `cost` (linear self-speculation), up to the settings' largest block
+    /// (`max_block` when dynamic, else `block`).
+    pub fn cost_aware(settings: &DiffusionSettings, cost: CostModel) -> Self {
+        Self {
+            plan: Some(BlockPlan {
+                cost,
+                acceptance: Acceptance::default(),
+                plain_streak: 0,
+            }),
+            ..Self::new(settings)
         }
     }
 
@@ -241,17 +301,38 @@ impl BlockSize {
     }
 
     /// The block of the next step for `x` at position `n` after `emitted` tokens: the current
-    /// size, cut so that positions `n ..` stay inside the context (`max`; `emit` guarantees room
-    /// for `x`) and no slot lies past the token limit.
+    /// size (or the planned one), cut so that positions `n ..` stay inside the context (`max`;
+    /// `emit` guarantees room for `x`) and no slot lies past the token limit.
     pub fn fitted(&self, n: u32, emitted: usize, max: usize, config: &GenerateConfig) -> usize {
         let room = max.saturating_sub(n as usize).max(1);
         let wanted = config.max_new_tokens.saturating_sub(emitted) + 1;
-        self.size.min(room).min(wanted)
+        let limit = room.min(wanted);
+        match &self.plan {
+            None => self.size.min(limit),
+            Some(p) => {
+                let largest = if self.settings.dynamic {
+                    self.settings.max_block
+                } else {
+                    self.settings.block
+                };
+                p.choose(limit.min(largest))
+            }
+        }
     }
 
     /// After a step that accepted `accepted` of `offered` drafts: doubles when all were accepted,
-    /// halves when fewer than a quarter were (within the bounds); fixed when not dynamic.
+    /// halves when fewer than a quarter were (within the bounds); fixed when not dynamic. A
+    /// planned size records the acceptance instead.
     pub fn update(&mut self, accepted: usize, offered: usize) {
+        if let Some(p) = &mut self.plan {
+            if offered == 0 {
+                p.plain_streak = p.plain_streak.saturating_add(1);
+            } else {
+                p.plain_streak = 0;
+                p.acceptance.record(offered, accepted);
+            }
+            return;
+        }
         if !self.settings.dynamic || offered == 0 {
             return;
         }
@@ -268,6 +349,8 @@ pub struct BlockDiffusion {
     mode: DiffusionMode,
     settings: DiffusionSettings,
     mask: TokenId,
+    /// Plan linear blocks from measured costs ([`BlockDiffusion::cost_aware`]).
+    cost: Option<CostModel>,
 }
 
 impl BlockDiffusion {
@@ -277,7 +360,22 @@ impl BlockDiffusion {
             mode,
             settings,
             mask,
+            cost: None,
         })
+    }
+
+    /// Linear self-speculation with each step's block planned from `cost` ([`BlockSize`]);
+    /// other modes are refused.
+    pub fn cost_aware(mut self, cost: CostModel) -> Result<Self> {
+        cost.check()?;
+        if self.mode != DiffusionMode::Linear {
+            return Err(Error::InvalidParam(format!(
+                "cost-aware blocks are planned for diffusion-linear, not {}",
+                self.mode.name()
+            )));
+        }
+        self.cost = Some(cost);
+        Ok(self)
     }
 
     pub fn settings(&self) -> &DiffusionSettings {
@@ -309,6 +407,7 @@ impl DecodeStrategy for BlockDiffusion {
             model,
             mask: self.mask,
             settings: &self.settings,
+            cost: self.cost.as_ref(),
         };
         match self.mode {
             DiffusionMode::Threshold => threshold::decode(&run, state, sampler, config, on_token),
@@ -391,6 +490,8 @@ pub(crate) struct Run<'a> {
     pub model: &'a dyn CausalLm,
     pub mask: TokenId,
     pub settings: &'a DiffusionSettings,
+    /// Plan blocks from measured costs (linear mode).
+    pub cost: Option<&'a CostModel>,
 }
 
 impl Run<'_> {
@@ -490,6 +591,48 @@ pub(crate) fn bump(h: &mut Vec<u64>, i: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn curve(slope: f64) -> CostModel {
+        let rows: Vec<usize> = (1..=32).collect();
+        CostModel {
+            key: "test".into(),
+            pass_s: rows.iter().map(|&k| 1.0 + slope * (k - 1) as f64).collect(),
+            rows,
+            drafts: Default::default(),
+            measured_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn planned_blocks_follow_the_cost_curve_and_the_acceptance() {
+        let s = DiffusionSettings {
+            block: 16,
+            ..DiffusionSettings::default()
+        };
+        let config = GenerateConfig {
+            max_new_tokens: 100,
+            eos_token_ids: vec![],
+        };
+        // A pass over k rows costs k steps: never a block (two passes for at most k tokens).
+        assert!(!linear_can_pay(&curve(1.0), 16));
+        let b = BlockSize::cost_aware(&s, curve(1.0));
+        assert_eq!(b.fitted(10, 0, 1000, &config), 1);
+        // Nearly flat: a large block; cut by the context and the token limit.
+        assert!(linear_can_pay(&curve(0.02), 16));
+        let mut b = BlockSize::cost_aware(&s, curve(0.02));
+        assert!(b.fitted(10, 0, 1000, &config) >= 8);
+        assert_eq!(b.fitted(10, 0, 14, &config), 4);
+        assert_eq!(b.fitted(10, 98, 1000, &config), 3);
+        // Drafts that are never accepted: plain steps, and a block again after a streak.
+        for _ in 0..10 {
+            b.update(0, 15);
+        }
+        assert_eq!(b.fitted(10, 0, 1000, &config), 1);
+        for _ in 0..EXPLORE_AFTER {
+            b.update(0, 0);
+        }
+        assert!(b.fitted(10, 0, 1000, &config) > 1);
+    }
 
     #[test]
     fn the_block_grows_on_full_acceptance_and_shrinks_on_little() {

@@ -35,7 +35,10 @@ pub(crate) fn decode(
     let first = begin.emit_first(&mut tokens, config, on_token)?;
     let cache = &mut begin.cache;
     let mut tally = Tally::default();
-    let mut block = BlockSize::new(run.settings);
+    let mut block = match run.cost {
+        Some(cost) if !quadratic => BlockSize::cost_aware(run.settings, cost.clone()),
+        _ => BlockSize::new(run.settings),
+    };
     let mut drafts: Vec<TokenId> = Vec::new();
     let name = if quadratic {
         "diffusion-quadratic"

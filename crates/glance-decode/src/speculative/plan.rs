@@ -30,7 +30,7 @@ const PRIOR_ROUNDS: f64 = 2.0;
 const PRIOR_TOKENS: f64 = 4.0;
 /// Plain rounds in a row after which one round drafts anyway, to keep acceptance estimates
 /// current when speculation could pay.
-const EXPLORE_AFTER: u32 = 16;
+pub const EXPLORE_AFTER: u32 = 16;
 /// A plan must beat a plain step by this factor to be chosen (measurement noise).
 const MARGIN: f64 = 1.02;
 
@@ -54,10 +54,7 @@ pub struct Planner {
     /// Modelled seconds of plain rounds before the start (the ski-rental account).
     plain_before_start: f64,
     plain_streak: u32,
-    /// Per depth `d` (index `d - 1`): rounds that offered a node at depth `d` with depth `d - 1`
-    /// accepted, and rounds that accepted depth `d`.
-    offered: Vec<f64>,
-    reached: Vec<f64>,
+    acceptance: Acceptance,
     accepted_tokens: f64,
     predicted_tokens: f64,
     /// Whether any plan can beat a plain step, even if every draft were accepted.
@@ -79,8 +76,7 @@ impl Planner {
             started: false,
             plain_before_start: 0.0,
             plain_streak: 0,
-            offered: Vec::new(),
-            reached: Vec::new(),
+            acceptance: Acceptance::default(),
             accepted_tokens: 0.0,
             predicted_tokens: 0.0,
             can_pay: false,
@@ -98,7 +94,7 @@ impl Planner {
     /// The best depth for a round and its predicted speed-up over plain decoding, if one beats a
     /// decode step: `room` caps the depth.
     pub fn predicted(&self, room: usize) -> Option<(usize, f64)> {
-        self.best_depth(room, 0, |d| self.acceptance(d))
+        self.best_depth(room, 0, |d| self.acceptance.at(d))
     }
 
     /// What the next round does, with room for `room` draft tokens. (Rows waiting for the draft
@@ -166,21 +162,9 @@ impl Planner {
     /// Records a verified round: the tree as verified and the accepted path's length.
     pub fn record(&mut self, tree: &DraftTree, accepted: usize) {
         let deepest = (0..tree.len()).map(|i| tree.depth(i)).max().unwrap_or(0);
-        for d in 1..=deepest.min(accepted + 1) {
-            bump(&mut self.offered, d - 1);
-        }
-        for d in 1..=accepted {
-            bump(&mut self.reached, d - 1);
-        }
+        self.acceptance.record(deepest, accepted);
         self.accepted_tokens += accepted as f64;
         self.predicted_tokens += tree.path_probs().iter().map(|&p| p as f64).sum::<f64>();
-    }
-
-    /// Conditional acceptance at depth `d ≥ 1`, smoothed towards the prior.
-    fn acceptance(&self, d: usize) -> f64 {
-        let offered = self.offered.get(d - 1).copied().unwrap_or(0.0);
-        let reached = self.reached.get(d - 1).copied().unwrap_or(0.0);
-        (reached + PRIOR_ROUNDS * PRIOR_ACCEPTANCE) / (offered + PRIOR_ROUNDS)
     }
 
     /// Accepted / draft-predicted tokens so far, smoothed towards 1.
@@ -198,25 +182,68 @@ impl Planner {
         pending: usize,
         accept: impl Fn(usize) -> f64,
     ) -> Option<(usize, f64)> {
-        let plain_rate = 1.0 / self.cost.pass(1);
         let width = self.settings.top_k.max(1);
         let max_depth = self.settings.depth.min(room).min(self.settings.budget);
-        let mut best: Option<(usize, f64)> = None;
-        let (mut tokens, mut reach) = (1.0, 1.0);
-        let mut drafting = self.draft.row_s * pending as f64;
-        for d in 1..=max_depth {
-            reach *= accept(d);
-            tokens += reach;
-            drafting += self.draft.step(if d == 1 { 1 } else { width });
-            let rows = (d * width).min(self.settings.budget) + 1;
-            let rate = tokens / (drafting + self.cost.pass(rows));
-            let gain = rate / plain_rate;
-            if gain > MARGIN && best.is_none_or(|(_, g)| gain > g) {
-                best = Some((d, gain));
-            }
-        }
-        best
+        let before = self.draft.row_s * pending as f64;
+        // The root's probabilities, then a step per further depth; the best path's rows (what
+        // else the tree offers is verified only where its confidence pays for its rows:
+        // `budget`).
+        best_chain(max_depth, self.cost.pass(1), accept, |d| {
+            let drafting = before + self.draft.step(1) + (d - 1) as f64 * self.draft.step(width);
+            drafting + self.cost.pass(d + 1)
+        })
     }
+}
+
+/// Per-depth acceptance of a request's drafts so far, smoothed towards a prior: what cost-aware
+/// plans (speculative rounds, diffusion blocks) predict the next draft's tokens from.
+#[derive(Debug, Clone, Default)]
+pub struct Acceptance {
+    /// Per depth `d` (index `d - 1`): rounds that offered a draft at depth `d` with depth
+    /// `d - 1` accepted, and rounds that accepted depth `d`.
+    offered: Vec<f64>,
+    reached: Vec<f64>,
+}
+
+impl Acceptance {
+    /// A round that offered drafts down to depth `deepest` and accepted the first `accepted`.
+    pub fn record(&mut self, deepest: usize, accepted: usize) {
+        for d in 1..=deepest.min(accepted + 1) {
+            bump(&mut self.offered, d - 1);
+        }
+        for d in 1..=accepted {
+            bump(&mut self.reached, d - 1);
+        }
+    }
+
+    /// Conditional acceptance at depth `d ≥ 1`.
+    pub fn at(&self, d: usize) -> f64 {
+        let offered = self.offered.get(d - 1).copied().unwrap_or(0.0);
+        let reached = self.reached.get(d - 1).copied().unwrap_or(0.0);
+        (reached + PRIOR_ROUNDS * PRIOR_ACCEPTANCE) / (offered + PRIOR_ROUNDS)
+    }
+}
+
+/// The draft depth `d` in `1..=max_depth` whose round — expected tokens `1 + Σ_{i ≤ d} Π_{j ≤ i}
+/// accept(j)` for `seconds(d)` — is fastest per token, and its speed-up over a plain step of
+/// `plain` seconds, if that beats [`MARGIN`].
+pub fn best_chain(
+    max_depth: usize,
+    plain: f64,
+    accept: impl Fn(usize) -> f64,
+    seconds: impl Fn(usize) -> f64,
+) -> Option<(usize, f64)> {
+    let (mut tokens, mut reach) = (1.0, 1.0);
+    let mut best: Option<(usize, f64)> = None;
+    for d in 1..=max_depth {
+        reach *= accept(d);
+        tokens += reach;
+        let gain = tokens / seconds(d) * plain;
+        if gain > MARGIN && best.is_none_or(|(_, g)| gain > g) {
+            best = Some((d, gain));
+        }
+    }
+    best
 }
 
 fn bump(v: &mut Vec<f64>, i: usize) {

@@ -9,14 +9,17 @@
 //!
 //! `auto` picks, per request, cost-aware speculation with the request's best draft head (ViSpec
 //! for a prompt with images, EAGLE for text, whichever the model offers) when a draft can beat a
-//! decode step on this machine even in principle, else `ar`. Block diffusion is not among its
-//! choices yet: a converted model runs `ar` under `auto`.
+//! decode step on this machine even in principle; on a model without heads that is converted
+//! for block diffusion, linear self-speculation with cost-aware blocks under the same rule; else
+//! `ar`. (The quadratic mode and thresholds are not among its choices: the threshold mode is
+//! lossy, and the quadratic mode's pass layout is not planned yet.)
 //!
 //! [`EngineOptions::cost_cache`]: crate::EngineOptions::cost_cache
 
 use super::Engine;
 use crate::request::Request;
 use glance_core::{Error, Result};
+use glance_decode::diffusion::linear_can_pay;
 use glance_decode::speculative::plan::Planner;
 use glance_decode::{CostModel, DecodeSpec};
 use glance_nn::{CausalLm, DraftLm};
@@ -83,16 +86,27 @@ impl Engine {
         } else {
             [DecodeSpec::Eagle, DecodeSpec::Vispec]
         };
-        let head = kinds.iter().find_map(|&spec| {
-            let kind = spec.draft_kind()?;
-            self.draft(kind).ok().map(|h| (spec, h))
-        });
+        // Heads named by `--draft` must load (a broken one is an error, as with `--decode
+        // vispec`); the model directory's are used where present.
+        let mut named = Vec::new();
+        for dir in &self.options.drafts {
+            named.push(glance_models::draft::DraftConfig::load(dir)?.kind());
+        }
+        let mut head = None;
+        for spec in kinds {
+            let kind = spec.draft_kind().expect("speculative specs");
+            if named.is_empty() {
+                if let Ok(h) = self.draft(kind) {
+                    head = Some((spec, h));
+                    break;
+                }
+            } else if named.contains(&kind) {
+                head = Some((spec, self.draft(kind)?));
+                break;
+            }
+        }
         let Some((spec, head)) = head else {
-            return Ok(Some(Choice {
-                spec: DecodeSpec::Ar,
-                cost: None,
-                reason: "ar: the model has no draft head".into(),
-            }));
+            return self.choose_diffusion(request).map(Some);
         };
         let cost = self.cost_model(Some(head.as_ref()))?;
         let draft = cost
@@ -125,6 +139,49 @@ impl Engine {
                 ),
             }
         }))
+    }
+
+    /// `auto` on a model without draft heads: cost-aware linear self-speculation on a model
+    /// converted for block diffusion where a block can pay, else `ar`.
+    fn choose_diffusion(&self, request: &Request) -> Result<Choice> {
+        if self.model.config().block_diffusion.is_none() {
+            return Ok(Choice {
+                spec: DecodeSpec::Ar,
+                cost: None,
+                reason: "ar: the model has no draft head and is not converted for block \
+                         diffusion"
+                    .into(),
+            });
+        }
+        let (settings, _) = self.diffusion_settings(request)?;
+        let largest = if settings.dynamic {
+            settings.max_block
+        } else {
+            settings.block
+        };
+        let cost = self.cost_model(None)?;
+        let summary = format!(
+            "a decode step {:.1} ms, c(2) {:.2}, c({largest}) {:.2}",
+            cost.pass(1) * 1e3,
+            cost.c(2),
+            cost.c(largest)
+        );
+        Ok(if linear_can_pay(&cost, largest) {
+            Choice {
+                spec: DecodeSpec::DiffusionLinear,
+                reason: format!("diffusion-linear (cost-aware blocks ≤ {largest}): {summary}"),
+                cost: Some(cost),
+            }
+        } else {
+            Choice {
+                spec: DecodeSpec::Ar,
+                cost: None,
+                reason: format!(
+                    "ar: no block of diffusion-linear can beat a decode step here, even fully \
+                     accepted ({summary})"
+                ),
+            }
+        })
     }
 
     /// What the cost model depends on.
