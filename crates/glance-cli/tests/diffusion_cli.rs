@@ -173,14 +173,17 @@ fn bench_diffusion_reports_every_column_and_the_lossless_modes_equal_ar() {
             .iter()
             .map(|c| c["strategy"].as_str().unwrap())
             .collect();
-        // ar ×2, linear and quadratic at 2 sizes + dynamic, threshold at 2 sizes, 4 pruned.
-        assert_eq!(names.len(), 2 + 2 * 3 + 2 + 4, "{names:?}");
+        // ar ×2, linear and quadratic at 2 sizes + dynamic, auto, threshold at 2 sizes, 4
+        // pruned.
+        assert_eq!(names.len(), 2 + 2 * 3 + 1 + 2 + 4, "{names:?}");
+        assert!(names.contains(&"auto"), "{names:?}");
         assert_eq!(names[..2], ["ar (original)", "ar"]);
         let ar = &cols[1];
         assert_eq!(f(&ar["tokens_per_forward"]), 1.0);
         for c in cols {
             assert!((0.0..=1.0).contains(&f(&c["accuracy"])), "{c}");
-            if c["decode"] == "diffusion-linear" || c["decode"] == "diffusion-quadratic" {
+            let lossless = ["diffusion-linear", "diffusion-quadratic", "auto"];
+            if lossless.contains(&c["decode"].as_str().unwrap()) {
                 assert_eq!(c["greedy_mismatches"], 0, "{c}");
                 if c["pruned"] == false {
                     assert_eq!(c["completion_tokens"], ar["completion_tokens"], "{c}");

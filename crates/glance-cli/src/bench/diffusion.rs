@@ -148,6 +148,14 @@ fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
             1,
         ));
     }
+    // `auto` on the converted model: cost-aware linear blocks up to the model's block size, or
+    // plain decoding, as this machine's measured costs say.
+    cols.push(Column {
+        name: "auto".into(),
+        decode: DecodeSpec::Auto,
+        reference: Some(1),
+        ..plain("auto", 1, None)
+    });
     for &tau in &args.thresholds {
         for &b in &args.blocks {
             cols.push(diffusion(
@@ -468,6 +476,9 @@ pub fn run(args: DiffusionBenchArgs) -> Result<()> {
     json["images"] = json!(args.n);
     json["threads"] = json!(engines[1].threads());
     json["weights"] = json!(args.weights.name());
+    if let Some(cost) = engines[1].measured_cost() {
+        json["cost_model"] = super::cost_report(&cost);
+    }
     plot(&args.plot, &cols, &measured)?;
     super::write_json(&args.json, &json)?;
     println!(
