@@ -24,7 +24,7 @@ pub const MEASURED_ROWS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32];
 pub const DRAFT_WIDTHS: usize = 4;
 /// Rows of context every timed pass attends over (a prompt is at least this long in practice;
 /// attention over it is part of what a verification pass costs on a small model).
-const CONTEXT_ROWS: usize = 128;
+const CONTEXT_ROWS: usize = 256;
 /// Each timing is the fastest of at least this many runs ...
 const MIN_RUNS: usize = 2;
 /// ... and of as many more as fit in this many seconds (small models: noise is large next to

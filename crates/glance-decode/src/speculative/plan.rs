@@ -8,8 +8,9 @@
 //!   wait as pending rows until the draft runs again). On a cache-resident model, where a pass
 //!   over `k` rows costs `k` steps, no round ever drafts.
 //! * **The draft's prompt pass** is paid only once the answer has run plainly for as long as
-//!   that pass would take (the ski-rental rule): an answer that ends sooner costs exactly what
-//!   autoregressive decoding costs, and a long one pays at most twice the pass.
+//!   that pass would take (the ski-rental rule), and for at least [`WARM_UP_STEPS`] steps: an
+//!   answer that ends sooner costs exactly what autoregressive decoding costs, and a long one
+//!   pays at most twice the pass.
 //! * **Depth** maximises `E[tokens] / (drafting + pass(rows))` with per-depth acceptance
 //!   estimated from this request's rounds (smoothed towards a prior).
 //! * **Verified nodes**: after drafting, the `B` best nodes by path probability (calibrated by
@@ -31,6 +32,9 @@ const PRIOR_TOKENS: f64 = 4.0;
 /// Plain rounds in a row after which one round drafts anyway, to keep acceptance estimates
 /// current when speculation could pay.
 pub const EXPLORE_AFTER: u32 = 16;
+/// Plain steps before the draft may start: short answers (a word or a number and the end of
+/// the sequence) end before a draft's start and first round could pay for themselves.
+pub const WARM_UP_STEPS: usize = 8;
 /// A plan must beat a plain step by this factor to be chosen (measurement noise).
 const MARGIN: f64 = 1.02;
 
@@ -118,8 +122,11 @@ impl Planner {
             None => return self.plain(plain),
         };
         if !self.started {
+            // Rent before buying: plain steps for as long as the start would take, and at
+            // least [`WARM_UP_STEPS`] (one-word answers end before a draft could pay).
             let start = self.draft.row_s * self.start_rows as f64;
-            if self.plain_before_start < start {
+            let rent = start.max(WARM_UP_STEPS as f64 * plain);
+            if self.plain_before_start < rent {
                 return self.plain(plain);
             }
             self.started = true;
@@ -216,11 +223,19 @@ impl Acceptance {
         }
     }
 
-    /// Conditional acceptance at depth `d ≥ 1`.
+    /// Conditional acceptance at depth `d ≥ 1`, smoothed towards a prior: [`PRIOR_ACCEPTANCE`]
+    /// at depth 1, and the estimate at depth `d - 1` below it. (A depth no round has reached
+    /// is assumed as good as the one above it, so that a plan tries it once the one above
+    /// pays: a pessimistic prior would never be corrected, as only drafted depths are seen.)
     pub fn at(&self, d: usize) -> f64 {
+        let prior = if d <= 1 {
+            PRIOR_ACCEPTANCE
+        } else {
+            self.at(d - 1)
+        };
         let offered = self.offered.get(d - 1).copied().unwrap_or(0.0);
         let reached = self.reached.get(d - 1).copied().unwrap_or(0.0);
-        (reached + PRIOR_ROUNDS * PRIOR_ACCEPTANCE) / (offered + PRIOR_ROUNDS)
+        (reached + PRIOR_ROUNDS * prior) / (offered + PRIOR_ROUNDS)
     }
 }
 
@@ -286,6 +301,13 @@ mod tests {
         }
     }
 
+    /// Runs the plain warm-up steps of a planner whose start costs nothing.
+    fn warm_up(p: &mut Planner) {
+        for _ in 0..WARM_UP_STEPS {
+            assert_eq!(p.next_round(6), Round::Plain);
+        }
+    }
+
     #[test]
     fn a_cache_resident_model_never_drafts() {
         // c(k) = k: no tree can beat a decode step, however well it is accepted.
@@ -301,21 +323,42 @@ mod tests {
     fn a_memory_bound_model_drafts_after_paying_for_the_start_plainly() {
         // A pass over up to 16 rows costs little more than one: drafting pays.
         let flat: Vec<f64> = (1..=16).map(|k| 1.0 + 0.05 * k as f64).collect();
-        let mut p = Planner::new(cost(&flat), draft(0.05, 0.1), TreeSettings::chain(6), 30);
+        let mut p = Planner::new(cost(&flat), draft(0.05, 0.5), TreeSettings::chain(6), 30);
         assert!(p.can_pay());
-        // The start costs 30 × 0.1 = 3 s: about three plain steps of 1.05 s come first.
-        let rounds: Vec<Round> = (0..4).map(|_| p.next_round(6)).collect();
-        assert_eq!(&rounds[..3], &[Round::Plain; 3]);
+        // The start costs 30 × 0.5 = 15 s: about fifteen plain steps of 1.05 s come first.
+        let rounds: Vec<Round> = (0..16).map(|_| p.next_round(6)).collect();
+        assert_eq!(&rounds[..15], &[Round::Plain; 15]);
         assert!(
-            matches!(rounds[3], Round::Draft { depth } if depth >= 3),
+            matches!(rounds[15], Round::Draft { depth } if depth >= 3),
             "{rounds:?}"
         );
+        // A cheap start still waits out the warm-up.
+        let mut p = Planner::new(cost(&flat), draft(0.05, 0.0), TreeSettings::chain(6), 30);
+        let rounds: Vec<Round> = (0..=WARM_UP_STEPS).map(|_| p.next_round(6)).collect();
+        assert!(rounds[..WARM_UP_STEPS].iter().all(|r| *r == Round::Plain));
+        assert!(matches!(rounds[WARM_UP_STEPS], Round::Draft { .. }));
+    }
+
+    #[test]
+    fn an_unreached_depth_is_assumed_as_good_as_the_one_above() {
+        let mut a = Acceptance::default();
+        assert_eq!(a.at(1), PRIOR_ACCEPTANCE);
+        for _ in 0..50 {
+            a.record(1, 1);
+        }
+        assert!(a.at(1) > 0.95);
+        assert!((a.at(2) - a.at(1)).abs() < 1e-12);
+        for _ in 0..50 {
+            a.record(2, 1);
+        }
+        assert!(a.at(2) < 0.1 && a.at(3) < 0.1);
     }
 
     #[test]
     fn rejected_drafts_turn_rounds_plain_and_accepted_ones_deepen_them() {
         let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
         let mut p = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        warm_up(&mut p);
         let first = p.next_round(6);
         assert!(matches!(first, Round::Draft { .. }), "{first:?}");
         for _ in 0..20 {
@@ -323,6 +366,7 @@ mod tests {
         }
         assert_eq!(p.next_round(6), Round::Plain);
         let mut q = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        warm_up(&mut q);
         for _ in 0..20 {
             q.record(&chain(&[0.9; 6]), 6);
         }
