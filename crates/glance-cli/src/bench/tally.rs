@@ -63,6 +63,10 @@ pub struct Tally {
     pub iterations: u64,
     pub forward_us: u64,
     pub accepted_length: Vec<u64>,
+    /// Cost-aware speculation: what the cost model says the decode cost, and what the same
+    /// tokens cost as decode steps by it (microseconds).
+    pub modelled_us: u64,
+    pub modelled_plain_us: u64,
     /// Microseconds of decode time by phase, as [`PHASES`] names them.
     pub phase_us: [u64; 4],
     /// (sum of scores, questions) per family, in [`Family::ALL`] order.
@@ -127,6 +131,9 @@ impl Tally {
         self.block_tokens += c("block_tokens");
         self.iterations += c("iterations");
         self.forward_us += c("time_forward_us");
+        self.modelled_us += c("modelled_us");
+        self.modelled_plain_us +=
+            c("modelled_step_us") * (r.token_ids.len() as u64).saturating_sub(1);
         for (t, p) in self.phase_us.iter_mut().zip(PHASES) {
             *t += c(&format!("time_{p}_us"));
         }
@@ -153,6 +160,12 @@ impl Tally {
     /// 1 for autoregressive decoding, τ (mean tokens per round) for a speculative one.
     pub fn tokens_per_forward(&self) -> f64 {
         ratio(self.decoded() as f64, self.forwards as f64)
+    }
+
+    /// The speed-up over autoregressive decoding the cost model predicts for the rounds that
+    /// ran (NaN unless cost-aware): its error against the measured one is the model's.
+    pub fn predicted_speedup(&self) -> f64 {
+        ratio(self.modelled_plain_us as f64, self.modelled_us as f64)
     }
 
     /// Decode tokens per second (tokens after the first over the decode time).
@@ -217,6 +230,7 @@ impl Tally {
             "decode_s": self.decode_s,
             "decode_tokens_per_s": num(self.tokens_per_s()),
             "speedup": num(self.tokens_per_s() / ar_tokens_per_s),
+            "predicted_speedup": num(self.predicted_speedup()),
             "rounds": self.rounds,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted,

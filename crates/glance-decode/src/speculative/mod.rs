@@ -101,6 +101,8 @@ struct Tally {
     recovered: u64,
     /// Rounds that verified no draft (cost-aware plain steps).
     plain_rounds: u64,
+    /// The cost model's seconds for the planned rounds and for a decode step.
+    modelled: Option<(f64, f64)>,
     /// Rounds whose tree reached depth `d` (index `d - 1`), and those that accepted it.
     offered_by_depth: Vec<u64>,
     accepted_by_depth: Vec<u64>,
@@ -212,6 +214,7 @@ impl DecodeStrategy for Speculative {
             };
             let clock = Instant::now();
             let mut tree = DraftTree::default();
+            let drafted_pending = pending.tokens.len();
             if depth > 0 {
                 // 1. The draft starts (its prompt rows) if it has not; the pending rows with
                 // real hidden states are committed in its cache.
@@ -285,8 +288,11 @@ impl DecodeStrategy for Speculative {
                 Some(_) if tree.is_empty() => {}
                 Some(p) => {
                     record(&mut tally, &tree, &verdict, tokens.len());
-                    p.record(&tree, verdict.accepted.len());
+                    p.record(&tree, verdict.accepted.len(), drafted_pending);
                 }
+            }
+            if let Some(p) = planner.as_ref() {
+                tally.modelled = Some(p.modelled());
             }
             let mut keep = vec![0];
             keep.extend(verdict.accepted.iter().map(|&i| i + 1));
@@ -401,6 +407,9 @@ fn finish(
     c.insert("recovered_tokens".into(), tally.recovered);
     if strategy.cost.is_some() {
         c.insert("plain_rounds".into(), tally.plain_rounds);
+        let (modelled, step) = tally.modelled.unwrap_or_default();
+        c.insert("modelled_us".into(), (modelled * 1e6) as u64);
+        c.insert("modelled_step_us".into(), (step * 1e6) as u64);
     }
     let us = |d: std::time::Duration| d.as_micros() as u64;
     c.insert("time_start_us".into(), us(tally.time.start));

@@ -63,6 +63,8 @@ pub struct Planner {
     predicted_tokens: f64,
     /// Whether any plan can beat a plain step, even if every draft were accepted.
     can_pay: bool,
+    /// What the cost model says this request's rounds so far cost, seconds.
+    modelled_s: f64,
 }
 
 impl Planner {
@@ -84,6 +86,7 @@ impl Planner {
             accepted_tokens: 0.0,
             predicted_tokens: 0.0,
             can_pay: false,
+            modelled_s: 0.0,
         };
         p.can_pay = p.best_depth(usize::MAX, 0, |_| 1.0).is_some();
         p
@@ -130,12 +133,14 @@ impl Planner {
                 return self.plain(plain);
             }
             self.started = true;
+            self.modelled_s += start;
         }
         self.plain_streak = 0;
         Round::Draft { depth }
     }
 
     fn plain(&mut self, plain: f64) -> Round {
+        self.modelled_s += plain;
         if !self.started {
             self.plain_before_start += plain;
         }
@@ -151,9 +156,7 @@ impl Planner {
         let path = tree.path_probs();
         let kappa = self.calibration();
         // The pending rows, the root's probabilities, then one step per draft forward.
-        let spent = self.draft.row_s * pending as f64
-            + self.draft.step(1)
-            + tree.forwards as f64 * self.draft.step(self.settings.top_k);
+        let spent = self.round_seconds(tree, pending) - self.cost.pass(tree.len() + 1);
         let (mut best, mut best_rate) = (0, 1.0 / (spent + self.cost.pass(1)));
         let mut value = 1.0;
         for (b, &i) in order.iter().enumerate() {
@@ -166,8 +169,24 @@ impl Planner {
         best
     }
 
+    /// Seconds of a drafted round by the cost model: `pending` rows through the draft, the
+    /// tree's draft steps, and the verification pass over the tree as verified.
+    fn round_seconds(&self, tree: &DraftTree, pending: usize) -> f64 {
+        self.draft.row_s * pending as f64
+            + self.draft.step(1)
+            + tree.forwards as f64 * self.draft.step(self.settings.top_k)
+            + self.cost.pass(tree.len() + 1)
+    }
+
+    /// What the cost model says the rounds so far cost, and a decode step: the speed-up it
+    /// predicts for the tokens they emitted is `tokens × step / modelled`.
+    pub fn modelled(&self) -> (f64, f64) {
+        (self.modelled_s, self.cost.pass(1))
+    }
+
     /// Records a verified round: the tree as verified and the accepted path's length.
-    pub fn record(&mut self, tree: &DraftTree, accepted: usize) {
+    pub fn record(&mut self, tree: &DraftTree, accepted: usize, pending: usize) {
+        self.modelled_s += self.round_seconds(tree, pending);
         let deepest = (0..tree.len()).map(|i| tree.depth(i)).max().unwrap_or(0);
         self.acceptance.record(deepest, accepted);
         self.accepted_tokens += accepted as f64;
@@ -362,13 +381,13 @@ mod tests {
         let first = p.next_round(6);
         assert!(matches!(first, Round::Draft { .. }), "{first:?}");
         for _ in 0..20 {
-            p.record(&chain(&[0.9, 0.9, 0.9]), 0);
+            p.record(&chain(&[0.9, 0.9, 0.9]), 0, 1);
         }
         assert_eq!(p.next_round(6), Round::Plain);
         let mut q = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
         warm_up(&mut q);
         for _ in 0..20 {
-            q.record(&chain(&[0.9; 6]), 6);
+            q.record(&chain(&[0.9; 6]), 6, 1);
         }
         let Round::Draft { depth } = q.next_round(6) else {
             panic!("all accepted, yet plain")
@@ -383,7 +402,7 @@ mod tests {
         let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
         let mut p = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
         for _ in 0..20 {
-            p.record(&chain(&[0.9, 0.9]), 0);
+            p.record(&chain(&[0.9, 0.9]), 0, 1);
         }
         let rounds: Vec<Round> = (0..=EXPLORE_AFTER).map(|_| p.next_round(6)).collect();
         assert!(rounds[..EXPLORE_AFTER as usize]

@@ -94,6 +94,17 @@ fn print_group(t: f32, kind: Kind, cols: &[Column], tallies: &[Tally]) {
             cell(x.accuracy(), 8, 3)
         );
     }
+    for (c, x) in cols.iter().zip(tallies) {
+        let predicted = x.predicted_speedup();
+        if predicted.is_finite() {
+            println!(
+                "{}: the cost model predicted {predicted:.2}× for the rounds it planned, measured \
+                 {:.2}×",
+                c.name,
+                x.tokens_per_s() / ar.tokens_per_s()
+            );
+        }
+    }
     let ar_step = ar.decode_s / ar.forwards as f64;
     println!(
         "where the decode time went (share of decode time; ms per answer for start, per round for \
