@@ -25,7 +25,7 @@ pub mod verify;
 
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::sampler::Sampler;
-use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
+use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Result, TokenId};
 use glance_nn::{AttnMask, CausalLm, DraftLm, DraftPrompt, TreeMask};
@@ -68,6 +68,8 @@ struct Tally {
     /// Per response-position bucket: rounds started there and tokens they emitted.
     rounds_by_position: Vec<u64>,
     emitted_by_position: Vec<u64>,
+    /// Where each round's tokens begin.
+    steps: StepLog,
     /// Where the time went: the draft's prompt rows, pending rows + tree growth, the target's
     /// verification pass (forward and logits), acceptance and bookkeeping.
     time: Phases,
@@ -218,6 +220,7 @@ impl DecodeStrategy for Speculative {
             target_cache.keep_speculative(ids.len(), &keep)?;
             let mut ended = None;
             let mut emitted = Vec::new();
+            tally.steps.begin(tokens.len());
             for t in verdict
                 .accepted
                 .iter()
@@ -288,7 +291,10 @@ fn finish(
     forwards: u64,
     tally: Tally,
 ) -> Generation {
-    let mut stats = DecodeStats::new(strategy.name(), forwards);
+    let mut stats = DecodeStats {
+        tokens_per_step: tally.steps.counts(tokens.len()),
+        ..DecodeStats::new(strategy.name(), forwards)
+    };
     let c = &mut stats.counters;
     c.insert("drafts".into(), tally.rounds);
     c.insert("draft_tokens".into(), tally.draft_tokens);
