@@ -212,6 +212,8 @@ async function send(ev) {
   if (busy || (!question && pending.length === 0)) return;
   const content = pending.map((url) => ({ type: "image_url", image_url: { url } }));
   content.push({ type: "text", text: question });
+  const hint = document.querySelector(".hint");
+  if (hint) hint.remove();
   const user = el("div", "turn user");
   const bubble = el("div", "bubble");
   pending.forEach((url) => { const i = el("img"); i.src = url; bubble.append(i); });
