@@ -51,6 +51,41 @@ fn js(s: &str) -> String {
     serde_json::to_string(s).unwrap()
 }
 
+/// Sets the value of the element with id `id`.
+fn set(page: &mut Browser, id: &str, value: &str) {
+    let js_set = format!("document.getElementById({}).value = {}", js(id), js(value));
+    page.eval(&js_set).unwrap();
+}
+
+/// Types `question` and presses send.
+fn ask(page: &mut Browser, question: &str) {
+    set(page, "question", question);
+    page.eval("document.getElementById('send').click()")
+        .unwrap();
+}
+
+/// Chooses `image` in the file input and waits for it among the next question's images.
+fn attach(page: &mut Browser, image: &Path) {
+    page.set_files("#files", &[image]).unwrap();
+    page.wait_for(
+        "document.querySelectorAll('#pending img').length === 1",
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Waits for an answer that failed; the message the page shows.
+fn shown_error(page: &mut Browser) -> String {
+    let text = page
+        .wait_for(
+            "(() => { const t = document.querySelector('.turn.assistant[data-state=error]'); \
+             return t && t.textContent; })()",
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    text.as_str().unwrap_or_default().to_string()
+}
+
 /// Where CI collects what it keeps: `target/ci-artifacts/`.
 fn artifacts() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../ci-artifacts")
@@ -63,18 +98,7 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
     // The browser first: without one there is nothing to test, and the test says why.
     let mut page = Browser::launch(&dir, 1200, 780).unwrap_or_else(|e| panic!("{e}"));
     let world = dir.join("world");
-    let o = glance(&[
-        "world",
-        "sample",
-        "--split",
-        "test",
-        "--n",
-        "1",
-        "--out",
-        s(&world),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let image = world.join("0000.png");
+    let image = world_sample(&world, 0);
     let pruned = run_json(
         &image,
         &[
@@ -110,29 +134,14 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
         "first paint {paint} ms after navigation start"
     );
 
-    let set = |page: &mut Browser, id: &str, value: &str| {
-        page.eval(&format!(
-            "document.getElementById({}).value = {}",
-            js(id),
-            js(value)
-        ))
-        .unwrap();
-    };
     // The real question: a world image through the file input, pruning to 12.5%, vispec.
     set(&mut page, "max-tokens", MAX_TOKENS);
     set(&mut page, "prune", "adaptive");
     set(&mut page, "keep", "12.5");
     set(&mut page, "decode", "vispec");
     set(&mut page, "temperature", "0");
-    page.set_files("#files", &[&image]).unwrap();
-    page.wait_for(
-        "document.querySelectorAll('#pending img').length === 1",
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    set(&mut page, "question", QUESTION);
-    page.eval("document.getElementById('send').click()")
-        .unwrap();
+    attach(&mut page, &image);
+    ask(&mut page, QUESTION);
     let done = "document.querySelectorAll('.turn.assistant[data-state=done]').length === 1";
     page.wait_for(done, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}\n{}", page.log()));
@@ -192,17 +201,8 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
 
     // A bad request (max_tokens 0) shows the server's message; the page stays usable.
     set(&mut page, "max-tokens", "0");
-    set(&mut page, "question", QUESTION);
-    page.eval("document.getElementById('send').click()")
-        .unwrap();
-    let error = page
-        .wait_for(
-            "(() => { const t = document.querySelector('.turn.assistant[data-state=error]'); \
-             return t && t.textContent; })()",
-            Duration::from_secs(20),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    let error = error.as_str().unwrap_or_default();
+    ask(&mut page, QUESTION);
+    let error = shown_error(&mut page);
     assert!(
         error.contains("400") && error.contains("max_tokens"),
         "{error}"
@@ -210,9 +210,7 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
 
     // ... and the conversation goes on: a follow-up question about the same image.
     set(&mut page, "max-tokens", MAX_TOKENS);
-    set(&mut page, "question", "How many objects are there?");
-    page.eval("document.getElementById('send').click()")
-        .unwrap();
+    ask(&mut page, "How many objects are there?");
     page.wait_for(
         "document.querySelectorAll('.turn.assistant[data-state=done]').length === 2",
         Duration::from_secs(30),
@@ -233,23 +231,9 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
     let strict = Server::start(&["--max-image-pixels", "4096"]);
     page.open(&format!("http://{}/", strict.addr))
         .unwrap_or_else(|e| panic!("{e}"));
-    page.set_files("#files", &[&image]).unwrap();
-    page.wait_for(
-        "document.querySelectorAll('#pending img').length === 1",
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    set(&mut page, "question", QUESTION);
-    page.eval("document.getElementById('send').click()")
-        .unwrap();
-    let error = page
-        .wait_for(
-            "(() => { const t = document.querySelector('.turn.assistant[data-state=error]'); \
-             return t && t.textContent; })()",
-            Duration::from_secs(20),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    let error = error.as_str().unwrap_or_default();
+    attach(&mut page, &image);
+    ask(&mut page, QUESTION);
+    let error = shown_error(&mut page);
     assert!(error.contains("400") && error.contains("pixels"), "{error}");
     assert_eq!(
         page.eval("document.getElementById('send').disabled")

@@ -87,19 +87,7 @@ fn the_page_its_routes_and_the_glance_usage_block() {
 
     // The sample is the example `glance world sample` writes.
     let dir = scratch("page-api");
-    let o = glance(&[
-        "world",
-        "sample",
-        "--split",
-        "test",
-        "--start",
-        "5",
-        "--n",
-        "1",
-        "--out",
-        s(&dir),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let written = world_sample(&dir, 5);
     let (status, sample) = server.request("GET", "/glance/world/sample?split=test&index=5", None);
     assert_eq!(status, 200, "{sample}");
     let sample: Value = serde_json::from_str(&sample).unwrap();
@@ -108,7 +96,7 @@ fn the_page_its_routes_and_the_glance_usage_block() {
         .decode(url.strip_prefix("data:image/png;base64,").unwrap())
         .unwrap();
     let served = image::load_from_memory(&png).unwrap().to_rgb8();
-    let written = image::open(dir.join("0005.png")).unwrap().to_rgb8();
+    let written = image::open(written).unwrap().to_rgb8();
     assert!(
         served == written,
         "the served image differs from the written one"
