@@ -1,11 +1,12 @@
 //! glance's OpenAI-compatible HTTP server (`glance serve`), on axum and tokio.
 //!
 //! Routes: `POST /v1/chat/completions` (JSON or SSE streaming), `GET /v1/models`, `GET /health`,
-//! `GET /metrics` (Prometheus text), and the chat page at `GET /` with its own routes ([`page`]). Every generation runs on a blocking thread, never on the
-//! async runtime; at most `max_batch` run at once and at most `max_queue` wait ([`slots`]);
-//! a client that disconnects cancels its generation. Plain autoregressive requests are decoded
-//! together by one continuous-batching worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an OpenAI-style
-//! error body ([`error`]); the server keeps serving.
+//! `GET /metrics` (Prometheus text), and the chat page at `GET /` with its own routes ([`page`]).
+//! Every generation runs on a blocking thread, never on the async runtime; at most `max_batch`
+//! run at once and at most `max_queue` wait ([`slots`]); a client that disconnects cancels its
+//! generation. Plain autoregressive requests are decoded together by one continuous-batching
+//! worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an
+//! OpenAI-style error body ([`error`]); the server keeps serving.
 
 pub mod batcher;
 pub mod chat;
@@ -187,7 +188,6 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/", get(page::index))
         .route("/page.js", get(page::script))
-        .route("/page.css", get(page::style))
         .route("/glance/info", get(page::info))
         .route("/glance/world/sample", get(page::world_sample))
         .fallback(not_found)

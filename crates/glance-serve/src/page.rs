@@ -3,8 +3,8 @@
 //! `GET /glance/world/sample` (a world test image with its questions, as `glance world sample`
 //! writes them).
 //!
-//! The page is three static files built into the binary (`static/`): no CDN, no network at run
-//! time. It talks to the API exactly as any client does: `POST /v1/chat/completions` with
+//! The page is three static files built into the binary (`static/`; the style sheet is served
+//! inline in the HTML, the script at `GET /page.js`): no CDN, no network at run time. It talks to the API exactly as any client does: `POST /v1/chat/completions` with
 //! `stream: true` and glance's options under `"glance"`.
 
 use crate::error::ApiError;
@@ -51,17 +51,6 @@ pub async fn script() -> impl IntoResponse {
             (header::CACHE_CONTROL, "no-cache"),
         ],
         PAGE_JS,
-    )
-}
-
-/// `GET /page.css`.
-pub async fn style() -> impl IntoResponse {
-    (
-        [
-            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        PAGE_CSS,
     )
 }
 
