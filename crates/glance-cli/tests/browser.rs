@@ -2,7 +2,7 @@
 //! uploaded through the file input, a question asked with pruning to 12.5% and speculative
 //! decoding; the streamed answer must equal `glance run`'s with the same options, the kept-token
 //! overlay must dim exactly the pruned patches, "compare" must give `glance run`'s plain answer,
-//! and bad requests (max_tokens 0, an image over the pixel limit) must show their errors while
+//! a follow-up with a second image must draw both images' overlays, and bad requests (max_tokens 0, an image over the pixel limit) must show their errors while
 //! the page stays usable. The first paint is printed and a screenshot saved to
 //! `target/ci-artifacts/page.png`.
 //!
@@ -208,24 +208,35 @@ fn the_page_answers_like_glance_run_and_draws_what_each_accelerator_did() {
         "{error}"
     );
 
-    // ... and the conversation goes on: a follow-up question about the same image.
+    // ... and the conversation goes on, with a second image: each image of the conversation
+    // gets its overlay, pruned to 12.5% on its own.
     set(&mut page, "max-tokens", MAX_TOKENS);
+    attach(&mut page, &world_sample(&world, 1));
     ask(&mut page, "How many objects are there?");
     page.wait_for(
         "document.querySelectorAll('.turn.assistant[data-state=done]').length === 2",
         Duration::from_secs(30),
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    let last = "Array.from(document.querySelectorAll('.turn.assistant[data-state=done]')).pop()";
     let follow_up = page
-        .eval(
-            "Array.from(document.querySelectorAll('.turn.assistant[data-state=done] \
-             .answer-text')).pop().textContent",
-        )
+        .eval(&format!("{last}.querySelector('.answer-text').textContent"))
         .unwrap();
     assert!(
         !follow_up.as_str().unwrap_or_default().is_empty(),
         "{follow_up}"
     );
+    let overlays = page
+        .wait_for(
+            &format!(
+                "(() => {{ const c = {last}.querySelectorAll('canvas[data-drawn]'); \
+                 return c.length === 2 && Array.from(c).map(c => c.dataset.dimmed); }})()"
+            ),
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let per_image = (visual - kept).to_string();
+    assert_eq!(overlays, serde_json::json!([per_image, per_image]));
 
     // An image over a server's pixel limit is refused with a message the page shows.
     let strict = Server::start(&["--max-image-pixels", "4096"]);
