@@ -199,13 +199,18 @@ impl DecodeStrategy for Autoregressive {
             forwards += 1;
             next = pick(model, &hidden, &mut sampler)?;
         };
+        let stats = DecodeStats {
+            // One token per pass.
+            tokens_per_step: vec![1; tokens.len()],
+            ..DecodeStats::new(self.name(), forwards)
+        };
         Ok(Generation {
             tokens,
             finish,
             prompt_len,
             prefill,
             decode: start.elapsed(),
-            stats: DecodeStats::new(self.name(), forwards),
+            stats,
         })
     }
 }

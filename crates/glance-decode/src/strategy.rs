@@ -159,6 +159,11 @@ pub struct DecodeStats {
     /// Why `auto` chose `strategy` (`None` when the request named it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto: Option<String>,
+    /// Tokens each step emitted, in order: the prefill's first token, then one entry per step
+    /// (a target pass for `ar`, a draft-and-verify round for `vispec` / `eagle`, a block for
+    /// the diffusion strategies). Every entry is at least 1 and they sum to the tokens generated.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tokens_per_step: Vec<u32>,
 }
 
 impl DecodeStats {
@@ -168,6 +173,33 @@ impl DecodeStats {
             forward_passes,
             ..Self::default()
         }
+    }
+}
+
+/// Where each step after the first began (the tokens emitted before it), turned into
+/// [`DecodeStats::tokens_per_step`] once `total` tokens are out. The first step (the prefill's
+/// token) begins at 0; a step that emitted nothing (the generation ended before it) is left out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepLog {
+    starts: Vec<u32>,
+}
+
+impl StepLog {
+    /// A step begins after `emitted` tokens.
+    pub(crate) fn begin(&mut self, emitted: usize) {
+        self.starts.push(emitted as u32);
+    }
+
+    pub(crate) fn counts(&self, total: usize) -> Vec<u32> {
+        let mut bounds = Vec::with_capacity(self.starts.len() + 2);
+        bounds.push(0);
+        bounds.extend(&self.starts);
+        bounds.push(total as u32);
+        bounds
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]))
+            .filter(|&n| n > 0)
+            .collect()
     }
 }
 
@@ -186,5 +218,18 @@ mod tests {
         );
         let e = "bogus".parse::<DecodeSpec>().unwrap_err().to_string();
         assert!(e.contains("bogus") && e.contains("ar"), "{e}");
+    }
+
+    #[test]
+    fn step_logs_count_the_tokens_of_each_step() {
+        let mut log = StepLog::default();
+        assert_eq!(log.counts(0), Vec::<u32>::new());
+        assert_eq!(log.counts(1), vec![1]);
+        log.begin(1);
+        log.begin(4);
+        log.begin(4); // ended before emitting: left out
+        assert_eq!(log.counts(4), vec![1, 3]);
+        log.begin(6);
+        assert_eq!(log.counts(7), vec![1, 3, 2, 1]);
     }
 }

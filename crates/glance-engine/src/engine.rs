@@ -21,8 +21,8 @@ use crate::cache::{
 };
 use crate::options::{thread_pool, EngineOptions};
 use crate::request::{
-    CacheUse, Event, FinishReason, Flow, ImageInput, Message, Part, Prompt, Request, Response,
-    Timings, Usage,
+    char_offsets, CacheUse, Event, FinishReason, Flow, ImageInput, KeptPatches, Message, Part,
+    Prompt, Request, Response, Timings, Usage,
 };
 use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
@@ -34,6 +34,7 @@ use glance_decode::{
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::{
     ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
+    SegmentKind,
 };
 use glance_models::processing::chat::{ChatMessage, ContentPart};
 use glance_models::processing::image::decode_image_with_limit;
@@ -84,6 +85,8 @@ struct PrefillOutcome {
     state: Prefilled,
     /// Visual tokens kept by pruning (`None`: every one).
     kept_visual: Option<usize>,
+    /// The patches each image kept (empty: every one).
+    kept_patches: Vec<KeptPatches>,
     select: Duration,
     /// Rows reused from the prefix cache and what computing them first cost.
     prefix_rows: usize,
@@ -94,6 +97,8 @@ struct PrefillOutcome {
 struct Streamed {
     generation: glance_decode::Generation,
     text: String,
+    /// Where each token's text ends in `text`, in bytes.
+    token_ends: Vec<usize>,
     finish: FinishReason,
 }
 
@@ -456,7 +461,6 @@ impl Engine {
         let prefill = generation.prefill;
         let select = prefilled.select;
         Ok(Response {
-            text: streamed.text,
             usage: Usage {
                 prompt_tokens: rendered.prompt.ids.len(),
                 visual_tokens,
@@ -479,6 +483,9 @@ impl Engine {
                 prefix_rows: prefilled.prefix_rows,
             },
             token_ids: generation.tokens,
+            token_ends: char_offsets(&streamed.text, &streamed.token_ends),
+            text: streamed.text,
+            kept_patches: prefilled.kept_patches,
             finish_reason: streamed.finish,
             decode: generation.stats,
         })
@@ -500,6 +507,7 @@ impl Engine {
             return Ok(PrefillOutcome {
                 state,
                 kept_visual: None,
+                kept_patches: Vec::new(),
                 select: Duration::ZERO,
                 prefix_rows,
                 prefix_cost,
@@ -507,10 +515,18 @@ impl Engine {
         };
         let encodings: Vec<&ImageEncoding> = encoded.iter().map(|e| &e.entry.encoding).collect();
         let query = self.processor.query_ids(query)?;
+        let images: Vec<std::ops::Range<usize>> = plan
+            .segments
+            .iter()
+            .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
+            .map(|s| s.source.clone())
+            .collect();
         let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
         let mut state = glance_prune::prefill(&self.model, &pruned)?;
         attach_images(&mut state, &pruned.plan);
+        let side = self.model.config().vision.grid();
         Ok(PrefillOutcome {
+            kept_patches: kept_patches(&images, side, &state.positions),
             state,
             kept_visual: Some(pruned.stats.kept_visual_tokens),
             select: pruned.stats.select_time,
@@ -536,6 +552,7 @@ impl Engine {
         let mut stream = self.processor.text.stream_decoder();
         let mut stops = StopStrings::new(request.stop.clone());
         let mut text = String::new();
+        let mut token_ends = Vec::new();
         let mut ended: Option<FinishReason> = None;
         let mut emit = |piece: &str, text: &mut String| -> Flow {
             if piece.is_empty() {
@@ -551,7 +568,9 @@ impl Engine {
                     StopStatus::Continue(s) => (s, false),
                     StopStatus::Stopped(s) => (s, true),
                 };
-                if emit(&released, &mut text) == Flow::Cancel {
+                let flow = emit(&released, &mut text);
+                token_ends.push(text.len());
+                if flow == Flow::Cancel {
                     ended = Some(FinishReason::Cancelled);
                     return Ok(true);
                 }
@@ -573,6 +592,9 @@ impl Engine {
             if emit(&released, &mut text) == Flow::Cancel {
                 ended = Some(FinishReason::Cancelled);
             }
+            if let Some(last) = token_ends.last_mut() {
+                *last = text.len();
+            }
         }
         let finish = ended.unwrap_or(match generation.finish {
             glance_decode::FinishReason::Eos => FinishReason::Eos,
@@ -582,6 +604,7 @@ impl Engine {
         Ok(Streamed {
             generation,
             text,
+            token_ends,
             finish,
         })
     }
@@ -774,6 +797,38 @@ fn encode_costs(encoded: &[Encoded]) -> (Duration, Duration, usize) {
 /// Records the prompt's images in the prefill state for strategies that read them. An image's
 /// rows are found by position, since every prefill keeps each row's position: this covers plans
 /// rewritten by pruning and FastV, which drops rows inside the decoder.
+/// The patches each image kept, from the positions of the rows the prefill's last layer ran:
+/// pruning keeps every kept row at its original position (a merged row takes one patch's), and
+/// FastV's cut keeps positions too. `images` are the unpruned plan's image segments (their
+/// positions are their token indices), in prompt order; each ends with its `side × side` patches
+/// (a leading [CLS] under the `full` feature strategy is not a patch).
+fn kept_patches(
+    images: &[std::ops::Range<usize>],
+    side: usize,
+    positions: &[u32],
+) -> Vec<KeptPatches> {
+    let patches = side * side;
+    images
+        .iter()
+        .map(|r| {
+            let start = r.end.saturating_sub(patches).max(r.start);
+            let mut kept: Vec<u32> = positions
+                .iter()
+                .map(|&p| p as usize)
+                .filter(|p| (start..r.end).contains(p))
+                .map(|p| (p - start) as u32)
+                .collect();
+            kept.sort_unstable();
+            kept.dedup();
+            KeptPatches {
+                rows: side,
+                cols: side,
+                kept,
+            }
+        })
+        .collect()
+}
+
 fn attach_images(state: &mut Prefilled, plan: &PromptPlan) {
     let plan_positions = plan.positions();
     let image_rows = plan.image_rows();

@@ -28,8 +28,8 @@ pub use options::{
     DEFAULT_MAX_IMAGES, MAX_IMAGES_LIMIT,
 };
 pub use request::{
-    CacheUse, Event, FinishReason, Flow, ImageInput, Message, Part, Prompt, Request, Response,
-    Role, Timings, Usage, MAX_STOP_BYTES, MAX_STOP_STRINGS,
+    CacheUse, Event, FinishReason, Flow, ImageInput, KeptPatches, Message, Part, Prompt, Request,
+    Response, Role, Timings, Usage, MAX_STOP_BYTES, MAX_STOP_STRINGS,
 };
 
 pub use glance_decode::{

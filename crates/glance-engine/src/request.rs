@@ -325,15 +325,61 @@ pub struct CacheUse {
     pub prefix_rows: usize,
 }
 
+/// The visual tokens one image kept after pruning, for drawing them over the image: its patch
+/// grid (row-major: patch `i` is at row `i / cols`, column `i % cols`) and the kept patches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeptPatches {
+    pub rows: usize,
+    pub cols: usize,
+    /// Indices `< rows * cols` of the kept patches, increasing. A merged row (`pool`, `hier`)
+    /// counts at the patch whose position it takes.
+    pub kept: Vec<u32>,
+}
+
+/// Byte offsets into `text` (increasing, on character boundaries) → character offsets.
+pub(crate) fn char_offsets(text: &str, byte_ends: &[usize]) -> Vec<u32> {
+    let mut chars = text.char_indices().map(|(b, _)| b).peekable();
+    let mut count = 0u32;
+    byte_ends
+        .iter()
+        .map(|&end| {
+            while chars.next_if(|&b| b < end).is_some() {
+                count += 1;
+            }
+            count
+        })
+        .collect()
+}
+
 /// The answer to a [`Request`].
 #[derive(Debug, Clone, Serialize)]
 pub struct Response {
     pub text: String,
     pub token_ids: Vec<TokenId>,
+    /// Where each token's text ends in `text`, in characters (one entry per token id). Text a
+    /// token released later (held back by the detokeniser or a stop string) counts at the token
+    /// that released it; what was released after the last token counts at the last one.
+    pub token_ends: Vec<u32>,
+    /// The patches each image kept, in prompt order; empty when nothing was pruned.
+    pub kept_patches: Vec<KeptPatches>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
     pub timings: Timings,
     pub cache: CacheUse,
     /// The strategy's own statistics.
     pub decode: DecodeStats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_offsets_become_character_offsets() {
+        // "é" is 2 bytes, "→" 3.
+        let text = "aé → b";
+        let ends = [1, 3, 4, 7, text.len()];
+        assert_eq!(char_offsets(text, &ends), vec![1, 2, 3, 4, 6]);
+        assert_eq!(char_offsets("", &[0, 0]), vec![0, 0]);
+    }
 }

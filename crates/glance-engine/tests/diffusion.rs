@@ -110,6 +110,17 @@ fn self_speculation_equals_autoregressive_decoding_on_untrained_fixtures() {
                         1
                     };
                     assert!(got.decode.forward_passes <= per_step * c["steps"], "{what}");
+                    // The prefill's token, then one entry per step (those that emitted).
+                    let steps = &got.decode.tokens_per_step;
+                    let sum: u32 = steps.iter().sum();
+                    assert_eq!(sum as usize, got.token_ids.len(), "{what}: {steps:?}");
+                    assert!(steps.len() as u64 <= c["steps"] + 1, "{what}: {steps:?}");
+                    // A step emits its block at most (a dynamic block grows up to 64).
+                    let most = if dynamic { 64 } else { block };
+                    assert!(
+                        steps.iter().all(|&n| n >= 1 && n as usize <= most),
+                        "{what}"
+                    );
                 }
             }
         }

@@ -84,6 +84,7 @@ fn greedy_answers_equal_transformers_through_the_request_path() {
             assert_eq!(r.usage.completion_tokens, want.len());
             assert_eq!(r.decode.strategy, "ar");
             assert_eq!(r.decode.forward_passes as usize, want.len() - 1, "{name}");
+            assert_eq!(r.decode.tokens_per_step, vec![1; want.len()], "{name}");
         }
     }
 }
@@ -144,6 +145,66 @@ fn concurrent_requests_equal_their_sequential_answers() {
     let stats = e.cache_stats();
     assert_eq!(stats.images, 2);
     assert!(stats.prefixes >= 1 && stats.prefix_bytes > 0);
+}
+
+/// A pruned answer says which patches of each image it kept (what the server's page draws), and
+/// where each token's text ends; an unpruned one keeps every patch and lists none.
+#[test]
+fn pruned_answers_report_the_kept_patches_of_each_image() {
+    let e = engine("llama-gqa", EngineOptions::single_request());
+    let config = e.model().config();
+    let side = config.vision.grid();
+    // Leading projected tokens that are not patches ([CLS] under the `full` strategy).
+    let prefix = config.image_tokens_per_image() - side * side;
+    let ask = |prune: Option<PruneSpec>| {
+        let r = Request {
+            prune,
+            ..greedy(
+                Request::chat("Two?", vec![image("chelsea.jpg"), image("astronaut.png")]).prompt,
+                6,
+            )
+        };
+        answer(&e, &r)
+    };
+    let plain = ask(None);
+    assert!(plain.kept_patches.is_empty());
+    for spec in [
+        PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.25)),
+        PruneSpec::new(Policy::Pool, Budget::Count(5)),
+        PruneSpec::new(Policy::FastV, Budget::Count(6)),
+    ] {
+        let r = ask(Some(spec.clone()));
+        assert_eq!(r.kept_patches.len(), 2, "{spec:?}");
+        let mut kept = 0;
+        for p in &r.kept_patches {
+            assert_eq!((p.rows, p.cols), (side, side));
+            assert!(p.kept.windows(2).all(|w| w[0] < w[1]), "{spec:?}: {p:?}");
+            assert!(p.kept.iter().all(|&i| (i as usize) < side * side));
+            if spec.policy != Policy::FastV {
+                // The budget applies to each image; a [CLS] prefix is kept and counts.
+                let budget = spec.budget.resolve(side * side + prefix);
+                assert_eq!(
+                    p.kept.len(),
+                    budget.saturating_sub(prefix).max(1),
+                    "{spec:?}"
+                );
+            }
+            kept += p.kept.len();
+        }
+        if spec.policy == Policy::FastV {
+            assert!(kept <= r.usage.kept_visual_tokens, "{spec:?}");
+        } else {
+            assert_eq!(kept + 2 * prefix, r.usage.kept_visual_tokens, "{spec:?}");
+        }
+    }
+    // One text end per token, increasing, the last at the end of the text.
+    let ends = &plain.token_ends;
+    assert_eq!(ends.len(), plain.token_ids.len());
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(
+        ends.last().copied(),
+        Some(plain.text.chars().count() as u32)
+    );
 }
 
 /// A second question about the same image reuses its encoding and its prompt prefix, and the

@@ -158,6 +158,15 @@ fn greedy_speculative_output_equals_autoregressive_with_untrained_heads() {
                             got.decode.forward_passes + c["accepted_tokens"]
                                 >= got.token_ids.len() as u64 - 1
                         );
+                        // The prefill's token, then one entry per round that emitted: the
+                        // accepted drafts and the verifier's token.
+                        let steps = &got.decode.tokens_per_step;
+                        let sum: u32 = steps.iter().sum();
+                        assert_eq!(sum as usize, got.token_ids.len(), "{steps:?}");
+                        assert_eq!(steps.len() as u64, c["drafts"] + 1, "{steps:?}");
+                        // (A round cut short by the end emits fewer than it accepted.)
+                        let more: u32 = steps[1..].iter().map(|&n| n - 1).sum();
+                        assert!(u64::from(more) <= c["accepted_tokens"], "{steps:?}");
                     }
                 }
             }

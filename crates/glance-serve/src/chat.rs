@@ -301,7 +301,8 @@ impl SseStream {
                 let finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
                 self.event(json!({}), Some(finish));
                 if self.shape.include_usage {
-                    let u = openai::usage_chunk_json(&self.ids, &r.usage);
+                    let mut u = openai::usage_chunk_json(&self.ids, &r.usage);
+                    u["usage"]["glance"] = openai::glance_usage_json(&r);
                     self.data(&u.to_string());
                 }
                 self.data("[DONE]");

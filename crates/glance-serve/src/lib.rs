@@ -1,17 +1,19 @@
 //! glance's OpenAI-compatible HTTP server (`glance serve`), on axum and tokio.
 //!
 //! Routes: `POST /v1/chat/completions` (JSON or SSE streaming), `GET /v1/models`, `GET /health`,
-//! `GET /metrics` (Prometheus text). Every generation runs on a blocking thread, never on the
-//! async runtime; at most `max_batch` run at once and at most `max_queue` wait ([`slots`]);
-//! a client that disconnects cancels its generation. Plain autoregressive requests are decoded
-//! together by one continuous-batching worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an OpenAI-style
-//! error body ([`error`]); the server keeps serving.
+//! `GET /metrics` (Prometheus text), and the chat page at `GET /` with its own routes ([`page`]).
+//! Every generation runs on a blocking thread, never on the async runtime; at most `max_batch`
+//! run at once and at most `max_queue` wait ([`slots`]); a client that disconnects cancels its
+//! generation. Plain autoregressive requests are decoded together by one continuous-batching
+//! worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an
+//! OpenAI-style error body ([`error`]); the server keeps serving.
 
 pub mod batcher;
 pub mod chat;
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod page;
 pub mod slots;
 
 use crate::batcher::Batcher;
@@ -184,6 +186,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/", get(page::index))
+        .route("/page.js", get(page::script))
+        .route("/glance/info", get(page::info))
+        .route("/glance/world/sample", get(page::world_sample))
         .fallback(not_found)
         .with_state(app)
 }
@@ -221,8 +227,8 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
 
 async fn not_found() -> ApiError {
     ApiError::not_found(
-        "no such route: the API has POST /v1/chat/completions, GET /v1/models, GET /health and \
-         GET /metrics",
+        "no such route: the API has POST /v1/chat/completions, GET /v1/models, GET /health, \
+         GET /metrics, and the page at GET / (with GET /glance/info and GET /glance/world/sample)",
         "not_found",
     )
 }

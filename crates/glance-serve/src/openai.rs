@@ -388,6 +388,23 @@ pub fn usage_json(u: &Usage) -> Value {
     })
 }
 
+/// glance's own usage block, `usage.glance`: what the accelerators did — the strategy, its
+/// target passes and the tokens each step emitted (`tokens_per_step`, with `token_ends` placing
+/// each token in the answer's text, in characters), the patches each image kept after pruning
+/// (`kept_patches`, per image: its grid and the kept indices; empty when nothing was pruned),
+/// and the time to first token and decode speed.
+pub fn glance_usage_json(r: &Response) -> Value {
+    json!({
+        "strategy": r.decode.strategy,
+        "forward_passes": r.decode.forward_passes,
+        "tokens_per_step": r.decode.tokens_per_step,
+        "token_ends": r.token_ends,
+        "kept_patches": r.kept_patches,
+        "time_to_first_token_s": r.timings.time_to_first_token_s,
+        "decode_tokens_per_s": r.timings.decode_tokens_per_s,
+    })
+}
+
 /// Identity of one completion: id, creation time, model name.
 #[derive(Debug, Clone)]
 pub struct Ids {
@@ -398,7 +415,7 @@ pub struct Ids {
 
 /// The non-streaming answer.
 pub fn completion_json(ids: &Ids, r: &Response) -> Value {
-    json!({
+    let mut c = json!({
         "id": ids.id,
         "object": "chat.completion",
         "created": ids.created,
@@ -410,7 +427,9 @@ pub fn completion_json(ids: &Ids, r: &Response) -> Value {
             "finish_reason": finish_reason(r.finish_reason),
         }],
         "usage": usage_json(&r.usage),
-    })
+    });
+    c["usage"]["glance"] = glance_usage_json(r);
+    c
 }
 
 /// One `chat.completion.chunk`; `usage` is `null` on every chunk but the last when usage was

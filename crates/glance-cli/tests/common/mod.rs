@@ -56,6 +56,25 @@ pub fn assert_fails_with(o: &Output, needle: &str) {
     assert!(err.contains(needle), "expected `{needle}` in: {err}");
 }
 
+/// `glance world sample --split test --start INDEX --n 1 --out OUT`: the image's path.
+pub fn world_sample(out: &Path, index: u64) -> PathBuf {
+    let index_arg = index.to_string();
+    let o = glance(&[
+        "world",
+        "sample",
+        "--split",
+        "test",
+        "--start",
+        &index_arg,
+        "--n",
+        "1",
+        "--out",
+        s(out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out.join(format!("{index:04}.png"))
+}
+
 /// A fresh scratch directory under the system temp dir, unique to this test process.
 pub fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("glance-cli-test-{}-{name}", std::process::id()));

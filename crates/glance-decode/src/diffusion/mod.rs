@@ -29,7 +29,7 @@ use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
 use crate::speculative::plan::{best_chain, Acceptance, EXPLORE_AFTER};
-use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
+use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_nn::{AttnMask, CausalLm, KvCache};
@@ -474,13 +474,17 @@ impl Begin {
         tally: Tally,
         name: &str,
     ) -> Generation {
+        let stats = DecodeStats {
+            tokens_per_step: tally.step_starts.counts(tokens.len()),
+            ..tally.stats(name)
+        };
         Generation {
             tokens,
             finish,
             prompt_len: self.prompt_len,
             prefill: self.prefill,
             decode: self.start.elapsed(),
-            stats: tally.stats(name),
+            stats,
         }
     }
 }
@@ -550,6 +554,8 @@ pub(crate) struct Tally {
     pub accepted_length: Vec<u64>,
     /// Steps by block size.
     pub block_size: Vec<u64>,
+    /// Where each step's tokens begin.
+    pub(crate) step_starts: StepLog,
 }
 
 impl Tally {

@@ -50,6 +50,7 @@ pub(crate) fn decode(
             break 'decode r;
         }
         loop {
+            tally.step_starts.begin(tokens.len());
             let b = block.fitted(n, tokens.len(), max, config);
             if !quadratic {
                 drafts = if b > 1 {

@@ -41,6 +41,7 @@ pub(crate) fn decode(
             break 'decode r;
         }
         loop {
+            tally.step_starts.begin(tokens.len());
             let b = block.fitted(n, tokens.len(), max, config);
             let mut slots: Vec<Option<TokenId>> = vec![None; b];
             slots[0] = Some(x);

@@ -27,7 +27,7 @@ pub mod verify;
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
-use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
+use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, TreeMask};
@@ -109,6 +109,8 @@ struct Tally {
     /// Per response-position bucket: rounds started there and tokens they emitted.
     rounds_by_position: Vec<u64>,
     emitted_by_position: Vec<u64>,
+    /// Where each round's tokens begin.
+    steps: StepLog,
     /// Where the time went: the draft's prompt rows, pending rows + tree growth, the target's
     /// verification pass (forward and logits), acceptance and bookkeeping.
     time: Phases,
@@ -299,6 +301,7 @@ impl DecodeStrategy for Speculative {
             target_cache.keep_speculative(ids.len(), &keep)?;
             let mut ended = None;
             let mut emitted = Vec::new();
+            tally.steps.begin(tokens.len());
             for t in verdict
                 .accepted
                 .iter()
@@ -398,7 +401,10 @@ fn finish(
     forwards: u64,
     tally: Tally,
 ) -> Generation {
-    let mut stats = DecodeStats::new(strategy.name(), forwards);
+    let mut stats = DecodeStats {
+        tokens_per_step: tally.steps.counts(tokens.len()),
+        ..DecodeStats::new(strategy.name(), forwards)
+    };
     let c = &mut stats.counters;
     c.insert("drafts".into(), tally.rounds);
     c.insert("draft_tokens".into(), tally.draft_tokens);

@@ -21,7 +21,9 @@
 
 use super::{cache_bytes, Engine};
 use crate::cache::{tensor_bytes, CachedPrefix, PrefixKey};
-use crate::request::{CacheUse, Event, FinishReason, Flow, Request, Response, Timings, Usage};
+use crate::request::{
+    char_offsets, CacheUse, Event, FinishReason, Flow, Request, Response, Timings, Usage,
+};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_decode::stop::StopStatus;
@@ -86,6 +88,8 @@ pub struct Sequence<'e> {
     phase: Phase,
     text: String,
     tokens: Vec<TokenId>,
+    /// Where each token's text ends in `text`, in bytes.
+    token_ends: Vec<usize>,
     forwards: u64,
     prefill: Duration,
     first_token: Option<Instant>,
@@ -211,6 +215,7 @@ impl Engine {
             phase: Phase::Prefill { done },
             text: String::new(),
             tokens: Vec::new(),
+            token_ends: Vec::new(),
             forwards: 0,
             prefill: Duration::ZERO,
             first_token: None,
@@ -392,7 +397,9 @@ impl Sequence<'_> {
             StopStatus::Continue(s) => (s, false),
             StopStatus::Stopped(s) => (s, true),
         };
-        if self.emit(&released) == Flow::Cancel {
+        let flow = self.emit(&released);
+        self.token_ends.push(self.text.len());
+        if flow == Flow::Cancel {
             return self.end(FinishReason::Cancelled);
         }
         if stop {
@@ -417,7 +424,11 @@ impl Sequence<'_> {
             StopStatus::Continue(s) => (s + &self.stops.finish(), false),
             StopStatus::Stopped(s) => (s, true),
         };
-        if self.emit(&released) == Flow::Cancel {
+        let flow = self.emit(&released);
+        if let Some(last) = self.token_ends.last_mut() {
+            *last = self.text.len();
+        }
+        if flow == Flow::Cancel {
             return self.end(FinishReason::Cancelled);
         }
         self.end(if stopped { FinishReason::Stop } else { reason })
@@ -445,7 +456,11 @@ impl Sequence<'_> {
             completion_tokens: self.tokens.len(),
             ..p.usage
         };
+        // One token per pass.
+        let steps = vec![1; self.tokens.len()];
         Ok(Response {
+            token_ends: char_offsets(&self.text, &self.token_ends),
+            kept_patches: Vec::new(),
             text: self.text,
             finish_reason: self.finish.unwrap_or(FinishReason::Cancelled),
             usage,
@@ -470,6 +485,7 @@ impl Sequence<'_> {
             token_ids: self.tokens,
             decode: DecodeStats {
                 auto: p.auto.clone(),
+                tokens_per_step: steps,
                 ..DecodeStats::new("ar", self.forwards)
             },
         })
