@@ -33,6 +33,31 @@ pub(crate) struct Choice {
     pub reason: String,
 }
 
+impl Choice {
+    /// `spec`, planned from `cost`, when it `pays`; else `ar`; with the reason for each.
+    fn either(
+        pays: bool,
+        spec: DecodeSpec,
+        cost: CostModel,
+        chosen: String,
+        plain: String,
+    ) -> Self {
+        if pays {
+            Choice {
+                spec,
+                cost: Some(cost),
+                reason: chosen,
+            }
+        } else {
+            Choice {
+                spec: DecodeSpec::Ar,
+                cost: None,
+                reason: plain,
+            }
+        }
+    }
+}
+
 impl Engine {
     /// The cost model of this engine, measured (or read from the cost cache) at first use, with
     /// the figures of `draft` if given.
@@ -122,23 +147,16 @@ impl Engine {
             cost.c(8),
             draft.step(1) / cost.pass(1)
         );
-        let planner = Planner::new(cost.clone(), draft, tree, 0);
-        Ok(Some(if planner.can_pay() {
-            Choice {
-                spec,
-                reason: format!("{spec} (cost-aware): {summary}"),
-                cost: Some(cost),
-            }
-        } else {
-            Choice {
-                spec: DecodeSpec::Ar,
-                cost: None,
-                reason: format!(
-                    "ar: no {spec} draft can beat a decode step here, even fully accepted \
-                     ({summary})"
-                ),
-            }
-        }))
+        let pays = Planner::new(cost.clone(), draft, tree, 0).can_pay();
+        Ok(Some(Choice::either(
+            pays,
+            spec,
+            cost,
+            format!("{spec} (cost-aware): {summary}"),
+            format!(
+                "ar: no {spec} draft can beat a decode step here, even fully accepted ({summary})"
+            ),
+        )))
     }
 
     /// `auto` on a model without draft heads: cost-aware linear self-speculation on a model
@@ -166,22 +184,16 @@ impl Engine {
             cost.c(2),
             cost.c(largest)
         );
-        Ok(if linear_can_pay(&cost, largest) {
-            Choice {
-                spec: DecodeSpec::DiffusionLinear,
-                reason: format!("diffusion-linear (cost-aware blocks ≤ {largest}): {summary}"),
-                cost: Some(cost),
-            }
-        } else {
-            Choice {
-                spec: DecodeSpec::Ar,
-                cost: None,
-                reason: format!(
-                    "ar: no block of diffusion-linear can beat a decode step here, even fully \
-                     accepted ({summary})"
-                ),
-            }
-        })
+        Ok(Choice::either(
+            linear_can_pay(&cost, largest),
+            DecodeSpec::DiffusionLinear,
+            cost,
+            format!("diffusion-linear (cost-aware blocks ≤ {largest}): {summary}"),
+            format!(
+                "ar: no block of diffusion-linear can beat a decode step here, even fully \
+                 accepted ({summary})"
+            ),
+        ))
     }
 
     /// What the cost model depends on.
