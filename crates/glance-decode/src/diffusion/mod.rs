@@ -606,6 +606,7 @@ mod tests {
             rows,
             drafts: Default::default(),
             measured_s: 0.0,
+            clock_corrected: true,
         }
     }
 

@@ -214,6 +214,7 @@ impl DecodeStrategy for Speculative {
                     Round::Draft { depth } => depth.min(room),
                 },
             };
+            let mut round_clock = Instant::now();
             let clock = Instant::now();
             let mut tree = DraftTree::default();
             let drafted_pending = pending.tokens.len();
@@ -229,6 +230,8 @@ impl DecodeStrategy for Speculative {
                     })?;
                     drafting = Some((s.context.clone(), Some(s)));
                     tally.time.start += clock.elapsed();
+                    // The start is paid once, not by this round (nor modelled in it).
+                    round_clock = Instant::now();
                 }
                 let Some((context, prompt)) = drafting.as_mut() else {
                     unreachable!("the draft was started above")
@@ -293,7 +296,9 @@ impl DecodeStrategy for Speculative {
                     p.record(&tree, verdict.accepted.len(), drafted_pending);
                 }
             }
-            if let Some(p) = planner.as_ref() {
+            if let Some(p) = planner.as_mut() {
+                // (The accept phase's bookkeeping is the same for both kinds of round.)
+                p.timed(!tree.is_empty(), round_clock.elapsed().as_secs_f64());
                 tally.modelled = Some(p.modelled());
             }
             let mut keep = vec![0];

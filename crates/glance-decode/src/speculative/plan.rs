@@ -13,6 +13,10 @@
 //!   pays at most twice the pass.
 //! * **Depth** maximises `E[tokens] / (drafting + pass(rows))` with per-depth acceptance
 //!   estimated from this request's rounds (smoothed towards a prior).
+//! * **The clock corrects the model**: drafted rounds' measured / modelled time against plain
+//!   rounds' scales what a drafted round is predicted to cost ([`Planner::slowdown`]), so a
+//!   model timed at a shorter context, or a machine that got busier, does not keep a request
+//!   speculating at a loss.
 //! * **Verified nodes**: after drafting, the `B` best nodes by path probability (calibrated by
 //!   the request's accepted / predicted ratio) that maximise the same rate, drafting time
 //!   included; `B = 0` is a plain step.
@@ -32,6 +36,8 @@ const PRIOR_TOKENS: f64 = 4.0;
 /// Plain rounds in a row after which one round drafts anyway, to keep acceptance estimates
 /// current when speculation could pay.
 pub const EXPLORE_AFTER: u32 = 16;
+/// Weight, in decode steps, of the cost model's own figures against the clock's.
+const PRIOR_STEPS: f64 = 8.0;
 /// Plain steps before the draft may start: short answers (a word or a number and the end of
 /// the sequence) end before a draft's start and first round could pay for themselves.
 pub const WARM_UP_STEPS: usize = 8;
@@ -65,6 +71,11 @@ pub struct Planner {
     can_pay: bool,
     /// What the cost model says this request's rounds so far cost, seconds.
     modelled_s: f64,
+    /// The last round's modelled seconds, until [`Planner::timed`] pairs it with the clock.
+    last_modelled: f64,
+    /// Plain and drafted rounds: measured and modelled seconds (see [`Planner::slowdown`]).
+    plain_clock: (f64, f64),
+    drafted_clock: (f64, f64),
 }
 
 impl Planner {
@@ -87,6 +98,9 @@ impl Planner {
             predicted_tokens: 0.0,
             can_pay: false,
             modelled_s: 0.0,
+            last_modelled: 0.0,
+            plain_clock: (0.0, 0.0),
+            drafted_clock: (0.0, 0.0),
         };
         p.can_pay = p.best_depth(usize::MAX, 0, |_| 1.0).is_some();
         p
@@ -141,6 +155,7 @@ impl Planner {
 
     fn plain(&mut self, plain: f64) -> Round {
         self.modelled_s += plain;
+        self.last_modelled = plain;
         if !self.started {
             self.plain_before_start += plain;
         }
@@ -186,11 +201,42 @@ impl Planner {
 
     /// Records a verified round: the tree as verified and the accepted path's length.
     pub fn record(&mut self, tree: &DraftTree, accepted: usize, pending: usize) {
-        self.modelled_s += self.round_seconds(tree, pending);
+        self.last_modelled = self.round_seconds(tree, pending);
+        self.modelled_s += self.last_modelled;
         let deepest = (0..tree.len()).map(|i| tree.depth(i)).max().unwrap_or(0);
         self.acceptance.record(deepest, accepted);
         self.accepted_tokens += accepted as f64;
         self.predicted_tokens += tree.path_probs().iter().map(|&p| p as f64).sum::<f64>();
+    }
+
+    /// The last round took `seconds` by the clock (`drafted`: it drafted and verified a tree).
+    pub fn timed(&mut self, drafted: bool, seconds: f64) {
+        let clock = if drafted {
+            &mut self.drafted_clock
+        } else {
+            &mut self.plain_clock
+        };
+        clock.0 += seconds;
+        clock.1 += self.last_modelled;
+    }
+
+    /// How much slower drafted rounds run by the clock, relative to the cost model, than plain
+    /// ones do: the model's figures were timed at one context length and one moment, the
+    /// request runs at another (a longer prompt's attention, other work on the machine). Each
+    /// side's measured / modelled ratio is smoothed with [`PRIOR_STEPS`] decode steps' weight
+    /// (plain rounds towards 1, drafted ones towards the plain ratio); the quotient is bounded
+    /// to [0.5, 3]. 1 when the cost model is not clock-corrected.
+    pub fn slowdown(&self) -> f64 {
+        if !self.cost.clock_corrected {
+            return 1.0;
+        }
+        let prior = PRIOR_STEPS * self.cost.pass(1);
+        let (clock, model) = self.plain_clock;
+        let plain = (clock + prior) / (model + prior);
+        // Drafted rounds not yet timed run as the plain ones do, relative to the model.
+        let (clock, model) = self.drafted_clock;
+        let drafted = (clock + prior * plain) / (model + prior);
+        (drafted / plain).clamp(0.5, 3.0)
     }
 
     /// Accepted / draft-predicted tokens so far, smoothed towards 1.
@@ -214,9 +260,10 @@ impl Planner {
         // The root's probabilities, then a step per further depth; the best path's rows (what
         // else the tree offers is verified only where its confidence pays for its rows:
         // `budget`).
+        let slowdown = self.slowdown();
         best_chain(max_depth, self.cost.pass(1), accept, |d| {
             let drafting = before + self.draft.step(1) + (d - 1) as f64 * self.draft.step(width);
-            drafting + self.cost.pass(d + 1)
+            (drafting + self.cost.pass(d + 1)) * slowdown
         })
     }
 }
@@ -299,6 +346,7 @@ mod tests {
             pass_s: pass_s.to_vec(),
             drafts: BTreeMap::new(),
             measured_s: 0.0,
+            clock_corrected: true,
         }
     }
 
@@ -395,6 +443,26 @@ mod tests {
         assert!(depth >= 5, "{depth}");
         // Room caps the depth.
         assert!(matches!(q.next_round(2), Round::Draft { depth: 1 | 2 }));
+    }
+
+    #[test]
+    fn drafted_rounds_slower_by_the_clock_than_modelled_turn_plain() {
+        let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
+        let mut p = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        for _ in 0..WARM_UP_STEPS {
+            assert_eq!(p.next_round(6), Round::Plain);
+            p.timed(false, 1.0);
+        }
+        assert!((p.slowdown() - 1.0).abs() < 1e-9);
+        // Drafted rounds that take three times what the model says, well accepted.
+        for _ in 0..30 {
+            let t = chain(&[0.9, 0.9]);
+            p.record(&t, 2, 1);
+            let modelled = 0.1 + 0.1 + 1.5;
+            p.timed(true, 3.0 * modelled);
+        }
+        assert!(p.slowdown() > 2.5, "{}", p.slowdown());
+        assert_eq!(p.next_round(6), Round::Plain);
     }
 
     #[test]
