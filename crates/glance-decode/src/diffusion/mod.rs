@@ -262,13 +262,15 @@ impl BlockPlan {
     }
 }
 
-/// Whether linear self-speculation can beat a decode step under `cost` with blocks of up to
-/// `max_block`, even with every draft accepted.
-pub fn linear_can_pay(cost: &CostModel, max_block: usize) -> bool {
+/// Whether linear self-speculation is predicted to beat a decode step under `cost` with blocks
+/// of up to `max_block`, its drafts accepted as drafts usually are (the prior of
+/// [`Acceptance`]): what `auto` asks before choosing it.
+pub fn linear_pays_at_prior(cost: &CostModel, max_block: usize) -> bool {
+    let prior = Acceptance::default();
     best_chain(
         max_block.saturating_sub(1),
         cost.pass(1),
-        |_| 1.0,
+        |d| prior.at(d),
         |d| 2.0 * cost.pass(d + 1),
     )
     .is_some()
@@ -621,11 +623,11 @@ mod tests {
             eos_token_ids: vec![],
         };
         // A pass over k rows costs k steps: never a block (two passes for at most k tokens).
-        assert!(!linear_can_pay(&curve(1.0), 16));
+        assert!(!linear_pays_at_prior(&curve(1.0), 16));
         let b = BlockSize::cost_aware(&s, curve(1.0));
         assert_eq!(b.fitted(10, 0, 1000, &config), 1);
         // Nearly flat: a large block; cut by the context and the token limit.
-        assert!(linear_can_pay(&curve(0.02), 16));
+        assert!(linear_pays_at_prior(&curve(0.02), 16));
         let mut b = BlockSize::cost_aware(&s, curve(0.02));
         assert!(b.fitted(10, 0, 1000, &config) >= 8);
         assert_eq!(b.fitted(10, 0, 14, &config), 4);

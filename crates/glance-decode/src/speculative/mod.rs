@@ -276,10 +276,17 @@ impl DecodeStrategy for Speculative {
             ids.extend(&tree.tokens);
             let mask = TreeMask::new(tree.verify_parents())?;
             let positions = mask.positions(pos);
+            // A plain round is a decode step: one row sees every cached row, as under the
+            // causal mask (cheaper than materialising a tree mask per layer).
+            let mask = if tree.is_empty() {
+                AttnMask::causal()
+            } else {
+                AttnMask::Tree(mask)
+            };
             let hidden = model.forward(
                 &model.embed_tokens(&ids)?,
                 &positions,
-                &AttnMask::Tree(mask),
+                &mask,
                 &mut target_cache,
             )?;
             forwards += 1;

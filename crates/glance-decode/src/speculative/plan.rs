@@ -112,6 +112,13 @@ impl Planner {
         self.can_pay
     }
 
+    /// Whether a request's first drafted round is predicted to beat a decode step, with the
+    /// prior's acceptance (0.7 at every depth): what `auto` asks before choosing speculation,
+    /// so that a model where only a near-perfect draft could pay decodes plainly.
+    pub fn pays_at_prior(&self) -> bool {
+        self.can_pay && self.predicted(usize::MAX).is_some()
+    }
+
     /// The best depth for a round and its predicted speed-up over plain decoding, if one beats a
     /// decode step: `room` caps the depth.
     pub fn predicted(&self, room: usize) -> Option<(usize, f64)> {

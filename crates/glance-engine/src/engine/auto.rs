@@ -8,8 +8,8 @@
 //! format, the twin shape, the thread count, the CPU and glance's version.
 //!
 //! `auto` picks, per request, cost-aware speculation with the request's best draft head (ViSpec
-//! for a prompt with images, EAGLE for text, whichever the model offers) when a draft can beat a
-//! decode step on this machine even in principle; on a model without heads that is converted
+//! for a prompt with images, EAGLE for text, whichever the model offers) when a draft accepted
+//! as drafts usually are (the planner's prior) beats a decode step on this machine; on a model without heads that is converted
 //! for block diffusion, linear self-speculation with cost-aware blocks under the same rule; else
 //! `ar`. (The quadratic mode and thresholds are not among its choices: the threshold mode is
 //! lossy, and the quadratic mode's pass layout is not planned yet.)
@@ -19,7 +19,7 @@
 use super::Engine;
 use crate::request::Request;
 use glance_core::{Error, Result};
-use glance_decode::diffusion::linear_can_pay;
+use glance_decode::diffusion::linear_pays_at_prior;
 use glance_decode::speculative::plan::Planner;
 use glance_decode::{CostModel, DecodeSpec};
 use glance_nn::{CausalLm, DraftLm};
@@ -147,14 +147,15 @@ impl Engine {
             cost.c(8),
             draft.step(1) / cost.pass(1)
         );
-        let pays = Planner::new(cost.clone(), draft, tree, 0).can_pay();
+        let pays = Planner::new(cost.clone(), draft, tree, 0).pays_at_prior();
         Ok(Some(Choice::either(
             pays,
             spec,
             cost,
             format!("{spec} (cost-aware): {summary}"),
             format!(
-                "ar: no {spec} draft can beat a decode step here, even fully accepted ({summary})"
+                "ar: a {spec} draft accepted as drafts usually are (0.7 a token) cannot beat a \
+                 decode step here ({summary})"
             ),
         )))
     }
@@ -185,13 +186,13 @@ impl Engine {
             cost.c(largest)
         );
         Ok(Choice::either(
-            linear_can_pay(&cost, largest),
+            linear_pays_at_prior(&cost, largest),
             DecodeSpec::DiffusionLinear,
             cost,
             format!("diffusion-linear (cost-aware blocks ≤ {largest}): {summary}"),
             format!(
-                "ar: no block of diffusion-linear can beat a decode step here, even fully \
-                 accepted ({summary})"
+                "ar: no block of diffusion-linear accepted as drafts usually are (0.7 a token) \
+                 can beat a decode step here ({summary})"
             ),
         ))
     }
