@@ -230,8 +230,6 @@ impl DecodeStrategy for Speculative {
                     })?;
                     drafting = Some((s.context.clone(), Some(s)));
                     tally.time.start += clock.elapsed();
-                    // The start is paid once, not by this round (nor modelled in it).
-                    round_clock = Instant::now();
                 }
                 let Some((context, prompt)) = drafting.as_mut() else {
                     unreachable!("the draft was started above")
@@ -239,13 +237,18 @@ impl DecodeStrategy for Speculative {
                 let pending_count = pending.tokens.len();
                 let (mut rows, mut positions) =
                     pending.rows(model, self.draft.as_ref(), context)?;
-                if let Some(p) = prompt.take() {
+                let first = prompt.take();
+                if let Some(p) = &first {
                     rows = Tensor::cat(&[&p.rows, &rows], 0)?;
-                    positions = [p.positions, positions].concat();
+                    positions = [p.positions.as_slice(), &positions].concat();
                 }
                 let out =
                     self.draft
                         .forward(&rows, &positions, &AttnMask::causal(), &mut draft_cache)?;
+                if first.is_some() {
+                    // The prompt's rows are the start's too.
+                    round_clock = Instant::now();
+                }
                 let n = out.dim(0)?;
                 let root = out.narrow(0, n - 1, 1)?;
                 let mark = draft_cache.mark();
