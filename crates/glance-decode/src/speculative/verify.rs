@@ -15,6 +15,11 @@
 //! probability `p(c_1)`, any other token `y` with `(1 − p(c_1)) · p(y) / (1 − p(c_1))`. This is
 //! speculative sampling (Leviathan et al.; Chen et al.) with the draft distribution a point mass
 //! on each candidate, applied to candidates in turn as SpecInfer does for trees.
+//!
+//! **Processors** (penalties, bias, `min_tokens`: `crate::sampler`): the walk goes down one path,
+//! and every token it takes joins the sampler's history before the next node's row is processed,
+//! so each node's distribution is the one autoregressive decoding would use after the same
+//! tokens — greedy or sampled, the output is still autoregressive decoding's.
 
 use super::tree::DraftTree;
 use crate::sampler::Sampler;
@@ -55,7 +60,7 @@ pub fn verify(tree: &DraftTree, logits: &[Vec<f32>], sampler: &mut Sampler) -> R
             }
             continue;
         }
-        let mut p = sampler.checked_distribution(row)?;
+        let mut p = sampler.checked_distribution(row, &[])?;
         let mut taken = None;
         for &c in &children {
             let token = tree.tokens[c];
@@ -74,11 +79,13 @@ pub fn verify(tree: &DraftTree, logits: &[Vec<f32>], sampler: &mut Sampler) -> R
         }
         match taken {
             Some(c) => {
+                sampler.accept(tree.tokens[c], row);
                 accepted.push(c);
                 at = Some(c);
             }
             None => {
                 let next = sampler.draw(&p)?;
+                sampler.accept(next, row);
                 return Ok(Verdict {
                     accepted,
                     next,
@@ -161,12 +168,7 @@ mod tests {
             logits.clone(),
             logits.clone(),
         ];
-        let params = SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 11,
-        };
+        let params = SamplingParams::sampled(1.0, 11);
         let mut s = Sampler::new(params).unwrap();
         let n = 40_000;
         let mut first = [0usize; 4];
@@ -200,5 +202,60 @@ mod tests {
         // The token after an accepted first token also follows the target's distribution.
         assert!(seconds > 10_000);
         assert!(chi2(&second, seconds) < 16.27, "second token {second:?}");
+    }
+
+    /// With a presence penalty, the token after an accepted node follows the target's
+    /// distribution *given that node's token* (penalised), not the history before the round: a
+    /// χ² test on the second token after first token 3 (df = 3, p = 0.001 critical value 16.27).
+    #[test]
+    fn each_node_is_verified_under_its_own_history() {
+        let target = [0.1f32, 0.2, 0.3, 0.4];
+        let logits: Vec<f32> = target.iter().map(|p| p.ln()).collect();
+        let tree = DraftTree {
+            tokens: vec![3, 0, 2],
+            parents: vec![None, None, Some(0)],
+            probs: vec![0.7, 0.2, 0.5],
+            forwards: 1,
+        };
+        let rows = vec![logits.clone(); 4];
+        let params = SamplingParams {
+            presence_penalty: 1.0,
+            ..SamplingParams::sampled(1.0, 12)
+        };
+        // After token 3: its logit is lowered by 1.
+        let mut want: Vec<f64> = target.iter().map(|&p| p as f64).collect();
+        want[3] *= (-1f64).exp();
+        let z: f64 = want.iter().sum();
+        want.iter_mut().for_each(|w| *w /= z);
+        let mut second = [0usize; 4];
+        let mut seconds = 0;
+        for seed in 0..40_000u64 {
+            let mut s = Sampler::new(SamplingParams {
+                seed,
+                ..params.clone()
+            })
+            .unwrap();
+            let v = verify(&tree, &rows, &mut s).unwrap();
+            let tokens: Vec<TokenId> = v
+                .accepted
+                .iter()
+                .map(|&i| tree.tokens[i])
+                .chain(std::iter::once(v.next))
+                .collect();
+            if tokens[0] == 3 && tokens.len() > 1 {
+                second[tokens[1] as usize] += 1;
+                seconds += 1;
+            }
+        }
+        assert!(seconds > 10_000);
+        let chi2: f64 = second
+            .iter()
+            .zip(&want)
+            .map(|(&c, p)| {
+                let e = seconds as f64 * p;
+                (c as f64 - e).powi(2) / e
+            })
+            .sum();
+        assert!(chi2 < 16.27, "second token {second:?}, want {want:?}");
     }
 }
