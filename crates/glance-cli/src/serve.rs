@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// Default `max_tokens` of a request that gives none.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
+    /// Refuse requests with unknown top-level fields (400) instead of ignoring them with a
+    /// warning and a `glance-ignored-fields` response header.
+    #[arg(long)]
+    pub strict: bool,
     /// Server-wide default pruning (a request's `glance.prune` overrides it).
     #[command(flatten)]
     pub prune: PruneArgs,
@@ -89,6 +93,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_tokens: args.default_max_tokens,
         prune: args.prune.request_spec()?,
         decode: args.decode.spec()?,
+        strict: args.strict,
     };
     let options = EngineOptions {
         max_image_pixels: args.max_image_pixels,

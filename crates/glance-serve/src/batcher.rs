@@ -99,6 +99,10 @@ fn admit<'e>(engine: &'e Engine, job: Job, seqs: &mut Vec<Sequence<'e>>, metas: 
             Ok(()) => Flow::Continue,
             Err(_) => Flow::Cancel,
         },
+        Event::Logprob(l) => match tx.send(Msg::Logprob(crate::logprobs::chat_entry(engine, l))) {
+            Ok(()) => Flow::Continue,
+            Err(_) => Flow::Cancel,
+        },
     });
     match engine.sequence(job.prepared, sink) {
         Ok(seq) => {

@@ -31,6 +31,8 @@ use tokio::sync::mpsc;
 /// What a running generation reports to its handler.
 pub enum Msg {
     Text(String),
+    /// One token's log-probabilities in the chat form ([`crate::logprobs::chat_entry`]).
+    Logprob(serde_json::Value),
     Done(Box<glance_engine::Response>),
     Failed(ApiError),
 }
@@ -140,14 +142,22 @@ async fn handle(
         if let Some(Msg::Failed(e)) = first {
             return Err(e);
         }
+        let ignored = shape.ignored.clone();
         let stream = SseStream::new(ids, shape, first, rx, app.metrics.clone());
-        return Ok(sse_response(stream));
+        return Ok(with_ignored(sse_response(stream), &ignored));
     }
     // The answer's text comes whole in `Done`; the pieces only show the client is still there.
     while let Some(msg) = rx.recv().await {
         match msg {
-            Msg::Text(_) => {}
-            Msg::Done(r) => return Ok(Json(openai::completion_json(&ids, &r)).into_response()),
+            Msg::Text(_) | Msg::Logprob(_) => {}
+            Msg::Done(r) => {
+                let logprobs = shape.logprobs.then(|| {
+                    let list = r.logprobs.as_deref().unwrap_or_default();
+                    crate::logprobs::chat_logprobs(&app.engine, list)
+                });
+                let body = Json(openai::completion_json(&ids, &r, logprobs));
+                return Ok(with_ignored(body.into_response(), &shape.ignored));
+            }
             Msg::Failed(e) => return Err(e),
         }
     }
@@ -163,13 +173,17 @@ fn generate(
     tx: &mpsc::UnboundedSender<Msg>,
 ) -> Option<Msg> {
     let mut first: Option<Instant> = None;
-    let result = app.engine.generate(request, &mut |event| match event {
-        Event::Text(t) => {
-            first.get_or_insert_with(Instant::now);
-            match tx.send(Msg::Text(t.to_string())) {
-                Ok(()) => Flow::Continue,
-                Err(_) => Flow::Cancel,
+    let result = app.engine.generate(request, &mut |event| {
+        let msg = match event {
+            Event::Text(t) => {
+                first.get_or_insert_with(Instant::now);
+                Msg::Text(t.to_string())
             }
+            Event::Logprob(l) => Msg::Logprob(crate::logprobs::chat_entry(&app.engine, l)),
+        };
+        match tx.send(msg) {
+            Ok(()) => Flow::Continue,
+            Err(_) => Flow::Cancel,
         }
     });
     conclude(&app.metrics, result, arrived, first)
@@ -239,6 +253,17 @@ async fn read_body(
     })?
 }
 
+/// Names the ignored unknown fields of the request in the `glance-ignored-fields` header.
+pub(crate) fn with_ignored(mut response: Response, ignored: &[String]) -> Response {
+    if let Some(v) = (!ignored.is_empty())
+        .then(|| header::HeaderValue::from_str(&ignored.join(", ")).ok())
+        .flatten()
+    {
+        response.headers_mut().insert("glance-ignored-fields", v);
+    }
+    response
+}
+
 fn sse_response(stream: SseStream) -> Response {
     (
         [
@@ -257,6 +282,8 @@ struct SseStream {
     ids: Ids,
     shape: Shape,
     pending: std::collections::VecDeque<Bytes>,
+    /// Log-probabilities of tokens whose text has not been sent yet.
+    logprobs: Vec<serde_json::Value>,
     first: Option<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
     done: bool,
@@ -275,6 +302,7 @@ impl SseStream {
             ids,
             shape,
             pending: Default::default(),
+            logprobs: Vec::new(),
             first,
             rx,
             done: false,
@@ -285,7 +313,10 @@ impl SseStream {
     }
 
     fn event(&mut self, delta: serde_json::Value, finish: Option<&str>) {
-        let chunk = openai::chunk_json(&self.ids, delta, finish, self.shape.include_usage);
+        let logprobs = (self.shape.logprobs && !self.logprobs.is_empty())
+            .then(|| json!({"content": std::mem::take(&mut self.logprobs)}));
+        let chunk =
+            openai::chunk_json(&self.ids, delta, logprobs, finish, self.shape.include_usage);
         self.data(&chunk.to_string());
     }
 
@@ -297,11 +328,13 @@ impl SseStream {
     fn on(&mut self, msg: Option<Msg>) {
         match msg {
             Some(Msg::Text(t)) => self.event(json!({"content": t}), None),
+            Some(Msg::Logprob(l)) => self.logprobs.push(l),
             Some(Msg::Done(r)) => {
                 let finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
                 self.event(json!({}), Some(finish));
                 if self.shape.include_usage {
-                    let u = openai::usage_chunk_json(&self.ids, &r.usage);
+                    let u =
+                        openai::usage_chunk_json(&self.ids, &r.usage, r.cache.cached_tokens());
                     self.data(&u.to_string());
                 }
                 self.data("[DONE]");

@@ -10,6 +10,7 @@
 pub mod batcher;
 pub mod chat;
 pub mod error;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod slots;

@@ -1,9 +1,13 @@
-//! The OpenAI chat-completions request (parsed strictly: an unknown field is a 400) and its
-//! translation into the engine's [`Request`]; the response and stream-chunk bodies.
+//! The OpenAI chat-completions request and its translation into the engine's [`Request`]; the
+//! response and stream-chunk bodies.
 //!
-//! Fields OpenAI clients send that glance has no use for are accepted at their neutral values
-//! (`logprobs: false`, `frequency_penalty: 0`, `n: 1`, …) and refused with a clear message
-//! otherwise. glance's own per-request options travel under `"glance"`:
+//! The sampling parameters of OpenAI, vLLM and llama-server map onto the engine's sampler
+//! (`top_k: -1` and `min_p: 0` are vLLM's "off"). Fields OpenAI clients send that glance has no
+//! use for are accepted at their neutral values (`store: false`, empty `tools`, …) and refused
+//! with a clear message otherwise. A top-level field glance does not know is ignored and reported
+//! ([`Shape::ignored`]: a log warning and the `glance-ignored-fields` header), as vLLM does, or a
+//! 400 with `--strict` ([`Defaults::strict`]). glance's own per-request options travel under
+//! `"glance"`, where an unknown key is always a 400:
 //! `{"prune": {"policy": "adaptive", "keep": 0.125}, "decode": "vispec"}`.
 
 use crate::error::ApiError;
@@ -11,7 +15,7 @@ use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
 use glance_engine::{
     Budget, DecodeSpec, DiffusionOptions, DiffusionSettings, FinishReason, OptionNames, Policy,
-    Prompt, PruneSpec, Request, Response, Usage,
+    Prompt, PruneSpec, Request, Response, Role, Usage,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -21,7 +25,6 @@ pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
 
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Value,
@@ -31,18 +34,26 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<u64>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    /// Not OpenAI's, but vLLM's and llama.cpp's.
-    pub top_k: Option<usize>,
+    /// Not OpenAI's, but vLLM's and llama.cpp's (as are `min_p`, `repetition_penalty`,
+    /// `ignore_eos`, `min_tokens`, `continue_final_message`); -1 and 0 are off.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u64>,
+    pub continue_final_message: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<u64>,
-    // Accepted at their neutral values only.
-    pub user: Option<String>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u64>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
+    /// Token id (as a string, OpenAI's form) → bias in [-100, 100].
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    // Accepted at their neutral values only.
+    pub user: Option<String>,
     pub response_format: Option<Value>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
@@ -52,6 +63,9 @@ pub struct ChatRequest {
     pub service_tier: Option<String>,
     pub modalities: Option<Vec<String>>,
     pub glance: Option<GlanceOptions>,
+    /// Every other top-level field: ignored (reported), or refused with `--strict`.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,13 +139,19 @@ pub struct Defaults {
     pub max_tokens: usize,
     pub prune: Option<PruneSpec>,
     pub decode: DecodeSpec,
+    /// `--strict`: an unknown top-level field is a 400 instead of being ignored.
+    pub strict: bool,
 }
 
 /// What the handler needs besides the engine request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub struct Shape {
     pub stream: bool,
     pub include_usage: bool,
+    /// The answer carries log-probabilities.
+    pub logprobs: bool,
+    /// Unknown top-level fields that were ignored, sorted.
+    pub ignored: Vec<String>,
 }
 
 impl ChatRequest {
@@ -180,6 +200,16 @@ impl ChatRequest {
                 ));
             }
         }
+        let ignored: Vec<String> = self.unknown.keys().cloned().collect();
+        if let (true, Some(field)) = (defaults.strict, ignored.first()) {
+            return Err(ApiError::bad_param(
+                field,
+                format!(
+                    "unknown field `{field}` (the server runs with --strict; without it unknown \
+                     fields are ignored)"
+                ),
+            ));
+        }
         self.check_neutral()?;
         let stream = self.stream.unwrap_or(false);
         if self.stream_options.is_some() && !stream {
@@ -211,12 +241,26 @@ impl ChatRequest {
             // No seed: every sampled request draws differently, as OpenAI's do.
             None => fresh_seed(),
         };
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k: self.top_k.unwrap_or(0),
-            top_p: self.top_p.unwrap_or(1.0),
-            seed,
+        let sampling = self.sampling(seed)?;
+        let logprobs = match (self.logprobs, self.top_logprobs) {
+            (Some(true), top) => Some(top.unwrap_or(0)),
+            (_, Some(n)) if n > 0 => {
+                return Err(ApiError::bad_param(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                ))
+            }
+            _ => None,
         };
+        if let Some(n) = logprobs.filter(|&n| n > glance_core::MAX_TOP_LOGPROBS as u64) {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                format!(
+                    "top_logprobs must be in 0..={}, got {n}",
+                    glance_core::MAX_TOP_LOGPROBS
+                ),
+            ));
+        }
         let stop = match self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s],
@@ -243,9 +287,25 @@ impl ChatRequest {
         };
         let messages = parse_messages(&self.messages, sources, max_images)
             .map_err(|e| ApiError::from(e).with_param("messages"))?;
+        let continue_final = match (self.continue_final_message, self.add_generation_prompt) {
+            (Some(true), Some(true)) => {
+                return Err(ApiError::bad_param(
+                    "continue_final_message",
+                    "continue_final_message and add_generation_prompt cannot both be true",
+                ))
+            }
+            (Some(c), _) => c,
+            // vLLM: no generation prompt means the last message is continued.
+            (None, Some(g)) => !g,
+            // A conversation that ends with an assistant message is a prefill to continue.
+            (None, None) => messages.last().is_some_and(|m| m.role == Role::Assistant),
+        };
         let request = Request {
             diffusion,
             sampling,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs: logprobs.map(|n| n as usize),
+            continue_final_message: continue_final,
             max_new_tokens: max_tokens as usize,
             stop,
             prune,
@@ -258,8 +318,73 @@ impl ChatRequest {
             Shape {
                 stream,
                 include_usage,
+                logprobs: logprobs.is_some(),
+                ignored,
             },
         ))
+    }
+
+    /// The sampling parameters, each range checked with the field named.
+    fn sampling(&self, seed: u64) -> Result<SamplingParams, ApiError> {
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::bad_param(
+                    "top_k",
+                    format!("top_k must be -1 or 0 (off) or a positive count, got {k}"),
+                ))
+            }
+        };
+        let mut logit_bias = std::collections::BTreeMap::new();
+        for (id, bias) in self.logit_bias.iter().flatten() {
+            let id = id.trim().parse::<u32>().map_err(|_| {
+                ApiError::bad_param(
+                    "logit_bias",
+                    format!("logit_bias keys are token ids, got `{id}`"),
+                )
+            })?;
+            let bias = bias.as_f64().ok_or_else(|| {
+                ApiError::bad_param(
+                    "logit_bias",
+                    format!("the logit_bias of token {id} must be a number, got {bias}"),
+                )
+            })?;
+            logit_bias.insert(id, bias as f32);
+        }
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            seed,
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            logit_bias,
+            min_tokens: self.min_tokens.unwrap_or(0).min(MAX_TOKENS_LIMIT) as usize,
+        };
+        // The engine's message names the parameter; point `param` at it too.
+        p.validate().map_err(|e| {
+            let msg = e.to_string();
+            let param = [
+                "temperature",
+                "min_p",
+                "repetition_penalty",
+                "presence_penalty",
+                "frequency_penalty",
+                "logit_bias",
+            ]
+            .into_iter()
+            .find(|f| msg.contains(f))
+            .unwrap_or(if msg.contains("top-p") {
+                "top_p"
+            } else {
+                "temperature"
+            });
+            ApiError::bad_param(param, msg)
+        })?;
+        Ok(p)
     }
 
     /// Refuses any non-neutral value of a field glance does not implement.
@@ -272,18 +397,6 @@ impl ChatRequest {
         };
         if self.n.is_some_and(|n| n != 1) {
             return refuse("n", "a number of choices other than 1");
-        }
-        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
-            return refuse("logprobs", "returning log-probabilities");
-        }
-        if self.frequency_penalty.is_some_and(|p| p != 0.0) {
-            return refuse("frequency_penalty", "a non-zero penalty");
-        }
-        if self.presence_penalty.is_some_and(|p| p != 0.0) {
-            return refuse("presence_penalty", "a non-zero penalty");
-        }
-        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-            return refuse("logit_bias", "a logit bias");
         }
         if let Some(f) = &self.response_format {
             if f.get("type").and_then(Value::as_str) != Some("text") {
@@ -376,13 +489,14 @@ pub fn finish_reason(f: FinishReason) -> Option<&'static str> {
     }
 }
 
-/// The `usage` object, with glance's visual-token counts beside OpenAI's.
-pub fn usage_json(u: &Usage) -> Value {
+/// The `usage` object, with glance's visual-token counts beside OpenAI's; `cached` prompt
+/// tokens came from the prefix cache.
+pub fn usage_json(u: &Usage, cached: usize) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
         "visual_tokens": u.visual_tokens,
         "kept_visual_tokens": u.kept_visual_tokens,
     })
@@ -396,8 +510,8 @@ pub struct Ids {
     pub model: String,
 }
 
-/// The non-streaming answer.
-pub fn completion_json(ids: &Ids, r: &Response) -> Value {
+/// The non-streaming answer; `logprobs` in the chat form (`None`: not asked for).
+pub fn completion_json(ids: &Ids, r: &Response, logprobs: Option<Value>) -> Value {
     json!({
         "id": ids.id,
         "object": "chat.completion",
@@ -406,22 +520,28 @@ pub fn completion_json(ids: &Ids, r: &Response) -> Value {
         "choices": [{
             "index": 0,
             "message": {"role": "assistant", "content": r.text},
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish_reason(r.finish_reason),
         }],
-        "usage": usage_json(&r.usage),
+        "usage": usage_json(&r.usage, r.cache.cached_tokens()),
     })
 }
 
 /// One `chat.completion.chunk`; `usage` is `null` on every chunk but the last when usage was
-/// asked for, and absent otherwise.
-pub fn chunk_json(ids: &Ids, delta: Value, finish: Option<&str>, include_usage: bool) -> Value {
+/// asked for, and absent otherwise; `logprobs` those of the chunk's tokens.
+pub fn chunk_json(
+    ids: &Ids,
+    delta: Value,
+    logprobs: Option<Value>,
+    finish: Option<&str>,
+    include_usage: bool,
+) -> Value {
     let mut c = json!({
         "id": ids.id,
         "object": "chat.completion.chunk",
         "created": ids.created,
         "model": ids.model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
     });
     if include_usage {
         c["usage"] = Value::Null;
@@ -430,14 +550,14 @@ pub fn chunk_json(ids: &Ids, delta: Value, finish: Option<&str>, include_usage: 
 }
 
 /// The final usage chunk of a stream with `include_usage` (no choices).
-pub fn usage_chunk_json(ids: &Ids, u: &Usage) -> Value {
+pub fn usage_chunk_json(ids: &Ids, u: &Usage, cached: usize) -> Value {
     json!({
         "id": ids.id,
         "object": "chat.completion.chunk",
         "created": ids.created,
         "model": ids.model,
         "choices": [],
-        "usage": usage_json(u),
+        "usage": usage_json(u, cached),
     })
 }
 
@@ -450,6 +570,7 @@ mod tests {
             max_tokens: 16,
             prune: None,
             decode: DecodeSpec::Ar,
+            strict: true,
         }
     }
 
@@ -460,6 +581,47 @@ mod tests {
             4,
             &defaults(),
         )
+    }
+
+    #[test]
+    fn sampling_extras_translate_and_unknown_fields_are_ignored_unless_strict() {
+        let body = json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "top_k": -1, "min_p": 0, "repetition_penalty": 1.3, "presence_penalty": 0.5,
+            "frequency_penalty": -0.5, "logit_bias": {"7": -100, "3": 2.5}, "ignore_eos": true,
+            "min_tokens": 4, "logprobs": true, "top_logprobs": 3, "vendor_x": {"a": 1}
+        });
+        let lenient = Defaults {
+            strict: false,
+            ..defaults()
+        };
+        let (r, s) = ChatRequest::parse(body.to_string().as_bytes())
+            .unwrap()
+            .into_request("m", &ImageSources::DataOnly, 4, &lenient)
+            .unwrap();
+        let p = &r.sampling;
+        assert_eq!((p.top_k, p.min_p, p.min_tokens), (0, 0.0, 4));
+        assert_eq!(
+            (p.repetition_penalty, p.presence_penalty, p.frequency_penalty),
+            (1.3, 0.5, -0.5)
+        );
+        assert_eq!(p.logit_bias, [(7, -100.0), (3, 2.5)].into());
+        assert!(r.ignore_eos && s.logprobs);
+        assert_eq!(r.logprobs, Some(3));
+        assert_eq!(s.ignored, vec!["vendor_x".to_string()]);
+        let e = convert(body).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("vendor_x"));
+        assert!(e.message.contains("--strict"), "{}", e.message);
+        // An assistant message last is continued; a user message last starts a new turn.
+        let (r, _) = convert(json!({"messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "A"}]}))
+        .unwrap();
+        assert!(r.continue_final_message);
+        let (r, _) = convert(json!({"messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "A"}],
+            "add_generation_prompt": true}))
+        .unwrap();
+        assert!(!r.continue_final_message);
     }
 
     #[test]
@@ -511,9 +673,46 @@ mod tests {
             (json!({"messages": []}), 400, "no message"),
             (json!({"messages": m, "n": 2}), 400, "choices other than 1"),
             (
-                json!({"messages": m, "logprobs": true}),
+                json!({"messages": m, "logprobs": true, "top_logprobs": 21}),
                 400,
-                "log-probabilities",
+                "top_logprobs must be in 0..=20",
+            ),
+            (
+                json!({"messages": m, "top_logprobs": 2}),
+                400,
+                "needs logprobs: true",
+            ),
+            (
+                json!({"messages": m, "presence_penalty": 3}),
+                400,
+                "presence_penalty must be in [-2, 2]",
+            ),
+            (
+                json!({"messages": m, "repetition_penalty": 0}),
+                400,
+                "repetition_penalty",
+            ),
+            (json!({"messages": m, "min_p": 2}), 400, "min_p"),
+            (json!({"messages": m, "top_k": -2}), 400, "top_k must be"),
+            (
+                json!({"messages": m, "logit_bias": {"x": 1}}),
+                400,
+                "logit_bias keys are token ids",
+            ),
+            (
+                json!({"messages": m, "logit_bias": {"5": 200}}),
+                400,
+                "logit_bias of token 5",
+            ),
+            (
+                json!({"messages": m, "continue_final_message": true}),
+                400,
+                "ends with an assistant message",
+            ),
+            (
+                json!({"messages": m, "logprobs": true, "glance": {"decode": "diffusion-threshold"}}),
+                400,
+                "logprobs are not available with diffusion-threshold",
             ),
             (
                 json!({"messages": m, "temperature": -1}),
