@@ -254,8 +254,7 @@ impl Sampler {
     fn push(&mut self, token: TokenId) {
         self.generated += 1;
         let p = &self.params;
-        if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
-        {
+        if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
             *self.counts.entry(token).or_insert(0) += 1;
         }
     }
@@ -282,7 +281,8 @@ pub fn logprobs(row: &[f32], token: TokenId, top: usize) -> TokenLogprob {
     let mut idx: Vec<TokenId> = (0..row.len() as TokenId)
         .filter(|&i| row[i as usize].is_finite())
         .collect();
-    let order = |a: &TokenId, b: &TokenId| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    let order =
+        |a: &TokenId, b: &TokenId| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     let k = top.min(idx.len());
     if k > 0 && k < idx.len() {
         idx.select_nth_unstable_by(k - 1, order);
@@ -485,7 +485,9 @@ mod tests {
         let logits = [1.0f32, 0.9, 0.0];
         let run = |p: SamplingParams| {
             let mut s = Sampler::new(p).unwrap();
-            (0..4).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>()
+            (0..4)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(SamplingParams::greedy()), vec![0, 0, 0, 0]);
         let presence = SamplingParams {

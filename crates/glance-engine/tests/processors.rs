@@ -80,12 +80,17 @@ fn assert_logprobs_close(a: &Response, b: &Response, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         assert_eq!(x.token, y.token, "{what} token {i}");
-        assert!((x.logprob - y.logprob).abs() < 1e-3, "{what} {i}: {x:?} {y:?}");
+        assert!(
+            (x.logprob - y.logprob).abs() < 1e-3,
+            "{what} {i}: {x:?} {y:?}"
+        );
         let ids = |l: &glance_decode::TokenLogprob| l.top.iter().map(|t| t.0).collect::<Vec<_>>();
         assert_eq!(ids(x).len(), 3, "{what} {i}");
         // The alternatives' order may swap on a near-tie only.
         if ids(x) != ids(y) {
-            let gap = (x.top[1].1 - x.top[2].1).abs().min((x.top[0].1 - x.top[1].1).abs());
+            let gap = (x.top[1].1 - x.top[2].1)
+                .abs()
+                .min((x.top[0].1 - x.top[1].1).abs());
             assert!(gap < 1e-3, "{what} {i}: {x:?} {y:?}");
         }
     }
@@ -246,6 +251,9 @@ fn logprobs_equal_the_prompt_logits_of_prompt_and_answer() {
             (want.logprob - l.logprob).abs() < 1e-4,
             "token {i}: {want:?} vs {l:?}"
         );
-        assert_eq!(want.top.iter().map(|t| t.0).collect::<Vec<_>>(), l.top.iter().map(|t| t.0).collect::<Vec<_>>());
+        assert_eq!(
+            want.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            l.top.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
     }
 }

@@ -333,8 +333,7 @@ impl SseStream {
                 let finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
                 self.event(json!({}), Some(finish));
                 if self.shape.include_usage {
-                    let u =
-                        openai::usage_chunk_json(&self.ids, &r.usage, r.cache.cached_tokens());
+                    let u = openai::usage_chunk_json(&self.ids, &r.usage, r.cache.cached_tokens());
                     self.data(&u.to_string());
                 }
                 self.data("[DONE]");

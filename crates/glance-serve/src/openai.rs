@@ -602,7 +602,11 @@ mod tests {
         let p = &r.sampling;
         assert_eq!((p.top_k, p.min_p, p.min_tokens), (0, 0.0, 4));
         assert_eq!(
-            (p.repetition_penalty, p.presence_penalty, p.frequency_penalty),
+            (
+                p.repetition_penalty,
+                p.presence_penalty,
+                p.frequency_penalty
+            ),
             (1.3, 0.5, -0.5)
         );
         assert_eq!(p.logit_bias, [(7, -100.0), (3, 2.5)].into());

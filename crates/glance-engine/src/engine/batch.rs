@@ -187,11 +187,8 @@ impl Engine {
         saved += prepared.saved;
         let mut prepared = prepared;
         prepared.saved = saved;
-        let (sampler, sink) = self.sampler(
-            &prepared.sampling,
-            prepared.logprobs,
-            &prepared.prompt_ids,
-        )?;
+        let (sampler, sink) =
+            self.sampler(&prepared.sampling, prepared.logprobs, &prepared.prompt_ids)?;
         Ok(Sequence {
             prefix_rows: done,
             prefix_hidden: Vec::new(),
