@@ -105,7 +105,7 @@ impl ModelArgs {
 /// What to ask: a prompt with images, or a conversation.
 #[derive(Args, Clone, Debug)]
 pub struct PromptArgs {
-    /// Image file (PNG or JPEG); repeat for several images (they come first in the user turn, in
+    /// Image file (PNG, JPEG or WebP); repeat for several images (they come first in the user turn, in
     /// order).
     #[arg(long, conflicts_with = "messages")]
     pub image: Vec<PathBuf>,

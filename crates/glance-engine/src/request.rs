@@ -18,7 +18,7 @@ pub const MAX_STOP_BYTES: usize = 256;
 /// An image as a caller hands it over.
 #[derive(Clone)]
 pub enum ImageInput {
-    /// Encoded PNG or JPEG bytes (decoded by the engine, with its pixel limit checked from the
+    /// Encoded PNG, JPEG or WebP bytes (decoded by the engine, with its pixel limit checked from the
     /// header first).
     Bytes(Arc<[u8]>),
     /// An image already decoded.

@@ -297,7 +297,7 @@ fn bad_requests_get_clear_errors() {
                 Request::chat("x", vec![ImageInput::bytes(vec![0u8; 10])]).prompt,
                 3,
             ),
-            "not a PNG or JPEG",
+            "not a PNG, JPEG or WebP",
         ),
         (
             greedy(
