@@ -280,12 +280,20 @@ impl DecodeArgs {
         Ok(spec)
     }
 
+    /// A server's default strategy: as [`Self::spec`], but draft heads and tree settings are
+    /// allowed with any default (requests may ask for `vispec` / `eagle`).
+    pub fn server_spec(&self) -> Result<DecodeSpec> {
+        let spec = self.decode.parse::<DecodeSpec>()?;
+        self.diffusion.settings(spec)?;
+        Ok(spec)
+    }
+
     /// `base` with the draft heads, tree and block-diffusion settings of the flags.
     pub fn engine_options(&self, base: EngineOptions) -> Result<EngineOptions> {
         Ok(EngineOptions {
             drafts: self.draft.clone(),
             tree: self.tree.settings()?,
-            diffusion: self.diffusion.settings(self.spec()?)?,
+            diffusion: self.diffusion.settings(self.server_spec()?)?,
             ..base
         })
     }

@@ -1,19 +1,24 @@
 //! glance's OpenAI-compatible HTTP server (`glance serve`), on axum and tokio.
 //!
-//! Routes: `POST /v1/chat/completions` (JSON or SSE streaming), `GET /v1/models`, `GET /health`,
-//! `GET /metrics` (Prometheus text). Every generation runs on a blocking thread, never on the
+//! Routes: `POST /v1/chat/completions` and `POST /v1/completions` (JSON or SSE streaming),
+//! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text); with an API key
+//! ([`auth`]) every route but the last two requires it. One log line per request ([`log`]). Every generation runs on a blocking thread, never on the
 //! async runtime; at most `max_batch` run at once and at most `max_queue` wait ([`slots`]);
 //! a client that disconnects cancels its generation. Plain autoregressive requests are decoded
 //! together by one continuous-batching worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an OpenAI-style
 //! error body ([`error`]); the server keeps serving.
 
+pub mod auth;
 pub mod batcher;
 pub mod chat;
 pub mod error;
+pub mod legacy;
+pub mod log;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod slots;
+mod stream;
 
 use crate::batcher::Batcher;
 use crate::error::ApiError;
@@ -55,6 +60,8 @@ pub struct ServerConfig {
     pub prefill_chunk: usize,
     /// Time a client has to send its request line and headers (the connection is closed after).
     pub header_timeout: Duration,
+    /// Required as `Authorization: Bearer KEY` on every route but `/health` and `/metrics`.
+    pub api_key: Option<auth::ApiKey>,
 }
 
 /// The most generations a server runs at once (`--max-batch`): each holds a blocking thread and
@@ -178,11 +185,18 @@ impl App {
     }
 }
 
-/// The routes.
+/// The routes: the API behind the key check ([`auth`]), health and metrics open.
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/completions", post(legacy::completions))
         .route("/v1/models", get(models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            auth::require_key,
+        ));
+    Router::new()
+        .merge(api)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -222,8 +236,8 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
 
 async fn not_found() -> ApiError {
     ApiError::not_found(
-        "no such route: the API has POST /v1/chat/completions, GET /v1/models, GET /health and \
-         GET /metrics",
+        "no such route: the API has POST /v1/chat/completions, POST /v1/completions, \
+         GET /v1/models, GET /health and GET /metrics",
         "not_found",
     )
 }

@@ -10,18 +10,34 @@
 //! `"glance"`, where an unknown key is always a 400:
 //! `{"prune": {"policy": "adaptive", "keep": 0.125}, "decode": "vispec"}`.
 
+use crate::chat::Api;
 use crate::error::ApiError;
+use crate::App;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
 use glance_engine::{
-    Budget, DecodeSpec, DiffusionOptions, DiffusionSettings, FinishReason, OptionNames, Policy,
-    Prompt, PruneSpec, Request, Response, Role, Usage,
+    Budget, DecodeSpec, DiffusionOptions, DiffusionSettings, Engine, FinishReason, OptionNames,
+    Policy, Prompt, PruneSpec, Request, Response, Role, Usage,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// The most tokens one request may ask for.
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
+/// The most choices (`n`, times the prompts of a legacy completion) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// Parses a chat body and translates it (on a blocking thread: images are decoded here).
+pub fn parse_chat(app: &App, body: &[u8]) -> Result<(Vec<Request>, Shape), ApiError> {
+    let c = &app.config;
+    let max_images = app.engine.options().max_images;
+    ChatRequest::parse(body)?.into_requests(
+        &c.model_name,
+        &c.image_sources,
+        max_images,
+        &c.defaults,
+    )
+}
 
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Deserialize)]
@@ -143,9 +159,15 @@ pub struct Defaults {
     pub strict: bool,
 }
 
-/// What the handler needs besides the engine request.
+/// What the handler needs besides the engine requests.
 #[derive(Debug, Clone, Default)]
 pub struct Shape {
+    pub api: Api,
+    /// Choices in the answer: `n` per prompt.
+    pub choices: usize,
+    pub n: usize,
+    /// Legacy completions with `echo`: each choice's prompt text, sent before its answer.
+    pub echo: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
     /// The answer carries log-probabilities.
@@ -183,15 +205,44 @@ impl ChatRequest {
         })
     }
 
-    /// The engine request, with at most `max_images` images (counted before any is read)
-    /// resolved under `sources`.
-    pub fn into_request(
+    /// The engine requests (one per choice), with at most `max_images` images (counted before any
+    /// is read) resolved under `sources`.
+    pub fn into_requests(
         self,
         served: &str,
         sources: &ImageSources,
         max_images: usize,
         defaults: &Defaults,
-    ) -> Result<(Request, Shape), ApiError> {
+    ) -> Result<(Vec<Request>, Shape), ApiError> {
+        self.translate(served, defaults, |me| {
+            let messages = parse_messages(&me.messages, sources, max_images)
+                .map_err(|e| ApiError::from(e).with_param("messages"))?;
+            let continue_final = match (me.continue_final_message, me.add_generation_prompt) {
+                (Some(true), Some(true)) => {
+                    return Err(ApiError::bad_param(
+                        "continue_final_message",
+                        "continue_final_message and add_generation_prompt cannot both be true",
+                    ))
+                }
+                (Some(c), _) => c,
+                // vLLM: no generation prompt means the last message is continued.
+                (None, Some(g)) => !g,
+                // A conversation that ends with an assistant message is a prefill to continue.
+                (None, None) => messages.last().is_some_and(|m| m.role == Role::Assistant),
+            };
+            Ok(vec![(Prompt::Chat(messages), continue_final)])
+        })
+    }
+
+    /// The engine requests of the prompts `prompts` gives (each with whether its last message is
+    /// continued), after every other field is checked: `n` choices per prompt, choice `j` of a
+    /// prompt with the seed [`choice_seed`]`(seed, j)`.
+    pub(crate) fn translate(
+        self,
+        served: &str,
+        defaults: &Defaults,
+        prompts: impl FnOnce(&Self) -> Result<Vec<(Prompt, bool)>, ApiError>,
+    ) -> Result<(Vec<Request>, Shape), ApiError> {
         if let Some(m) = self.model.as_deref() {
             if m != served {
                 return Err(ApiError::not_found(
@@ -261,10 +312,10 @@ impl ChatRequest {
                 ),
             ));
         }
-        let stop = match self.stop {
+        let stop = match &self.stop {
             None => Vec::new(),
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
         };
         let (prune, decode) = match &self.glance {
             None => (defaults.prune.clone(), defaults.decode),
@@ -285,43 +336,51 @@ impl ChatRequest {
             Some(g) => g.diffusion(decode)?,
             None => None,
         };
-        let messages = parse_messages(&self.messages, sources, max_images)
-            .map_err(|e| ApiError::from(e).with_param("messages"))?;
-        let continue_final = match (self.continue_final_message, self.add_generation_prompt) {
-            (Some(true), Some(true)) => {
-                return Err(ApiError::bad_param(
-                    "continue_final_message",
-                    "continue_final_message and add_generation_prompt cannot both be true",
-                ))
+        let n = self.n.unwrap_or(1) as usize;
+        let prompts = prompts(&self)?;
+        if n == 0 || n.saturating_mul(prompts.len()) > MAX_CHOICES {
+            return Err(ApiError::bad_param(
+                "n",
+                format!(
+                    "n must be at least 1 and n times the prompts at most {MAX_CHOICES}, got n = \
+                     {n} for {} prompt(s)",
+                    prompts.len()
+                ),
+            ));
+        }
+        let mut requests = Vec::with_capacity(n * prompts.len());
+        for (prompt, continue_final) in prompts {
+            for j in 0..n {
+                let request = Request {
+                    diffusion: diffusion.clone(),
+                    sampling: SamplingParams {
+                        seed: choice_seed(seed, j),
+                        ..sampling.clone()
+                    },
+                    ignore_eos: self.ignore_eos.unwrap_or(false),
+                    logprobs: logprobs.map(|n| n as usize),
+                    continue_final_message: continue_final,
+                    max_new_tokens: max_tokens as usize,
+                    stop: stop.clone(),
+                    prune: prune.clone(),
+                    decode,
+                    ..Request::new(prompt.clone())
+                };
+                request.validate().map_err(ApiError::from)?;
+                requests.push(request);
             }
-            (Some(c), _) => c,
-            // vLLM: no generation prompt means the last message is continued.
-            (None, Some(g)) => !g,
-            // A conversation that ends with an assistant message is a prefill to continue.
-            (None, None) => messages.last().is_some_and(|m| m.role == Role::Assistant),
+        }
+        let shape = Shape {
+            api: Api::Chat,
+            choices: requests.len(),
+            n,
+            echo: Vec::new(),
+            stream,
+            include_usage,
+            logprobs: logprobs.is_some(),
+            ignored,
         };
-        let request = Request {
-            diffusion,
-            sampling,
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            logprobs: logprobs.map(|n| n as usize),
-            continue_final_message: continue_final,
-            max_new_tokens: max_tokens as usize,
-            stop,
-            prune,
-            decode,
-            ..Request::new(Prompt::Chat(messages))
-        };
-        request.validate().map_err(ApiError::from)?;
-        Ok((
-            request,
-            Shape {
-                stream,
-                include_usage,
-                logprobs: logprobs.is_some(),
-                ignored,
-            },
-        ))
+        Ok((requests, shape))
     }
 
     /// The sampling parameters, each range checked with the field named.
@@ -395,9 +454,6 @@ impl ChatRequest {
                 format!("{param}: {what} is not supported by glance"),
             ))
         };
-        if self.n.is_some_and(|n| n != 1) {
-            return refuse("n", "a number of choices other than 1");
-        }
         if let Some(f) = &self.response_format {
             if f.get("type").and_then(Value::as_str) != Some("text") {
                 return refuse(
@@ -426,6 +482,22 @@ impl ChatRequest {
     }
 }
 
+/// The seed of choice `j` of a request seeded `seed`: `seed` itself for the first, a distinct
+/// seed derived from both for every other (so `n` choices differ, and the same each time).
+pub fn choice_seed(seed: u64, j: usize) -> u64 {
+    if j == 0 {
+        return seed;
+    }
+    mix(seed ^ (j as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// splitmix64's finaliser.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// A seed that differs from call to call (clock and a counter, mixed).
 fn fresh_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -433,14 +505,10 @@ fn fresh_seed() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = nanos
+    mix(nanos
         ^ CALLS
             .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    // splitmix64's finaliser
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 impl PruneOptions {
@@ -502,6 +570,23 @@ pub fn usage_json(u: &Usage, cached: usize) -> Value {
     })
 }
 
+/// The usage of a request's choices: every choice's completion tokens, each prompt's tokens once
+/// (the first of its `n` choices).
+pub fn total_usage(all: &[&Response], n: usize) -> Value {
+    let mut u = Usage::default();
+    let mut cached = 0;
+    for (i, r) in all.iter().enumerate() {
+        u.completion_tokens += r.usage.completion_tokens;
+        if i % n.max(1) == 0 {
+            u.prompt_tokens += r.usage.prompt_tokens;
+            u.visual_tokens += r.usage.visual_tokens;
+            u.kept_visual_tokens += r.usage.kept_visual_tokens;
+            cached += r.cache.cached_tokens();
+        }
+    }
+    usage_json(&u, cached)
+}
+
 /// Identity of one completion: id, creation time, model name.
 #[derive(Debug, Clone)]
 pub struct Ids {
@@ -510,27 +595,62 @@ pub struct Ids {
     pub model: String,
 }
 
-/// The non-streaming answer; `logprobs` in the chat form (`None`: not asked for).
-pub fn completion_json(ids: &Ids, r: &Response, logprobs: Option<Value>) -> Value {
+impl Ids {
+    /// A fresh id (`chatcmpl-…` or `cmpl-…`) created now.
+    pub fn new(api: Api, model: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        let prefix = match api {
+            Api::Chat => "chatcmpl",
+            Api::Completion => "cmpl",
+        };
+        Self {
+            id: format!(
+                "{prefix}-{:x}{:08x}",
+                std::process::id(),
+                NEXT_ID.fetch_add(1, Ordering::Relaxed)
+            ),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: model.to_string(),
+        }
+    }
+}
+
+/// The non-streaming chat answer, one choice per response (log-probabilities in the chat form
+/// when asked for).
+pub fn completion_json(engine: &Engine, ids: &Ids, all: &[&Response], shape: &Shape) -> Value {
+    let choices: Vec<Value> = all
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let logprobs = shape.logprobs.then(|| {
+                crate::logprobs::chat_logprobs(engine, r.logprobs.as_deref().unwrap_or_default())
+            });
+            json!({
+                "index": i,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(r.finish_reason),
+            })
+        })
+        .collect();
     json!({
         "id": ids.id,
         "object": "chat.completion",
         "created": ids.created,
         "model": ids.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": r.text},
-            "logprobs": logprobs,
-            "finish_reason": finish_reason(r.finish_reason),
-        }],
-        "usage": usage_json(&r.usage, r.cache.cached_tokens()),
+        "choices": choices,
+        "usage": total_usage(all, shape.n),
     })
 }
 
-/// One `chat.completion.chunk`; `usage` is `null` on every chunk but the last when usage was
-/// asked for, and absent otherwise; `logprobs` those of the chunk's tokens.
+/// One `chat.completion.chunk` of choice `index`; `usage` is `null` on every chunk but the last
+/// when usage was asked for, and absent otherwise; `logprobs` those of the chunk's tokens.
 pub fn chunk_json(
     ids: &Ids,
+    index: usize,
     delta: Value,
     logprobs: Option<Value>,
     finish: Option<&str>,
@@ -541,7 +661,7 @@ pub fn chunk_json(
         "object": "chat.completion.chunk",
         "created": ids.created,
         "model": ids.model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
     });
     if include_usage {
         c["usage"] = Value::Null;
@@ -550,14 +670,18 @@ pub fn chunk_json(
 }
 
 /// The final usage chunk of a stream with `include_usage` (no choices).
-pub fn usage_chunk_json(ids: &Ids, u: &Usage, cached: usize) -> Value {
+pub fn usage_chunk_json(ids: &Ids, all: &[&Response], shape: &Shape) -> Value {
+    let object = match shape.api {
+        Api::Chat => "chat.completion.chunk",
+        Api::Completion => "text_completion",
+    };
     json!({
         "id": ids.id,
-        "object": "chat.completion.chunk",
+        "object": object,
         "created": ids.created,
         "model": ids.model,
         "choices": [],
-        "usage": usage_json(u, cached),
+        "usage": total_usage(all, shape.n),
     })
 }
 
@@ -575,12 +699,13 @@ mod tests {
     }
 
     fn convert(body: Value) -> Result<(Request, Shape), ApiError> {
-        ChatRequest::parse(body.to_string().as_bytes())?.into_request(
+        let (mut r, s) = ChatRequest::parse(body.to_string().as_bytes())?.into_requests(
             "m",
             &ImageSources::DataOnly,
             4,
             &defaults(),
-        )
+        )?;
+        Ok((r.remove(0), s))
     }
 
     #[test]
@@ -597,8 +722,9 @@ mod tests {
         };
         let (r, s) = ChatRequest::parse(body.to_string().as_bytes())
             .unwrap()
-            .into_request("m", &ImageSources::DataOnly, 4, &lenient)
+            .into_requests("m", &ImageSources::DataOnly, 4, &lenient)
             .unwrap();
+        let r = &r[0];
         let p = &r.sampling;
         assert_eq!((p.top_k, p.min_p, p.min_tokens), (0, 0.0, 4));
         assert_eq!(
@@ -675,7 +801,8 @@ mod tests {
                 "`max_tokens`: invalid value",
             ),
             (json!({"messages": []}), 400, "no message"),
-            (json!({"messages": m, "n": 2}), 400, "choices other than 1"),
+            (json!({"messages": m, "n": 0}), 400, "n must be at least 1"),
+            (json!({"messages": m, "n": 17}), 400, "at most 16"),
             (
                 json!({"messages": m, "logprobs": true, "top_logprobs": 21}),
                 400,

@@ -226,6 +226,7 @@ fn server_config(args: &ServeBenchArgs, batching: bool) -> ServerConfig {
         },
         batching,
         prefill_chunk: args.prefill_chunk,
+        api_key: None,
     }
 }
 
