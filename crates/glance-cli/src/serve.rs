@@ -95,7 +95,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .clone()
         .or_else(|| std::env::var("GLANCE_API_KEY").ok())
     {
-        Some(k) => Some(glance_serve::auth::ApiKey::new(&k).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?),
+        Some(k) => Some(
+            glance_serve::auth::ApiKey::new(&k).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?,
+        ),
         None => None,
     };
     let image_sources = match &args.allow_local_files {

@@ -174,7 +174,12 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
         ("wrong type", json!({"messages": "hello"}), 400, "list"),
         ("empty messages", json!({"messages": []}), 400, "no message"),
         // (An unknown top-level field is ignored unless --strict: tests/serve_openai.rs.)
-        ("no choices", with(json!({"n": 0})), 400, "n must be at least 1"),
+        (
+            "no choices",
+            with(json!({"n": 0})),
+            400,
+            "n must be at least 1",
+        ),
         (
             "wrong field type",
             with(json!({"max_tokens": "many"})),

@@ -286,3 +286,243 @@ fn unknown_fields_are_ignored_with_a_header_unless_strict() {
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["param"], "best_of");
 }
+
+/// `n` seeded choices differ from each other and are the same on every call; chat and legacy
+/// completions choose alike.
+#[test]
+fn n_seeded_choices_differ_and_repeat() {
+    let server = Server::start(&[]);
+    let b = body(
+        "coffee_palette.png",
+        QUESTION,
+        json!({"n": 3, "seed": 42, "temperature": 1.0, "max_tokens": 20}),
+    );
+    let answers = |v: &Value| -> Vec<String> {
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3, "{v}");
+        choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                assert_eq!(c["index"], i);
+                c["message"]["content"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let first = ok(&server, &b);
+    let a = answers(&first);
+    assert!(a[0] != a[1] && a[1] != a[2] && a[0] != a[2], "{a:?}");
+    assert_eq!(answers(&ok(&server, &b)), a);
+    // Usage: the prompt once, every choice's tokens.
+    let one = ok(
+        &server,
+        &body(
+            "coffee_palette.png",
+            QUESTION,
+            json!({"seed": 42, "temperature": 1.0, "max_tokens": 20}),
+        ),
+    );
+    assert_eq!(content(&one), a[0]);
+    assert_eq!(
+        first["usage"]["prompt_tokens"],
+        one["usage"]["prompt_tokens"]
+    );
+    // Streamed: the same three answers, told apart by index.
+    let mut sb = b.clone();
+    sb["stream"] = json!(true);
+    let (status, events) = server.chat_stream(&sb);
+    assert_eq!(status, 200);
+    let mut streamed = vec![String::new(); 3];
+    let mut finished = 0;
+    for e in events.iter().filter(|e| e.as_str() != "[DONE]") {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let choice = &c["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        if let Some(t) = choice["delta"]["content"].as_str() {
+            streamed[i].push_str(t);
+        }
+        finished += usize::from(!choice["finish_reason"].is_null());
+    }
+    assert_eq!(streamed, a);
+    assert_eq!(finished, 3);
+}
+
+fn legacy(server: &Server, b: &Value) -> (u16, Value) {
+    let (status, text) = server.request("POST", "/v1/completions", Some(&b.to_string()));
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status}: {e}: {text}"));
+    (status, v)
+}
+
+#[test]
+fn legacy_completions_take_prompt_lists_echo_and_logprobs() {
+    let server = Server::start(&[]);
+    // glance-tiny's chat prompt, written out: the same answer as the chat API's.
+    let chat = ok(
+        &server,
+        &json!({"messages": [{"role": "user", "content": QUESTION}],
+                                    "temperature": 0, "max_tokens": 12}),
+    );
+    let raw = format!("USER: {QUESTION} ASSISTANT:");
+    let (status, v) = legacy(
+        &server,
+        &json!({"model": "glance-tiny", "prompt": raw,
+                                               "temperature": 0, "max_tokens": 12}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(
+        v["choices"][0]["text"],
+        chat["choices"][0]["message"]["content"]
+    );
+    assert_eq!(v["usage"], chat["usage"]);
+    // A list of prompts, echoed, with log-probabilities in the legacy form.
+    let (status, v) = legacy(
+        &server,
+        &json!({"prompt": [raw, "USER: How many objects are there? ASSISTANT:"],
+                "temperature": 0, "max_tokens": 6, "echo": true, "logprobs": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    for (c, p) in choices
+        .iter()
+        .zip([raw.as_str(), "USER: How many objects are there? ASSISTANT:"])
+    {
+        let text = c["text"].as_str().unwrap();
+        assert!(text.starts_with(p), "{text}");
+        let lp = &c["logprobs"];
+        let tokens = lp["tokens"].as_array().unwrap();
+        assert!(!tokens.is_empty());
+        assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), tokens.len());
+        assert_eq!(lp["text_offset"][0], p.len());
+        let top = lp["top_logprobs"][0].as_object().unwrap();
+        assert_eq!(top.len(), 2);
+        // Greedy: the chosen token is the most likely.
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!((best - lp["token_logprobs"][0].as_f64().unwrap()).abs() < 1e-6);
+    }
+    // Streamed: the echo, then the text.
+    let (status, text) = server.request(
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": raw, "temperature": 0, "max_tokens": 12, "stream": true, "echo": true}).to_string()),
+    );
+    assert_eq!(status, 200);
+    let events = sse_data(&text);
+    let joined: String = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        joined,
+        format!(
+            "{raw}{}",
+            chat["choices"][0]["message"]["content"].as_str().unwrap()
+        )
+    );
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    for (b, param) in [
+        (json!({"prompt": "a", "suffix": "b"}), "suffix"),
+        (json!({"prompt": [1, 2]}), "prompt"),
+        (json!({}), "prompt"),
+        (json!({"prompt": "a", "best_of": 3}), "best_of"),
+    ] {
+        let (status, v) = legacy(&server, &b);
+        assert_eq!(status, 400, "{b}: {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+}
+
+#[test]
+fn an_api_key_guards_every_api_route_and_requests_are_logged_as_json() {
+    let log = scratch("serve-log").join("stderr.log");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_glance"));
+    cmd.env("GLANCE_HOME", common::TEST_HOME)
+        .env("GLANCE_API_KEY", "k3y")
+        .env("RUST_LOG", "glance_serve=info");
+    let file = std::fs::File::create(&log).unwrap();
+    let server = Server::start_with_stderr(cmd, &["--log-format", "json"], file.into());
+    let b = body("coffee_palette.png", QUESTION, json!({"max_tokens": 3}));
+    let send = |path: &str, auth: Option<&str>, body: Option<&str>| {
+        let method = if body.is_some() { "POST" } else { "GET" };
+        let mut req = String::from_utf8(request_bytes(method, path, body)).unwrap();
+        if let Some(a) = auth {
+            req = req.replacen("\r\n", &format!("\r\nAuthorization: {a}\r\n"), 1);
+        }
+        parse_response(&server.raw(req.as_bytes())).0
+    };
+    let chat = b.to_string();
+    assert_eq!(send("/v1/chat/completions", None, Some(&chat)), 401);
+    assert_eq!(
+        send("/v1/chat/completions", Some("Bearer nope"), Some(&chat)),
+        401
+    );
+    assert_eq!(
+        send("/v1/completions", None, Some("{\"prompt\": \"a\"}")),
+        401
+    );
+    assert_eq!(send("/v1/models", None, None), 401);
+    assert_eq!(send("/v1/models", Some("Bearer k3y"), None), 200);
+    assert_eq!(send("/health", None, None), 200);
+    assert_eq!(send("/metrics", None, None), 200);
+    assert_eq!(
+        send("/v1/chat/completions", Some("Bearer k3y"), Some(&chat)),
+        200
+    );
+    drop(server);
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let done: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["message"] == "request finished")
+        .collect();
+    assert_eq!(done.len(), 1, "{lines:?}");
+    let l = done[0];
+    assert!(l["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(l["status"], 200);
+    assert_eq!(l["completion_tokens"], 3);
+    assert_eq!(l["strategy"], "ar");
+    assert!(l["prompt_tokens"].as_u64().unwrap() > 0);
+    assert!(l["ttft_s"].as_f64().unwrap() <= l["total_s"].as_f64().unwrap());
+}
+
+/// `--draft DIR` with the default `ar`: requests may ask for the head's strategy.
+#[test]
+fn a_draft_head_serves_requests_that_ask_for_it() {
+    let head = fixture("../models/glance-tiny/draft-vispec");
+    let server = Server::start(&["--draft", s(&head)]);
+    let b = body("coffee_palette.png", QUESTION, json!({}));
+    let ar = content(&ok(&server, &b));
+    let mut v = b.clone();
+    v["glance"] = json!({"decode": "vispec"});
+    assert_eq!(content(&ok(&server, &v)), ar);
+}
+
+/// A WebP image (lossless) answers as its PNG does.
+#[test]
+fn webp_images_are_accepted() {
+    let server = Server::start(&[]);
+    let png = std::fs::read(fixture("images/coffee_palette.png")).unwrap();
+    let img = image::load_from_memory(&png).unwrap().to_rgb8();
+    let mut webp = Vec::new();
+    image::codecs::webp::WebPEncoder::new_lossless(&mut webp)
+        .encode(
+            img.as_raw(),
+            img.width(),
+            img.height(),
+            image::ExtendedColorType::Rgb8,
+        )
+        .unwrap();
+    let mut b = body("coffee_palette.png", QUESTION, json!({}));
+    let want = content(&ok(&server, &b));
+    b["messages"][0]["content"][0]["image_url"]["url"] = json!(data_url(&webp, "image/webp"));
+    assert_eq!(content(&ok(&server, &b)), want);
+}

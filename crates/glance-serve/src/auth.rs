@@ -18,7 +18,9 @@ impl ApiKey {
     /// A key; empty or whitespace-bearing keys are refused (a `Bearer` header cannot carry them).
     pub fn new(key: &str) -> Result<Self, String> {
         if key.is_empty() || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err("the API key must be non-empty, without spaces or control characters".into());
+            return Err(
+                "the API key must be non-empty, without spaces or control characters".into(),
+            );
         }
         Ok(Self(key.to_string()))
     }

@@ -20,7 +20,11 @@ pub const DEFAULT_MAX_TOKENS: u64 = 16;
 pub fn parse(app: &App, body: &[u8]) -> Result<(Vec<glance_engine::Request>, Shape), ApiError> {
     let mut fields = match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(f)) => f,
-        Ok(_) => return Err(ApiError::bad_request("the request body must be a JSON object")),
+        Ok(_) => {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ))
+        }
         Err(e) => return Err(ApiError::bad_request(format!("invalid request body: {e}"))),
     };
     let prompts: Vec<String> = match fields.remove("prompt") {
@@ -91,7 +95,11 @@ pub fn parse(app: &App, body: &[u8]) -> Result<(Vec<glance_engine::Request>, Sha
             ))
         }
     }
-    for chat_only in ["messages", "continue_final_message", "add_generation_prompt"] {
+    for chat_only in [
+        "messages",
+        "continue_final_message",
+        "add_generation_prompt",
+    ] {
         if fields.contains_key(chat_only) {
             return Err(ApiError::bad_param(
                 chat_only,

@@ -28,14 +28,19 @@ impl Server {
 
     /// [`Server::start`] with `cmd` (a program, its directory and environment) in place of the
     /// built binary.
-    pub fn start_command(mut cmd: Command, args: &[&str]) -> Server {
+    pub fn start_command(cmd: Command, args: &[&str]) -> Server {
+        Self::start_with_stderr(cmd, args, Stdio::inherit())
+    }
+
+    /// [`Server::start_command`] with the server's stderr (its request logs) sent to `stderr`.
+    pub fn start_with_stderr(mut cmd: Command, args: &[&str], stderr: Stdio) -> Server {
         let mut child = cmd
             .arg("serve")
             .args(["--port", "0", "--threads", "1"])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("binary runs");
         let out = child.stdout.take().expect("piped");
