@@ -526,3 +526,51 @@ fn webp_images_are_accepted() {
     b["messages"][0]["content"][0]["image_url"]["url"] = json!(data_url(&webp, "image/webp"));
     assert_eq!(content(&ok(&server, &b)), want);
 }
+
+/// `glance run` takes the same processors as flags and gives the server's answer and
+/// log-probabilities; a malformed `--logit-bias` is refused before the model loads.
+#[test]
+fn glance_run_flags_match_the_server() {
+    let server = Server::start(&[]);
+    let v = ok(
+        &server,
+        &body(
+            "coffee_palette.png",
+            QUESTION,
+            json!({"presence_penalty": 1.5, "repetition_penalty": 1.2, "logit_bias": {"6": -5},
+                   "min_tokens": 30, "logprobs": true, "top_logprobs": 2}),
+        ),
+    );
+    let o = glance(&[
+        "run",
+        "--image",
+        s(&fixture("images/coffee_palette.png")),
+        "--prompt",
+        QUESTION,
+        "--max-new-tokens",
+        "24",
+        "--presence-penalty",
+        "1.5",
+        "--repetition-penalty",
+        "1.2",
+        "--logit-bias",
+        "6=-5",
+        "--min-tokens",
+        "30",
+        "--logprobs",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(run["text"], v["choices"][0]["message"]["content"]);
+    let served = &v["choices"][0]["logprobs"]["content"];
+    let local = run["logprobs"].as_array().unwrap();
+    assert_eq!(local.len(), served.as_array().unwrap().len());
+    for (a, b) in local.iter().zip(served.as_array().unwrap()) {
+        assert!((a["logprob"].as_f64().unwrap() - b["logprob"].as_f64().unwrap()).abs() < 1e-4);
+    }
+    let o = glance(&["run", "--prompt", "hi", "--logit-bias", "7"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ID=BIAS"), "{}", stderr(&o));
+}
