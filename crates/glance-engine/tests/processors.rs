@@ -96,6 +96,26 @@ fn assert_logprobs_close(a: &Response, b: &Response, what: &str) {
     }
 }
 
+/// Runs `ar` with each of `specs` and checks that tokens and log-probabilities equal `want`'s;
+/// returns the draft tokens accepted.
+fn equal_to_ar(e: &Engine, ar: &Request, want: &Response, specs: &[DecodeSpec], what: &str) -> u64 {
+    let mut accepted = 0;
+    for &spec in specs {
+        let got = run(
+            e,
+            &Request {
+                decode: spec,
+                ..ar.clone()
+            },
+        );
+        let what = format!("{what} {spec} {:?}", ar.sampling);
+        assert_eq!(got.token_ids, want.token_ids, "{what}");
+        assert_logprobs_close(&got, want, &what);
+        accepted += got.decode.counters["accepted_tokens"];
+    }
+    accepted
+}
+
 #[test]
 fn speculative_strategies_equal_autoregressive_decoding_under_every_processor() {
     let e = engine("glance-tiny");
@@ -106,19 +126,8 @@ fn speculative_strategies_equal_autoregressive_decoding_under_every_processor() 
         for (sampling, ignore_eos) in settings() {
             let ar = request(&image, &sampling, ignore_eos);
             let want = run(&e, &ar);
-            for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
-                let got = run(
-                    &e,
-                    &Request {
-                        decode: spec,
-                        ..ar.clone()
-                    },
-                );
-                let what = format!("image {index} {spec} {sampling:?}");
-                assert_eq!(got.token_ids, want.token_ids, "{what}");
-                assert_logprobs_close(&got, &want, &what);
-                accepted += got.decode.counters["accepted_tokens"];
-            }
+            let specs = [DecodeSpec::Vispec, DecodeSpec::Eagle];
+            accepted += equal_to_ar(&e, &ar, &want, &specs, &format!("image {index}"));
             if sampling.min_tokens > 0 {
                 assert!(want.token_ids.len() >= sampling.min_tokens);
             }
@@ -140,19 +149,8 @@ fn self_speculative_diffusion_equals_autoregressive_decoding_under_every_process
     for (sampling, ignore_eos) in settings() {
         let ar = request(&image, &sampling, ignore_eos);
         let want = run(&e, &ar);
-        for spec in [DecodeSpec::DiffusionLinear, DecodeSpec::DiffusionQuadratic] {
-            let got = run(
-                &e,
-                &Request {
-                    decode: spec,
-                    ..ar.clone()
-                },
-            );
-            let what = format!("{spec} {sampling:?}");
-            assert_eq!(got.token_ids, want.token_ids, "{what}");
-            assert_logprobs_close(&got, &want, &what);
-            accepted += got.decode.counters["accepted_tokens"];
-        }
+        let specs = [DecodeSpec::DiffusionLinear, DecodeSpec::DiffusionQuadratic];
+        accepted += equal_to_ar(&e, &ar, &want, &specs, "dvlm");
         // The lossy threshold mode runs under the processors too (no log-probabilities).
         let threshold = Request {
             decode: DecodeSpec::DiffusionThreshold,

@@ -176,17 +176,9 @@ pub fn chunk_json(
     finish: Option<&str>,
     include_usage: bool,
 ) -> Value {
-    let mut c = json!({
-        "id": ids.id,
-        "object": "text_completion",
-        "created": ids.created,
-        "model": ids.model,
-        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-    });
-    if include_usage {
-        c["usage"] = Value::Null;
-    }
-    c
+    let choice =
+        json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish});
+    openai::chunk_envelope(ids, "text_completion", choice, include_usage)
 }
 
 pub async fn completions(

@@ -656,12 +656,19 @@ pub fn chunk_json(
     finish: Option<&str>,
     include_usage: bool,
 ) -> Value {
+    let choice =
+        json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+    chunk_envelope(ids, "chat.completion.chunk", choice, include_usage)
+}
+
+/// A streamed chunk of either API around its one `choice`; `usage: null` with `include_usage`.
+pub fn chunk_envelope(ids: &Ids, object: &str, choice: Value, include_usage: bool) -> Value {
     let mut c = json!({
         "id": ids.id,
-        "object": "chat.completion.chunk",
+        "object": object,
         "created": ids.created,
         "model": ids.model,
-        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        "choices": [choice],
     });
     if include_usage {
         c["usage"] = Value::Null;

@@ -149,25 +149,48 @@ mod tests {
         assert_eq!((v.accepted, v.next), (vec![], 9));
     }
 
-    /// At temperature 1 the first emitted token follows the target's distribution whatever the
-    /// candidates: a χ² test over 40k draws (df = 3, p = 0.001 critical value 16.27).
-    #[test]
-    fn rejection_sampling_preserves_the_target_distribution() {
-        let target = [0.1f32, 0.2, 0.3, 0.4];
-        let logits: Vec<f32> = target.iter().map(|p| p.ln()).collect();
-        // Candidates below the root: tokens 3 and 0 (one likely, one not), and a deeper node.
+    /// Pearson's χ² of `counts` (out of `total`) against probabilities `want`.
+    fn chi2(counts: &[usize], want: &[f64], total: usize) -> f64 {
+        counts
+            .iter()
+            .zip(want)
+            .map(|(&c, &p)| {
+                let e = total as f64 * p;
+                (c as f64 - e).powi(2) / e
+            })
+            .sum()
+    }
+
+    const TARGET: [f32; 4] = [0.1, 0.2, 0.3, 0.4];
+
+    /// The χ² tests' tree and rows: candidates below the root are tokens 3 and 0 (one likely, one
+    /// not), with a deeper node (token 2) below the first; every row holds [`TARGET`]'s logits.
+    fn chi2_case() -> (DraftTree, Vec<Vec<f32>>) {
+        let logits: Vec<f32> = TARGET.iter().map(|p| p.ln()).collect();
         let tree = DraftTree {
             tokens: vec![3, 0, 2],
             parents: vec![None, None, Some(0)],
             probs: vec![0.7, 0.2, 0.5],
             forwards: 1,
         };
-        let rows = vec![
-            logits.clone(),
-            logits.clone(),
-            logits.clone(),
-            logits.clone(),
-        ];
+        (tree, vec![logits; 4])
+    }
+
+    /// The tokens a verdict emits: the accepted path, then the next token.
+    fn emitted(tree: &DraftTree, v: &Verdict) -> Vec<TokenId> {
+        v.accepted
+            .iter()
+            .map(|&i| tree.tokens[i])
+            .chain(std::iter::once(v.next))
+            .collect()
+    }
+
+    /// At temperature 1 the first emitted token follows the target's distribution whatever the
+    /// candidates: a χ² test over 40k draws (df = 3, p = 0.001 critical value 16.27).
+    #[test]
+    fn rejection_sampling_preserves_the_target_distribution() {
+        let target = TARGET;
+        let (tree, rows) = chi2_case();
         let params = SamplingParams::sampled(1.0, 11);
         let mut s = Sampler::new(params).unwrap();
         let n = 40_000;
@@ -175,33 +198,21 @@ mod tests {
         let mut second = [0usize; 4];
         let mut seconds = 0;
         for _ in 0..n {
-            let v = verify(&tree, &rows, &mut s).unwrap();
-            let tokens: Vec<TokenId> = v
-                .accepted
-                .iter()
-                .map(|&i| tree.tokens[i])
-                .chain(std::iter::once(v.next))
-                .collect();
+            let tokens = emitted(&tree, &verify(&tree, &rows, &mut s).unwrap());
             first[tokens[0] as usize] += 1;
             if tokens.len() > 1 {
                 second[tokens[1] as usize] += 1;
                 seconds += 1;
             }
         }
-        let chi2 = |counts: &[usize; 4], total: usize| -> f64 {
-            counts
-                .iter()
-                .zip(target)
-                .map(|(&c, p)| {
-                    let e = total as f64 * p as f64;
-                    (c as f64 - e).powi(2) / e
-                })
-                .sum()
-        };
-        assert!(chi2(&first, n) < 16.27, "first token {first:?}");
+        let want: Vec<f64> = target.iter().map(|&p| p as f64).collect();
+        assert!(chi2(&first, &want, n) < 16.27, "first token {first:?}");
         // The token after an accepted first token also follows the target's distribution.
         assert!(seconds > 10_000);
-        assert!(chi2(&second, seconds) < 16.27, "second token {second:?}");
+        assert!(
+            chi2(&second, &want, seconds) < 16.27,
+            "second token {second:?}"
+        );
     }
 
     /// With a presence penalty, the token after an accepted node follows the target's
@@ -209,15 +220,8 @@ mod tests {
     /// χ² test on the second token after first token 3 (df = 3, p = 0.001 critical value 16.27).
     #[test]
     fn each_node_is_verified_under_its_own_history() {
-        let target = [0.1f32, 0.2, 0.3, 0.4];
-        let logits: Vec<f32> = target.iter().map(|p| p.ln()).collect();
-        let tree = DraftTree {
-            tokens: vec![3, 0, 2],
-            parents: vec![None, None, Some(0)],
-            probs: vec![0.7, 0.2, 0.5],
-            forwards: 1,
-        };
-        let rows = vec![logits.clone(); 4];
+        let target = TARGET;
+        let (tree, rows) = chi2_case();
         let params = SamplingParams {
             presence_penalty: 1.0,
             ..SamplingParams::sampled(1.0, 12)
@@ -235,27 +239,16 @@ mod tests {
                 ..params.clone()
             })
             .unwrap();
-            let v = verify(&tree, &rows, &mut s).unwrap();
-            let tokens: Vec<TokenId> = v
-                .accepted
-                .iter()
-                .map(|&i| tree.tokens[i])
-                .chain(std::iter::once(v.next))
-                .collect();
+            let tokens = emitted(&tree, &verify(&tree, &rows, &mut s).unwrap());
             if tokens[0] == 3 && tokens.len() > 1 {
                 second[tokens[1] as usize] += 1;
                 seconds += 1;
             }
         }
         assert!(seconds > 10_000);
-        let chi2: f64 = second
-            .iter()
-            .zip(&want)
-            .map(|(&c, p)| {
-                let e = seconds as f64 * p;
-                (c as f64 - e).powi(2) / e
-            })
-            .sum();
-        assert!(chi2 < 16.27, "second token {second:?}, want {want:?}");
+        assert!(
+            chi2(&second, &want, seconds) < 16.27,
+            "second token {second:?}, want {want:?}"
+        );
     }
 }
