@@ -574,3 +574,43 @@ fn glance_run_flags_match_the_server() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("ID=BIAS"), "{}", stderr(&o));
 }
+
+/// glance-tiny cannot spell JSON: structured output and tools are refused saying why; a model
+/// with byte fallback gets the plain "not implemented" refusal.
+#[test]
+fn json_output_is_refused_clearly() {
+    let tiny = Server::start(&[]);
+    let schema =
+        json!({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}});
+    for (field, value) in [
+        ("response_format", json!({"type": "json_object"})),
+        ("response_format", schema),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f"}}]),
+        ),
+    ] {
+        let (status, v) = tiny.chat(&body("coffee_palette.png", QUESTION, json!({field: value})));
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], field);
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("cannot spell JSON"), "{msg}");
+    }
+    let fixture_model = fixture("models/llama-gqa");
+    let other = Server::start(&["--model", s(&fixture_model)]);
+    let mut b = body(
+        "coffee_palette.png",
+        QUESTION,
+        json!({"response_format": {"type": "json_object"}}),
+    );
+    b["model"] = json!("llama-gqa");
+    let (status, v) = other.chat(&b);
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("structured output"),
+        "{v}"
+    );
+}

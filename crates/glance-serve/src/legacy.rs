@@ -115,19 +115,20 @@ pub fn parse(app: &App, body: &[u8]) -> Result<(Vec<glance_engine::Request>, Sha
         .map_err(|e| ApiError::internal(format!("re-encoding the request: {e}")))?;
     let c = &app.config;
     let texts = prompts.clone();
-    let (requests, mut shape) =
-        ChatRequest::parse(&body)?.translate(&c.model_name, &c.defaults, move |_| {
-            Ok(texts
-                .into_iter()
-                .map(|text| {
-                    let prompt = Prompt::Raw {
-                        text,
-                        images: Vec::new(),
-                    };
-                    (prompt, false)
-                })
-                .collect())
-        })?;
+    let request = ChatRequest::parse(&body)?;
+    request.check_json_output(&app.engine)?;
+    let (requests, mut shape) = request.translate(&c.model_name, &c.defaults, move |_| {
+        Ok(texts
+            .into_iter()
+            .map(|text| {
+                let prompt = Prompt::Raw {
+                    text,
+                    images: Vec::new(),
+                };
+                (prompt, false)
+            })
+            .collect())
+    })?;
     shape.api = Api::Completion;
     if echo {
         shape.echo = prompts

@@ -31,12 +31,9 @@ pub const MAX_CHOICES: usize = 16;
 pub fn parse_chat(app: &App, body: &[u8]) -> Result<(Vec<Request>, Shape), ApiError> {
     let c = &app.config;
     let max_images = app.engine.options().max_images;
-    ChatRequest::parse(body)?.into_requests(
-        &c.model_name,
-        &c.image_sources,
-        max_images,
-        &c.defaults,
-    )
+    let request = ChatRequest::parse(body)?;
+    request.check_json_output(&app.engine)?;
+    request.into_requests(&c.model_name, &c.image_sources, max_images, &c.defaults)
 }
 
 /// `POST /v1/chat/completions` body.
@@ -446,6 +443,42 @@ impl ChatRequest {
         Ok(p)
     }
 
+    /// Refuses JSON output (`response_format` json_object / json_schema, `tools`) on a model
+    /// whose vocabulary cannot spell JSON (glance-tiny's word-level tokens have no braces or
+    /// quotes), naming the reason; [`Self::check_neutral`] refuses them on the other models.
+    pub fn check_json_output(&self, engine: &Engine) -> Result<(), ApiError> {
+        let wants_json = self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"));
+        let param = match (
+            wants_json,
+            self.tools.as_ref().is_some_and(|t| !t.is_empty()),
+        ) {
+            (true, _) => "response_format",
+            (false, true) => "tools",
+            (false, false) => return Ok(()),
+        };
+        let t = &engine.processor().text;
+        let probe = "{\"a\": [1]}";
+        let spelled = t
+            .encode_plain(probe)
+            .and_then(|ids| t.decode(&ids, false))
+            .is_ok_and(|s| s.replace(' ', "") == probe.replace(' ', ""));
+        if spelled {
+            return Ok(());
+        }
+        Err(ApiError::bad_param(
+            param,
+            format!(
+                "{param}: this model's vocabulary ({} tokens) cannot spell JSON (it has no braces \
+                 or quotes, as glance-tiny's word-level vocabulary), so it cannot produce \
+                 structured output or tool calls",
+                t.vocab_size()
+            ),
+        ))
+    }
+
     /// Refuses any non-neutral value of a field glance does not implement.
     fn check_neutral(&self) -> Result<(), ApiError> {
         let refuse = |param: &str, what: &str| {
@@ -458,7 +491,7 @@ impl ChatRequest {
             if f.get("type").and_then(Value::as_str) != Some("text") {
                 return refuse(
                     "response_format",
-                    "a format other than {\"type\": \"text\"}",
+                    "structured output (a format other than {\"type\": \"text\"})",
                 );
             }
         }
