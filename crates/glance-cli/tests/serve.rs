@@ -247,7 +247,7 @@ fn bad_inputs_get_their_4xx_and_the_server_keeps_serving() {
             400,
             "max_tokens",
         ),
-        ("n = 2", with(json!({"n": 2})), 400, "choice"),
+        ("n = 17", with(json!({"n": 17})), 400, "at most 16"),
         (
             "unknown model",
             with(json!({"model": "gpt-4o"})),
