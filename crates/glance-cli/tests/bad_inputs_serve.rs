@@ -211,7 +211,12 @@ fn hostile_clients_neither_crash_nor_exhaust_the_server() {
             400,
             "max_tokens",
         ),
-        ("n 10^9", with(json!({"n": 1_000_000_000})), 400, "at most 16"),
+        (
+            "n 10^9",
+            with(json!({"n": 1_000_000_000})),
+            400,
+            "at most 16",
+        ),
         (
             "negative n",
             with(json!({"n": -1})),
