@@ -1,12 +1,13 @@
-//! `POST /v1/chat/completions`: take a place in the queue, read the body (size limit, read
-//! timeout), translate it off the async runtime, then generate — in the continuous batch (prepared on
-//! a blocking thread, decoded by the [`crate::batcher`] worker) or alone on a blocking thread —
-//! and answer with one JSON object or an SSE stream of `chat.completion.chunk`s ending in
-//! `data: [DONE]`.
+//! `POST /v1/chat/completions` (and, through the same flow, `POST /v1/completions`:
+//! [`crate::legacy`]): take a place in the queue, read the body (size limit, read timeout),
+//! translate it off the async runtime into one engine request per choice, then generate — in the
+//! continuous batch (prepared on blocking threads, decoded by the [`crate::batcher`] worker) or
+//! one choice after the other on a blocking thread — and answer with one JSON object or an SSE
+//! stream (`stream.rs`) ending in `data: [DONE]`.
 //!
-//! The generation streams [`Msg`]s over a channel; when the client goes away the receiver is
+//! The generations stream [`Msg`]s over a channel; when the client goes away the receiver is
 //! dropped, the next send fails and the engine's callback answers [`Flow::Cancel`], which ends
-//! the generation and frees its slot.
+//! the generation and frees its slot (shared by a request's choices, freed with the last).
 
 use crate::batcher::Job;
 use crate::error::ApiError;
