@@ -396,6 +396,16 @@ fn legacy_completions_take_prompt_lists_echo_and_logprobs() {
         assert!(!tokens.is_empty());
         assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), tokens.len());
         assert_eq!(lp["text_offset"][0], p.len());
+        // Each token's piece of the text starts at its offset (after a word-separating space).
+        for (t, at) in tokens.iter().zip(lp["text_offset"].as_array().unwrap()) {
+            let (t, at) = (t.as_str().unwrap(), at.as_u64().unwrap() as usize);
+            if t != "</s>" {
+                assert!(
+                    text[at..].trim_start().starts_with(t),
+                    "{t:?} at {at} in {text:?}"
+                );
+            }
+        }
         let top = lp["top_logprobs"][0].as_object().unwrap();
         assert_eq!(top.len(), 2);
         // Greedy: the chosen token is the most likely.

@@ -35,18 +35,21 @@ pub fn chat_logprobs(engine: &Engine, list: &[TokenLogprob]) -> Value {
     json!({"content": content})
 }
 
-/// The legacy completions form of an answer whose text starts at byte `offset` of the returned
-/// text (after an echoed prompt).
+/// The legacy completions form of tokens whose text starts at byte `offset` of the returned text
+/// (after an echoed prompt, or the text streamed before them). A token's `text_offset` is where
+/// its piece of the detokenised answer starts (the piece may begin with the space a tokenizer
+/// puts between words; `tokens` holds each token decoded alone).
 pub fn completion_logprobs(engine: &Engine, list: &[TokenLogprob], offset: usize) -> Value {
     let mut tokens = Vec::with_capacity(list.len());
     let mut values = Vec::with_capacity(list.len());
     let mut tops = Vec::with_capacity(list.len());
     let mut offsets = Vec::with_capacity(list.len());
+    let mut pieces = engine.processor().text.stream_decoder();
     let mut at = offset;
     for l in list {
         let text = token_text(engine, l.token);
         offsets.push(at);
-        at += text.len();
+        at += pieces.push(l.token).map_or(0, |p| p.len());
         tokens.push(text);
         values.push(l.logprob);
         let top: Map<String, Value> = l
