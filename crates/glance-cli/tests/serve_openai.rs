@@ -345,6 +345,13 @@ fn n_seeded_choices_differ_and_repeat() {
     }
     assert_eq!(streamed, a);
     assert_eq!(finished, 3);
+    // Choices that cannot join the batch (speculative) decode one after the other: distinct and
+    // reproducible too (speculative sampling draws differently from `ar`, same distribution).
+    let mut vb = b.clone();
+    vb["glance"] = json!({"decode": "vispec"});
+    let v = answers(&ok(&server, &vb));
+    assert!(v[0] != v[1] && v[1] != v[2] && v[0] != v[2], "{v:?}");
+    assert_eq!(answers(&ok(&server, &vb)), v);
 }
 
 fn legacy(server: &Server, b: &Value) -> (u16, Value) {
