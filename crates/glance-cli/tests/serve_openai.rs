@@ -202,6 +202,19 @@ fn penalties_bias_and_token_limits_change_greedy_output_as_they_say() {
     let v = ask(json!({"logit_bias": {id.to_string(): 100}, "max_tokens": 5}));
     assert_eq!(v["usage"]["completion_tokens"], 5, "{v}");
     assert_eq!(content(&v), "circle circle circle circle circle");
+    // A token beyond the vocabulary is a 400 naming the field's problem.
+    let mut b = body(
+        "coffee_palette.png",
+        QUESTION,
+        json!({"logit_bias": {"141": 1}}),
+    );
+    b["stream"] = json!(true);
+    let (status, v) = server.chat(&b);
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("beyond the model's vocabulary"));
     // min_tokens holds the end of sequence back; ignore_eos runs to max_tokens.
     let short = |extra: Value| {
         let mut b = body(

@@ -575,6 +575,12 @@ impl Engine {
         logprobs: Option<usize>,
         prompt_ids: &[u32],
     ) -> Result<(Sampler, Option<LogprobSink>)> {
+        let vocab = self.model.text().vocab_size();
+        if let Some(id) = sampling.logit_bias.keys().find(|&&id| id as usize >= vocab) {
+            return Err(Error::InvalidParam(format!(
+                "logit_bias names token {id}, beyond the model's vocabulary of {vocab} tokens"
+            )));
+        }
         let sampler = Sampler::new(sampling.clone())?
             .with_context(prompt_ids, self.processor.text.eos_token_ids());
         Ok(match logprobs {
