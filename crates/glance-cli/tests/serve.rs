@@ -14,11 +14,6 @@ use std::time::{Duration, Instant};
 
 const MODEL: &str = "models/llama-gqa";
 
-fn image_url(name: &str) -> String {
-    let bytes = std::fs::read(fixture(&format!("images/{name}"))).unwrap();
-    data_url(&bytes, "image/png")
-}
-
 /// A one-turn chat body: the image first, then the question (as `glance run --image --prompt`).
 fn body(url: &str, question: &str, extra: Value) -> Value {
     let mut b = json!({

@@ -14,11 +14,6 @@ use serve_common::*;
 
 const QUESTION: &str = "Describe the image in detail.";
 
-fn image_url(name: &str) -> String {
-    let bytes = std::fs::read(fixture(&format!("images/{name}"))).unwrap();
-    data_url(&bytes, "image/png")
-}
-
 /// A greedy one-turn chat about `image` with `extra` fields.
 fn body(image: &str, question: &str, extra: Value) -> Value {
     let mut b = json!({

@@ -182,6 +182,12 @@ pub fn stream_text(events: &[String]) -> String {
         .collect()
 }
 
+/// A `data:image/png` URL of the fixture image `fixtures/images/<name>`.
+pub fn image_url(name: &str) -> String {
+    let bytes = std::fs::read(crate::common::fixture(&format!("images/{name}"))).unwrap();
+    data_url(&bytes, "image/png")
+}
+
 /// A `data:image/…;base64,…` URL of `bytes`.
 pub fn data_url(bytes: &[u8], mime: &str) -> String {
     let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
