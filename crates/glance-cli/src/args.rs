@@ -105,7 +105,7 @@ impl ModelArgs {
 /// What to ask: a prompt with images, or a conversation.
 #[derive(Args, Clone, Debug)]
 pub struct PromptArgs {
-    /// Image file (PNG or JPEG); repeat for several images (they come first in the user turn, in
+    /// Image file (PNG, JPEG or WebP); repeat for several images (they come first in the user turn, in
     /// order).
     #[arg(long, conflicts_with = "messages")]
     pub image: Vec<PathBuf>,
@@ -164,11 +164,52 @@ pub struct GenArgs {
     /// Seed of the sampler: the same seed gives the same answer.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Sample only among tokens at least this fraction as likely as the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Divide the positive logits (multiply the negative ones) of tokens already in the prompt
+    /// or the answer by this (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Subtract this from the logit of every token already in the answer (-2 to 2; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtract this times its count in the answer from a token's logit (-2 to 2; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Add BIAS (-100 to 100) to token ID's logit, as `ID=BIAS` (repeatable).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// End-of-sequence tokens cannot be picked before the answer has this many tokens.
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
+    /// Keep generating after end-of-sequence tokens (up to --max-new-tokens or a --stop).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// With --json: each token's log-probability and its N most likely alternatives (0 to 20).
+    #[arg(long, value_name = "N")]
+    pub logprobs: Option<usize>,
     /// Stop when the answer contains this text (repeatable); the text itself is not printed.
     #[arg(long = "stop")]
     pub stop: Vec<String>,
     #[command(flatten)]
     pub decode: DecodeArgs,
+}
+
+/// `ID=BIAS` of `--logit-bias`.
+fn parse_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected ID=BIAS, e.g. 42=-100"))?;
+    let id = id
+        .trim()
+        .parse::<u32>()
+        .map_err(|e| format!("`{s}`: token id: {e}"))?;
+    let bias = bias
+        .trim()
+        .parse::<f32>()
+        .map_err(|e| format!("`{s}`: bias: {e}"))?;
+    Ok((id, bias))
 }
 
 impl GenArgs {
@@ -183,7 +224,15 @@ impl GenArgs {
                 top_k: self.top_k,
                 top_p: self.top_p,
                 seed: self.seed,
+                min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                logit_bias: self.logit_bias.iter().copied().collect(),
+                min_tokens: self.min_tokens,
             },
+            ignore_eos: self.ignore_eos,
+            logprobs: self.logprobs,
             max_new_tokens: self.max_new_tokens,
             stop: self.stop.clone(),
             prune,
@@ -235,12 +284,20 @@ impl DecodeArgs {
         Ok(spec)
     }
 
+    /// A server's default strategy: as [`Self::spec`], but draft heads and tree settings are
+    /// allowed with any default (requests may ask for `vispec` / `eagle`).
+    pub fn server_spec(&self) -> Result<DecodeSpec> {
+        let spec = self.decode.parse::<DecodeSpec>()?;
+        self.diffusion.settings(spec)?;
+        Ok(spec)
+    }
+
     /// `base` with the draft heads, tree and block-diffusion settings of the flags.
     pub fn engine_options(&self, base: EngineOptions) -> Result<EngineOptions> {
         Ok(EngineOptions {
             drafts: self.draft.clone(),
             tree: self.tree.settings()?,
-            diffusion: self.diffusion.settings(self.spec()?)?,
+            diffusion: self.diffusion.settings(self.server_spec()?)?,
             cost_cache: glance_home::cache_root().map(|d| d.join("cost")),
             ..base
         })

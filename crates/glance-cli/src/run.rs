@@ -44,7 +44,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 Err(_) => Flow::Cancel,
             }
         }
-        Event::Text(_) => Flow::Continue,
+        Event::Text(_) | Event::Logprob(_) => Flow::Continue,
     })?;
     if streaming {
         println!();

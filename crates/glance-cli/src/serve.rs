@@ -61,6 +61,18 @@ pub struct ServeArgs {
     /// Default `max_tokens` of a request that gives none.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
+    /// Refuse requests with unknown top-level fields (400) instead of ignoring them with a
+    /// warning and a `glance-ignored-fields` response header.
+    #[arg(long)]
+    pub strict: bool,
+    /// Require `Authorization: Bearer KEY` on every route but /health and /metrics (default:
+    /// $GLANCE_API_KEY, if set).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Request logs on stderr: `text` or `json` (one object per line). `RUST_LOG` filters them
+    /// (e.g. `glance_serve=warn`; default `glance_serve=info`).
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    pub log_format: String,
     /// Server-wide default pruning (a request's `glance.prune` overrides it).
     #[command(flatten)]
     pub prune: PruneArgs,
@@ -73,6 +85,21 @@ pub struct ServeArgs {
 /// flags) before the model loads, then loads it, checks that it can run the default strategy
 /// (a converted model for diffusion, the draft head for vispec / eagle) and serves.
 pub fn run(args: ServeArgs) -> Result<()> {
+    let json_logs = match args.log_format.as_str() {
+        "text" => false,
+        "json" => true,
+        other => bail!("--log-format must be text or json, got `{other}`"),
+    };
+    let api_key = match args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("GLANCE_API_KEY").ok())
+    {
+        Some(k) => Some(
+            glance_serve::auth::ApiKey::new(&k).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?,
+        ),
+        None => None,
+    };
     let image_sources = match &args.allow_local_files {
         None => ImageSources::DataOnly,
         Some(dir) => {
@@ -88,7 +115,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let defaults = Defaults {
         max_tokens: args.default_max_tokens,
         prune: args.prune.request_spec()?,
-        decode: args.decode.spec()?,
+        decode: args.decode.server_spec()?,
+        strict: args.strict,
     };
     let options = EngineOptions {
         max_image_pixels: args.max_image_pixels,
@@ -113,11 +141,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         defaults,
         batching: !args.no_batching,
         prefill_chunk: args.prefill_chunk,
+        api_key,
     };
     config.validate()?;
     let (_, engine) = args.model.engine(options)?;
-    // The default strategy must run on this model: refused now rather than on every request.
+    // The default strategy must run on this model, and every --draft head must fit it: refused
+    // now rather than on every request.
     engine.check_decode(config.defaults.decode)?;
+    for dir in &args.decode.draft {
+        engine.set_draft(Arc::new(engine.read_draft(dir)?));
+    }
+    init_logs(json_logs);
     let addr = format!("{}:{}", args.host, args.port);
     glance_serve::serve_blocking(Arc::new(engine), config, &addr, |bound| {
         // Tests and scripts read the bound address from this line.
@@ -125,4 +159,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
     })?;
     Ok(())
+}
+
+/// Request logs on stderr through `tracing` ([`glance_serve::log`]): `RUST_LOG` as a list of
+/// `target=level` directives (default `glance_serve=info`), text or JSON lines.
+fn init_logs(json: bool) {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
+    let default = Targets::new().with_target("glance_serve", LevelFilter::INFO);
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(s) if !s.trim().is_empty() => s.parse::<Targets>().unwrap_or_else(|e| {
+            eprintln!("glance serve: ignoring RUST_LOG={s:?} ({e}); logging glance_serve=info");
+            default.clone()
+        }),
+        _ => default,
+    };
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = if json {
+        registry.with(fmt.json().flatten_event(true)).try_init()
+    } else {
+        registry.with(fmt).try_init()
+    };
 }

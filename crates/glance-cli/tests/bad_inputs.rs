@@ -67,11 +67,11 @@ fn bad_images() {
         ("empty.png", vec![], "0 bytes"),
         ("truncated.png", png[..png.len() / 2].to_vec(), "image"),
         ("truncated.jpg", jpg[..jpg.len() / 2].to_vec(), "truncated"),
-        ("random.png", random, "not a PNG or JPEG"),
+        ("random.png", random, "not a PNG, JPEG or WebP"),
         (
             "text.png",
             b"hello, I am a text file\n".to_vec(),
-            "not a PNG or JPEG",
+            "not a PNG, JPEG or WebP",
         ),
         (
             "huge-dims.png",
@@ -94,7 +94,7 @@ fn bad_images() {
     expect_failure(
         "/dev/zero",
         &run_args(s(&model), "/dev/zero", &[]),
-        "not a PNG or JPEG",
+        "not a PNG, JPEG or WebP",
     );
     expect_failure("a directory", &run_args(s(&model), s(&d), &[]), "directory");
     expect_failure(

@@ -10,7 +10,7 @@ mod sampling;
 
 pub use error::{Error, Result};
 pub use rng::Rng;
-pub use sampling::{SamplingParams, MIN_TEMPERATURE};
+pub use sampling::{SamplingParams, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, MIN_TEMPERATURE};
 
 /// A token id in a model's vocabulary.
 pub type TokenId = u32;

@@ -30,7 +30,7 @@ pub use cost::{CostModel, DraftCost};
 pub use diffusion::{
     BlockDiffusion, DiffusionMode, DiffusionOptions, DiffusionSettings, OptionNames,
 };
-pub use sampler::Sampler;
+pub use sampler::{LogprobSink, Sampler, TokenLogprob};
 pub use speculative::{Speculative, TreeSettings};
 pub use stop::StopStrings;
 pub use strategy::{DecodeSpec, DecodeStats, DecodeStrategy, TokenSink};

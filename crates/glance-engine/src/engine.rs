@@ -29,7 +29,7 @@ use glance_core::{Error, Result};
 use glance_decode::stop::StopStatus;
 use glance_decode::{
     Autoregressive, BlockDiffusion, DecodeSpec, DecodeStrategy, DiffusionSettings, GenerateConfig,
-    Prefilled, PrefilledImage, Sampler, Speculative, StopStrings,
+    LogprobSink, Prefilled, PrefilledImage, Sampler, Speculative, StopStrings,
 };
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::{
@@ -100,6 +100,7 @@ struct Streamed {
     /// Where each token's text ends in `text`, in bytes.
     token_ends: Vec<usize>,
     finish: FinishReason,
+    logprobs: Option<Vec<glance_decode::TokenLogprob>>,
 }
 
 /// An image after the encoding step.
@@ -411,7 +412,7 @@ impl Engine {
     /// logits are an [`Error::NonFinite`] naming the first layer whose output is not finite.
     pub fn prompt_logits(&self, prompt: &Prompt) -> Result<Tensor> {
         let logits = self.pool.install(|| {
-            let rendered = self.render(prompt, false)?;
+            let rendered = self.render(prompt, false, false)?;
             let encoded = self.encode_all(&rendered.images)?;
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
             let text = self.model.text();
@@ -445,6 +446,7 @@ impl Engine {
         let prune = request.prune.as_ref().filter(|p| !p.is_noop());
         let rendered = self.render(
             &request.prompt,
+            request.continue_final_message,
             prune.is_some_and(|p| p.policy.uses_query()),
         )?;
         let encoded = self.encode_all(&rendered.images)?;
@@ -455,7 +457,13 @@ impl Engine {
         saved += prefilled.prefix_cost;
         let prompt_rows = prefilled.state.prompt_len();
         let before_prefill = start.elapsed() - prefilled.state.elapsed;
-        let streamed = self.decode(request, strategy, prefilled.state, on_event)?;
+        let streamed = self.decode(
+            request,
+            &rendered.prompt.ids,
+            strategy,
+            prefilled.state,
+            on_event,
+        )?;
         let mut generation = streamed.generation;
         generation.stats.auto = auto;
         let prefill = generation.prefill;
@@ -488,6 +496,7 @@ impl Engine {
             kept_patches: prefilled.kept_patches,
             finish_reason: streamed.finish,
             decode: generation.stats,
+            logprobs: streamed.logprobs,
         })
     }
 
@@ -540,35 +549,46 @@ impl Engine {
     fn decode(
         &self,
         request: &Request,
+        prompt_ids: &[u32],
         strategy: Box<dyn DecodeStrategy>,
         state: Prefilled,
         on_event: &mut (dyn FnMut(Event) -> Flow + Send),
     ) -> Result<Streamed> {
-        let sampler = Sampler::new(request.sampling.clone())?;
+        let (sampler, sink) = self.sampler(&request.sampling, request.logprobs, prompt_ids)?;
         let config = GenerateConfig {
             max_new_tokens: request.max_new_tokens,
-            eos_token_ids: self.processor.text.eos_token_ids().to_vec(),
+            eos_token_ids: self.eos(request.ignore_eos).to_vec(),
         };
+        let mut logprobs = sink.as_ref().map(|_| Vec::new());
         let mut stream = self.processor.text.stream_decoder();
         let mut stops = StopStrings::new(request.stop.clone());
         let mut text = String::new();
         let mut token_ends = Vec::new();
         let mut ended: Option<FinishReason> = None;
-        let mut emit = |piece: &str, text: &mut String| -> Flow {
-            if piece.is_empty() {
-                return Flow::Continue;
+        let mut emit = |event: Event, text: &mut String| -> Flow {
+            match event {
+                Event::Text("") => return Flow::Continue,
+                Event::Text(piece) => text.push_str(piece),
+                Event::Logprob(_) => {}
             }
-            text.push_str(piece);
-            on_event(Event::Text(piece))
+            on_event(event)
         };
         let generation =
             strategy.decode(self.model.text(), state, sampler, &config, &mut |id| {
+                if let (Some(sink), Some(out)) = (&sink, logprobs.as_mut()) {
+                    let entry = take_logprob(sink, out.len(), id)?;
+                    if emit(Event::Logprob(&entry), &mut text) == Flow::Cancel {
+                        ended = Some(FinishReason::Cancelled);
+                        return Ok(true);
+                    }
+                    out.push(entry);
+                }
                 let piece = stream.push(id)?;
                 let (released, stop) = match stops.push(&piece) {
                     StopStatus::Continue(s) => (s, false),
                     StopStatus::Stopped(s) => (s, true),
                 };
-                let flow = emit(&released, &mut text);
+                let flow = emit(Event::Text(&released), &mut text);
                 token_ends.push(text.len());
                 if flow == Flow::Cancel {
                     ended = Some(FinishReason::Cancelled);
@@ -589,7 +609,7 @@ impl Engine {
                     s
                 }
             };
-            if emit(&released, &mut text) == Flow::Cancel {
+            if emit(Event::Text(&released), &mut text) == Flow::Cancel {
                 ended = Some(FinishReason::Cancelled);
             }
             if let Some(last) = token_ends.last_mut() {
@@ -606,11 +626,52 @@ impl Engine {
             text,
             token_ends,
             finish,
+            logprobs,
         })
     }
 
-    /// Renders the prompt and tokenises it; with `want_query`, also the text query.
-    fn render<'a>(&self, prompt: &'a Prompt, want_query: bool) -> Result<Rendered<'a>> {
+    /// The request's sampler, knowing its prompt and end-of-sequence tokens, and where it records
+    /// log-probabilities when the request asks for them.
+    fn sampler(
+        &self,
+        sampling: &glance_core::SamplingParams,
+        logprobs: Option<usize>,
+        prompt_ids: &[u32],
+    ) -> Result<(Sampler, Option<LogprobSink>)> {
+        let vocab = self.model.text().vocab_size();
+        if let Some(id) = sampling.logit_bias.keys().find(|&&id| id as usize >= vocab) {
+            return Err(Error::InvalidParam(format!(
+                "logit_bias names token {id}, beyond the model's vocabulary of {vocab} tokens"
+            )));
+        }
+        let sampler = Sampler::new(sampling.clone())?
+            .with_context(prompt_ids, self.processor.text.eos_token_ids());
+        Ok(match logprobs {
+            Some(top) => {
+                let sink = LogprobSink::default();
+                (sampler.with_logprobs(top, sink.clone()), Some(sink))
+            }
+            None => (sampler, None),
+        })
+    }
+
+    /// The tokens that end a generation (none with `ignore_eos`).
+    fn eos(&self, ignore_eos: bool) -> &[u32] {
+        if ignore_eos {
+            &[]
+        } else {
+            self.processor.text.eos_token_ids()
+        }
+    }
+
+    /// Renders the prompt and tokenises it (a conversation's last message continued with
+    /// `continue_final`); with `want_query`, also the text query.
+    fn render<'a>(
+        &self,
+        prompt: &'a Prompt,
+        continue_final: bool,
+        want_query: bool,
+    ) -> Result<Rendered<'a>> {
         let images = prompt.images();
         crate::messages::check_image_count(images.len(), self.options.max_images)?;
         let (prompt, query) = match prompt {
@@ -627,7 +688,12 @@ impl Engine {
                 } else {
                     String::new()
                 };
-                (self.processor.prepare_chat(&chat)?, query)
+                let prepared = if continue_final {
+                    self.processor.prepare_continuation(&chat)?
+                } else {
+                    self.processor.prepare_chat(&chat)?
+                };
+                (prepared, query)
             }
         };
         Ok(Rendered {
@@ -769,6 +835,20 @@ impl Engine {
             reused,
         ))
     }
+}
+
+/// The log-probabilities the sampler recorded for the `i`-th emitted token, `id`.
+fn take_logprob(sink: &LogprobSink, i: usize, id: u32) -> Result<glance_decode::TokenLogprob> {
+    sink.lock()
+        .expect("not poisoned")
+        .get(i)
+        .filter(|e| e.token == id)
+        .cloned()
+        .ok_or_else(|| {
+            Error::Input(format!(
+                "no log-probability recorded for token {i} ({id}) of the answer"
+            ))
+        })
 }
 
 /// KV-cache bytes of a prefill of `rows` rows (f32 keys and values in every layer; buffers hold

@@ -33,6 +33,6 @@ pub use request::{
 };
 
 pub use glance_decode::{
-    DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames,
+    DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames, TokenLogprob,
 };
 pub use glance_prune::{Budget, Policy, PruneSpec};

@@ -9,7 +9,7 @@
 //! * `{"type": "image_url", "image_url": {"url": URL}}` (or `"image_url": URL`), and the Hugging
 //!   Face processor form `{"type": "image", "url" | "path" | "image": URL}`.
 //!
-//! An image URL is a `data:image/png;base64,…` (or `image/jpeg`) URL, a `file://` URL or a plain
+//! An image URL is a `data:image/png;base64,…` (or `image/jpeg`, `image/webp`) URL, a `file://` URL or a plain
 //! path — files only where the [`ImageSources`] policy allows them. `http(s)://` is refused:
 //! glance runs offline.
 //!
@@ -125,7 +125,7 @@ pub fn read_messages_file(
     })
 }
 
-/// Reads an image file (PNG or JPEG signature checked first, size-capped: a device such as
+/// Reads an image file (PNG, JPEG or WebP signature checked first, size-capped: a device such as
 /// /dev/zero or a huge file fails fast instead of filling memory).
 pub fn read_image_file(path: &Path) -> Result<ImageInput> {
     Ok(ImageInput::bytes(read_image_bytes(path)?))
@@ -236,7 +236,7 @@ pub fn resolve_image(url: &str, sources: &ImageSources) -> Result<ImageInput> {
 }
 
 /// The media types a `data:` URL may declare (the formats glance decodes).
-pub const IMAGE_MEDIA_TYPES: [&str; 3] = ["image/png", "image/jpeg", "image/jpg"];
+pub const IMAGE_MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/jpg", "image/webp"];
 
 /// `image/png;base64,AAAA…` → the decoded bytes.
 fn decode_data_url(rest: &str) -> Result<ImageInput> {
@@ -409,6 +409,6 @@ mod tests {
         let e = read_image_file(Path::new("/dev/zero"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("not a PNG or JPEG"), "{e}");
+        assert!(e.contains("not a PNG, JPEG or WebP"), "{e}");
     }
 }

@@ -5,7 +5,7 @@
 //! glance's own per-request options: visual-token pruning and the decoding strategy.
 
 use glance_core::{Error, Result, SamplingParams, TokenId};
-use glance_decode::{DecodeSpec, DecodeStats, DiffusionSettings, TreeSettings};
+use glance_decode::{DecodeSpec, DecodeStats, DiffusionSettings, TokenLogprob, TreeSettings};
 use glance_prune::PruneSpec;
 use serde::Serialize;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ pub const MAX_STOP_BYTES: usize = 256;
 /// An image as a caller hands it over.
 #[derive(Clone)]
 pub enum ImageInput {
-    /// Encoded PNG or JPEG bytes (decoded by the engine, with its pixel limit checked from the
+    /// Encoded PNG, JPEG or WebP bytes (decoded by the engine, with its pixel limit checked from the
     /// header first).
     Bytes(Arc<[u8]>),
     /// An image already decoded.
@@ -170,6 +170,14 @@ pub struct Request {
     /// Block size, threshold and dynamic sizing of block-diffusion strategies (`None`: the
     /// engine's setting, else the model's).
     pub diffusion: Option<DiffusionSettings>,
+    /// Keep generating after end-of-sequence tokens (until the token cap or a stop string).
+    pub ignore_eos: bool,
+    /// Report each new token's log-probability and this many most likely alternatives (at most
+    /// [`glance_core::MAX_TOP_LOGPROBS`]); `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
+    /// Continue the conversation's last message (an assistant message) instead of starting a
+    /// new turn.
+    pub continue_final_message: bool,
 }
 
 impl Request {
@@ -184,6 +192,9 @@ impl Request {
             decode: DecodeSpec::default(),
             tree: None,
             diffusion: None,
+            ignore_eos: false,
+            logprobs: None,
+            continue_final_message: false,
         }
     }
 
@@ -219,6 +230,21 @@ impl Request {
         if let Some(p) = &self.prune {
             p.validate()?;
         }
+        if let Some(n) = self.logprobs {
+            if n > glance_core::MAX_TOP_LOGPROBS {
+                return Err(Error::InvalidParam(format!(
+                    "top_logprobs must be in 0..={}, got {n}",
+                    glance_core::MAX_TOP_LOGPROBS
+                )));
+            }
+            if self.decode == DecodeSpec::DiffusionThreshold {
+                return Err(Error::InvalidParam(
+                    "logprobs are not available with diffusion-threshold, whose tokens come \
+                     from parallel drafts; use ar or a lossless strategy"
+                        .into(),
+                ));
+            }
+        }
         if let Some(t) = &self.tree {
             if self.decode.draft_kind().is_none() && self.decode != DecodeSpec::Auto {
                 return Err(Error::InvalidParam(format!(
@@ -243,6 +269,15 @@ impl Request {
             if messages.is_empty() {
                 return Err(Error::Input("the conversation has no message".into()));
             }
+            if self.continue_final_message
+                && messages.last().is_some_and(|m| m.role != Role::Assistant)
+            {
+                return Err(Error::InvalidParam(
+                    "continue_final_message needs a conversation that ends with an assistant \
+                     message"
+                        .into(),
+                ));
+            }
         }
         Ok(())
     }
@@ -253,6 +288,9 @@ impl Request {
 pub enum Event<'a> {
     /// New answer text (stop strings already held back and removed).
     Text(&'a str),
+    /// A new token's log-probabilities (with [`Request::logprobs`]), before its text (which the
+    /// detokeniser or a stop string may hold back).
+    Logprob(&'a TokenLogprob),
 }
 
 /// The callback's answer to an [`Event`].
@@ -351,6 +389,13 @@ pub(crate) fn char_offsets(text: &str, byte_ends: &[usize]) -> Vec<u32> {
         .collect()
 }
 
+impl CacheUse {
+    /// Prompt tokens served from the prefix cache (OpenAI's `cached_tokens`).
+    pub fn cached_tokens(&self) -> usize {
+        self.prefix_rows
+    }
+}
+
 /// The answer to a [`Request`].
 #[derive(Debug, Clone, Serialize)]
 pub struct Response {
@@ -368,6 +413,9 @@ pub struct Response {
     pub cache: CacheUse,
     /// The strategy's own statistics.
     pub decode: DecodeStats,
+    /// Each token's log-probabilities, with [`Request::logprobs`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 #[cfg(test)]

@@ -155,12 +155,7 @@ fn plain_and_drafted_rounds_mix_losslessly() {
     assert!(c["drafts"] >= 1 && c["accepted_tokens"] >= 1, "{c:?}");
     // Seeded sampling: the same answer twice.
     let sampled = Request {
-        sampling: glance_core::SamplingParams {
-            temperature: 0.8,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 7,
-        },
+        sampling: glance_core::SamplingParams::sampled(0.8, 7),
         ..auto
     };
     assert_eq!(run(&e, &sampled).token_ids, run(&e, &sampled).token_ids);

@@ -22,10 +22,8 @@ fn requests() -> Vec<Request> {
     };
     let mut sampled = ask("Describe the picture.", vec![image("camera_gray.png")], 20);
     sampled.sampling = SamplingParams {
-        temperature: 0.8,
-        top_k: 0,
         top_p: 0.9,
-        seed: 11,
+        ..SamplingParams::sampled(0.8, 11)
     };
     let mut stopped = ask("Tell me more.", vec![image("astronaut.png")], 24);
     stopped.stop = vec!["e".into()];
@@ -59,8 +57,10 @@ fn batched(
         .enumerate()
         .map(|(i, r)| {
             let out = streamed[i].clone();
-            let sink = Box::new(move |Event::Text(t): Event| {
-                out.lock().unwrap().push_str(t);
+            let sink = Box::new(move |e: Event| {
+                if let Event::Text(t) = e {
+                    out.lock().unwrap().push_str(t);
+                }
                 Flow::Continue
             });
             let p = engine.prepare(r).unwrap();

@@ -94,10 +94,9 @@ fn greedy_answers_equal_transformers_through_the_request_path() {
 fn concurrent_requests_equal_their_sequential_answers() {
     let e = Arc::new(engine("llama-gqa", EngineOptions::default()));
     let sampled = SamplingParams {
-        temperature: 0.9,
         top_k: 20,
         top_p: 0.95,
-        seed: 11,
+        ..SamplingParams::sampled(0.9, 11)
     };
     let requests: Vec<Request> = vec![
         greedy(
@@ -317,8 +316,10 @@ fn stop_strings_cancellation_and_streaming() {
     );
     let mut streamed = String::new();
     let full = e
-        .generate(&base, &mut |Event::Text(t)| {
-            streamed.push_str(t);
+        .generate(&base, &mut |e| {
+            if let Event::Text(t) = e {
+                streamed.push_str(t);
+            }
             Flow::Continue
         })
         .unwrap();
@@ -357,7 +358,7 @@ fn bad_requests_get_clear_errors() {
                 Request::chat("x", vec![ImageInput::bytes(vec![0u8; 10])]).prompt,
                 3,
             ),
-            "not a PNG or JPEG",
+            "not a PNG, JPEG or WebP",
         ),
         (
             greedy(

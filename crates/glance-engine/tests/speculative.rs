@@ -240,10 +240,8 @@ fn sampled_speculative_decoding_is_deterministic_per_seed() {
         DecodeSpec::Vispec,
     );
     r.sampling = SamplingParams {
-        temperature: 1.0,
-        top_k: 0,
         top_p: 0.95,
-        seed: 5,
+        ..SamplingParams::sampled(1.0, 5)
     };
     let a = run(&e, &r);
     let b = run(&e, &r);

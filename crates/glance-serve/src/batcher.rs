@@ -3,7 +3,7 @@
 //! the finished ones`. Jobs arrive already prepared (template, tokens, images encoded) by the
 //! request's own blocking task, so the vision tower never stalls the running decodes.
 
-use crate::chat::{conclude, Msg};
+use crate::chat::{conclude, message, Msg};
 use crate::metrics::Metrics;
 use crate::slots::Slot;
 use glance_engine::{Engine, Event, Flow, Prepared, Sequence};
@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// A prepared request for the batch.
+/// A prepared request for the batch: choice `index` of its HTTP request, whose choices share
+/// one slot (freed when the last ends).
 pub struct Job {
     pub prepared: Prepared,
+    pub index: usize,
     pub tx: UnboundedSender<Msg>,
     pub arrived: Instant,
-    pub slot: Slot,
+    pub slot: Arc<Slot>,
 }
 
 /// The handle of the worker thread; the thread ends when the handle is dropped.
@@ -27,9 +29,10 @@ pub struct Batcher {
 
 /// What the worker keeps beside each sequence.
 struct Meta {
+    index: usize,
     tx: UnboundedSender<Msg>,
     arrived: Instant,
-    slot: Slot,
+    slot: Arc<Slot>,
 }
 
 impl Batcher {
@@ -81,7 +84,13 @@ fn run(engine: &Engine, metrics: &Metrics, jobs: &Receiver<Job>, chunk: usize) {
                 let seq = seqs.remove(j);
                 let meta = metas.remove(j);
                 let first = seq.first_token_at();
-                let end = conclude(metrics, seq.into_response(), meta.arrived, first);
+                let end = conclude(
+                    metrics,
+                    seq.into_response(),
+                    meta.index,
+                    meta.arrived,
+                    first,
+                );
                 // The slot is free before the answer goes out.
                 drop(meta.slot);
                 if let Some(end) = end {
@@ -93,17 +102,16 @@ fn run(engine: &Engine, metrics: &Metrics, jobs: &Receiver<Job>, chunk: usize) {
 }
 
 fn admit<'e>(engine: &'e Engine, job: Job, seqs: &mut Vec<Sequence<'e>>, metas: &mut Vec<Meta>) {
-    let tx = job.tx.clone();
-    let sink = Box::new(move |event: Event| match event {
-        Event::Text(t) => match tx.send(Msg::Text(t.to_string())) {
-            Ok(()) => Flow::Continue,
-            Err(_) => Flow::Cancel,
-        },
+    let (tx, index) = (job.tx.clone(), job.index);
+    let sink = Box::new(move |event: Event| match tx.send(message(index, event)) {
+        Ok(()) => Flow::Continue,
+        Err(_) => Flow::Cancel,
     });
     match engine.sequence(job.prepared, sink) {
         Ok(seq) => {
             seqs.push(seq);
             metas.push(Meta {
+                index: job.index,
                 tx: job.tx,
                 arrived: job.arrived,
                 slot: job.slot,

@@ -1,64 +1,87 @@
-//! `POST /v1/chat/completions`: take a place in the queue, read the body (size limit, read
-//! timeout), translate it off the async runtime, then generate — in the continuous batch (prepared on
-//! a blocking thread, decoded by the [`crate::batcher`] worker) or alone on a blocking thread —
-//! and answer with one JSON object or an SSE stream of `chat.completion.chunk`s ending in
-//! `data: [DONE]`.
+//! `POST /v1/chat/completions` (and, through the same flow, `POST /v1/completions`:
+//! [`crate::legacy`]): take a place in the queue, read the body (size limit, read timeout),
+//! translate it off the async runtime into one engine request per choice, then generate — in the
+//! continuous batch (prepared on blocking threads, decoded by the [`crate::batcher`] worker) or
+//! one choice after the other on a blocking thread — and answer with one JSON object or an SSE
+//! stream (`stream.rs`) ending in `data: [DONE]`.
 //!
-//! The generation streams [`Msg`]s over a channel; when the client goes away the receiver is
+//! The generations stream [`Msg`]s over a channel; when the client goes away the receiver is
 //! dropped, the next send fails and the engine's callback answers [`Flow::Cancel`], which ends
-//! the generation and frees its slot.
+//! the generation and frees its slot (shared by a request's choices, freed with the last).
 
 use crate::batcher::Job;
 use crate::error::ApiError;
 use crate::metrics::{Metrics, Outcome};
-use crate::openai::{self, ChatRequest, Ids, Shape};
+use crate::openai::{self, Ids};
+use crate::slots::Slot;
+use crate::stream::SseStream;
 use crate::App;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_core::Stream;
-use glance_engine::{Event, FinishReason, Flow, Request};
-use serde_json::json;
+use glance_engine::{Event, FinishReason, Flow, Request, TokenLogprob};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// What a running generation reports to its handler.
+/// What a running generation reports to its handler; the number is the choice's index.
 pub enum Msg {
-    Text(String),
-    Done(Box<glance_engine::Response>),
+    Text(usize, String),
+    Logprob(usize, TokenLogprob),
+    Done(usize, Box<glance_engine::Response>),
     Failed(ApiError),
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+/// Which API a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    #[default]
+    Chat,
+    /// `POST /v1/completions` (legacy text completions: [`crate::legacy`]).
+    Completion,
+}
 
 pub async fn completions(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    serve(app, headers, body, Api::Chat).await
+}
+
+/// The flow of both completion APIs; counts and logs a refused or failed request.
+pub(crate) async fn serve(
+    app: Arc<App>,
+    headers: HeaderMap,
+    body: Body,
+    api: Api,
+) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let result = handle(&app, arrived, &headers, body).await;
+    let ids = Ids::new(api, &app.config.model_name);
+    let result = handle(&app, &ids, arrived, &headers, body, api).await;
     if let Err(e) = &result {
         app.metrics.outcome(match e.status {
             StatusCode::SERVICE_UNAVAILABLE => Outcome::Overloaded,
             s if s.is_server_error() => Outcome::Failed,
             _ => Outcome::Rejected,
         });
+        crate::log::failed(&ids.id, e, arrived);
     }
     result
 }
 
 async fn handle(
     app: &Arc<App>,
+    ids: &Ids,
     arrived: Instant,
     headers: &HeaderMap,
     body: Body,
+    api: Api,
 ) -> Result<Response, ApiError> {
     // A place in the queue before the body is read: at most max_batch + max_queue bodies are in
     // memory at once, and a flood beyond them is refused (503) without reading theirs.
@@ -71,34 +94,74 @@ async fn handle(
     )
     .await?;
     let parse_app = app.clone();
-    let (request, shape) = tokio::task::spawn_blocking(move || {
-        let c = &parse_app.config;
-        let max_images = parse_app.engine.options().max_images;
-        ChatRequest::parse(&bytes)?.into_request(
-            &c.model_name,
-            &c.image_sources,
-            max_images,
-            &c.defaults,
-        )
+    let (requests, shape) = tokio::task::spawn_blocking(move || match api {
+        Api::Chat => openai::parse_chat(&parse_app, &bytes),
+        Api::Completion => crate::legacy::parse(&parse_app, &bytes),
     })
     .await
     .map_err(|e| ApiError::internal(format!("request parsing failed: {e}")))??;
+    crate::log::ignored(&ids.id, &shape.ignored);
     let slot = ticket.slot().await;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let job_app = app.clone();
-    match &app.batcher {
-        Some(_) if app.engine.batchable(&request) => {
-            // Prepared here (images encoded off the batching thread), then decoded in the batch.
-            tokio::task::spawn_blocking(move || match job_app.engine.prepare(&request) {
-                // The client left while its images were encoded: nothing to decode.
-                Ok(_) if tx.is_closed() => {
-                    drop(slot);
-                    job_app.metrics.outcome(Outcome::Cancelled);
+    dispatch(app, requests, slot, tx, arrived);
+    if shape.stream {
+        // Wait for the first message so that a request that fails before its first token (a
+        // corrupt image, a prompt over the context) still gets its 4xx status.
+        let first = rx.recv().await;
+        if let Some(Msg::Failed(e)) = first {
+            return Err(e);
+        }
+        let ignored = shape.ignored.clone();
+        let stream = SseStream::new(app.clone(), ids.clone(), shape, first, rx, arrived);
+        return Ok(with_ignored(stream.into_response(), &ignored));
+    }
+    // The answers' text comes whole in `Done`; the pieces only show the client is still there.
+    let mut done: Vec<Option<Box<glance_engine::Response>>> = vec![None; shape.choices];
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            Msg::Text(..) | Msg::Logprob(..) => {}
+            Msg::Done(i, r) => {
+                done[i] = Some(r);
+                if done.iter().all(Option::is_some) {
+                    let all: Vec<&glance_engine::Response> =
+                        done.iter().flatten().map(|r| r.as_ref()).collect();
+                    crate::log::finished(&ids.id, &all, arrived);
+                    let body = match api {
+                        Api::Chat => openai::completion_json(&app.engine, ids, &all, &shape),
+                        Api::Completion => crate::legacy::body(&app.engine, ids, &all, &shape),
+                    };
+                    return Ok(with_ignored(Json(body).into_response(), &shape.ignored));
                 }
+            }
+            Msg::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal("the generation ended without an answer"))
+}
+
+/// Starts the generations of a request's choices: in the continuous batch (each prepared on a
+/// blocking thread, then decoded by the batching worker) when every one can join it, else one
+/// after the other on one blocking thread. The slot is freed when the last one ends.
+fn dispatch(
+    app: &Arc<App>,
+    requests: Vec<Request>,
+    slot: Slot,
+    tx: mpsc::UnboundedSender<Msg>,
+    arrived: Instant,
+) {
+    if app.batcher.is_some() && requests.iter().all(|r| app.engine.batchable(r)) {
+        let slot = Arc::new(slot);
+        for (index, request) in requests.into_iter().enumerate() {
+            let (app, tx, slot) = (app.clone(), tx.clone(), slot.clone());
+            // Prepared here (images encoded off the batching thread), then decoded in the batch.
+            tokio::task::spawn_blocking(move || match app.engine.prepare(&request) {
+                // The client left while its images were encoded: nothing to decode.
+                Ok(_) if tx.is_closed() => app.metrics.outcome(Outcome::Cancelled),
                 Ok(prepared) => {
-                    let batcher = job_app.batcher.as_ref().expect("checked");
+                    let batcher = app.batcher.as_ref().expect("checked");
                     batcher.submit(Job {
                         prepared,
+                        index,
                         tx,
                         arrived,
                         slot,
@@ -110,69 +173,54 @@ async fn handle(
                 }
             });
         }
-        _ => {
-            tokio::task::spawn_blocking(move || {
-                let end = generate(&job_app, &request, arrived, &tx);
+        return;
+    }
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let last = requests.len().saturating_sub(1);
+        for (index, request) in requests.iter().enumerate() {
+            let Some(end) = generate(&app, request, index, arrived, &tx) else {
+                return;
+            };
+            let failed = matches!(end, Msg::Failed(_));
+            if index == last || failed {
                 // Free the slot before the answer goes out: a client that sends its next
                 // request as soon as it has this one's answer finds the slot free.
                 drop(slot);
-                if let Some(end) = end {
-                    let _ = tx.send(end);
-                }
-            });
+                let _ = tx.send(end);
+                return;
+            }
+            let _ = tx.send(end);
         }
-    }
-    let ids = Ids {
-        id: format!(
-            "chatcmpl-{:x}{:08x}",
-            std::process::id(),
-            NEXT_ID.fetch_add(1, Ordering::Relaxed)
-        ),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        model: app.config.model_name.clone(),
-    };
-    if shape.stream {
-        // Wait for the first message so that a request that fails before its first token (a
-        // corrupt image, a prompt over the context) still gets its 4xx status.
-        let first = rx.recv().await;
-        if let Some(Msg::Failed(e)) = first {
-            return Err(e);
-        }
-        let stream = SseStream::new(ids, shape, first, rx, app.metrics.clone());
-        return Ok(sse_response(stream));
-    }
-    // The answer's text comes whole in `Done`; the pieces only show the client is still there.
-    while let Some(msg) = rx.recv().await {
-        match msg {
-            Msg::Text(_) => {}
-            Msg::Done(r) => return Ok(Json(openai::completion_json(&ids, &r)).into_response()),
-            Msg::Failed(e) => return Err(e),
-        }
-    }
-    Err(ApiError::internal("the generation ended without an answer"))
+    });
 }
 
-/// Runs one generation on the current (blocking) thread, streaming its text through `tx`;
-/// returns the final message (`None` when the client went away).
+/// Runs choice `index`'s generation on the current (blocking) thread, streaming its text through
+/// `tx`; returns the final message (`None` when the client went away).
 fn generate(
     app: &App,
     request: &Request,
+    index: usize,
     arrived: Instant,
     tx: &mpsc::UnboundedSender<Msg>,
 ) -> Option<Msg> {
     let mut first: Option<Instant> = None;
-    let result = app.engine.generate(request, &mut |event| match event {
-        Event::Text(t) => {
-            first.get_or_insert_with(Instant::now);
-            match tx.send(Msg::Text(t.to_string())) {
-                Ok(()) => Flow::Continue,
-                Err(_) => Flow::Cancel,
-            }
+    let result = app.engine.generate(request, &mut |event| {
+        first.get_or_insert_with(Instant::now);
+        match tx.send(message(index, event)) {
+            Ok(()) => Flow::Continue,
+            Err(_) => Flow::Cancel,
         }
     });
-    conclude(&app.metrics, result, arrived, first)
+    conclude(&app.metrics, result, index, arrived, first)
+}
+
+/// An engine event of choice `index` as a message.
+pub(crate) fn message(index: usize, event: Event) -> Msg {
+    match event {
+        Event::Text(t) => Msg::Text(index, t.to_string()),
+        Event::Logprob(l) => Msg::Logprob(index, l.clone()),
+    }
 }
 
 /// Records a generation's metrics and turns its result into the final message (`None` for a
@@ -180,6 +228,7 @@ fn generate(
 pub(crate) fn conclude(
     metrics: &Metrics,
     result: glance_core::Result<glance_engine::Response>,
+    index: usize,
     arrived: Instant,
     first: Option<Instant>,
 ) -> Option<Msg> {
@@ -194,7 +243,7 @@ pub(crate) fn conclude(
             metrics.generation(&r, ttft, e2e);
             let reason = openai::finish_reason(r.finish_reason).unwrap_or("stop");
             metrics.outcome(Outcome::Finished(reason));
-            Some(Msg::Done(Box::new(r)))
+            Some(Msg::Done(index, Box::new(r)))
         }
         Err(e) => Some(Msg::Failed(ApiError::from(e))),
     }
@@ -239,113 +288,13 @@ async fn read_body(
     })?
 }
 
-fn sse_response(stream: SseStream) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response()
-}
-
-/// The SSE body: one `data:` event per text piece, the final chunk with the finish reason, the
-/// usage chunk when asked for, then `data: [DONE]`. Dropping it (the client went away) drops the
-/// receiver, which cancels the generation.
-struct SseStream {
-    ids: Ids,
-    shape: Shape,
-    pending: std::collections::VecDeque<Bytes>,
-    first: Option<Msg>,
-    rx: mpsc::UnboundedReceiver<Msg>,
-    done: bool,
-    metrics: Arc<Metrics>,
-}
-
-impl SseStream {
-    fn new(
-        ids: Ids,
-        shape: Shape,
-        first: Option<Msg>,
-        rx: mpsc::UnboundedReceiver<Msg>,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        let mut s = Self {
-            ids,
-            shape,
-            pending: Default::default(),
-            first,
-            rx,
-            done: false,
-            metrics,
-        };
-        s.event(json!({"role": "assistant", "content": ""}), None);
-        s
+/// Names the ignored unknown fields of the request in the `glance-ignored-fields` header.
+pub(crate) fn with_ignored(mut response: Response, ignored: &[String]) -> Response {
+    if let Some(v) = (!ignored.is_empty())
+        .then(|| header::HeaderValue::from_str(&ignored.join(", ")).ok())
+        .flatten()
+    {
+        response.headers_mut().insert("glance-ignored-fields", v);
     }
-
-    fn event(&mut self, delta: serde_json::Value, finish: Option<&str>) {
-        let chunk = openai::chunk_json(&self.ids, delta, finish, self.shape.include_usage);
-        self.data(&chunk.to_string());
-    }
-
-    fn data(&mut self, payload: &str) {
-        self.pending
-            .push_back(Bytes::from(format!("data: {payload}\n\n")));
-    }
-
-    fn on(&mut self, msg: Option<Msg>) {
-        match msg {
-            Some(Msg::Text(t)) => self.event(json!({"content": t}), None),
-            Some(Msg::Done(r)) => {
-                let finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
-                self.event(json!({}), Some(finish));
-                if self.shape.include_usage {
-                    let mut u = openai::usage_chunk_json(&self.ids, &r.usage);
-                    u["usage"]["glance"] = openai::glance_usage_json(&r);
-                    self.data(&u.to_string());
-                }
-                self.data("[DONE]");
-                self.done = true;
-            }
-            Some(Msg::Failed(e)) => {
-                self.metrics.outcome(if e.status.is_server_error() {
-                    Outcome::Failed
-                } else {
-                    Outcome::Rejected
-                });
-                self.data(&e.body().to_string());
-                self.data("[DONE]");
-                self.done = true;
-            }
-            None => {
-                let e = ApiError::internal("the generation ended without an answer");
-                self.data(&e.body().to_string());
-                self.done = true;
-            }
-        }
-    }
-}
-
-impl Stream for SseStream {
-    type Item = Result<Bytes, std::convert::Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            if let Some(b) = self.pending.pop_front() {
-                return Poll::Ready(Some(Ok(b)));
-            }
-            if self.done {
-                return Poll::Ready(None);
-            }
-            if let Some(first) = self.first.take() {
-                self.on(Some(first));
-                continue;
-            }
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(msg) => self.on(msg),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
+    response
 }

@@ -55,6 +55,14 @@ impl ApiError {
         self
     }
 
+    /// 401: the server requires an API key and the request does not carry it.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+        }
+    }
+
     /// 404: no such route or model.
     pub fn not_found(message: impl Into<String>, code: &'static str) -> Self {
         Self {

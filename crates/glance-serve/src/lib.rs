@@ -1,20 +1,27 @@
 //! glance's OpenAI-compatible HTTP server (`glance serve`), on axum and tokio.
 //!
-//! Routes: `POST /v1/chat/completions` (JSON or SSE streaming), `GET /v1/models`, `GET /health`,
-//! `GET /metrics` (Prometheus text), and the chat page at `GET /` with its own routes ([`page`]).
-//! Every generation runs on a blocking thread, never on the async runtime; at most `max_batch`
-//! run at once and at most `max_queue` wait ([`slots`]); a client that disconnects cancels its
-//! generation. Plain autoregressive requests are decoded together by one continuous-batching
-//! worker ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an
-//! OpenAI-style error body ([`error`]); the server keeps serving.
+//! Routes: `POST /v1/chat/completions` and `POST /v1/completions` (JSON or SSE streaming),
+//! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and the chat page at
+//! `GET /` with its own routes ([`page`]); with an API key ([`auth`]) every route but `/health`,
+//! `/metrics` and the page's static files requires it. One log line per request ([`log`]). Every generation runs on a
+//! blocking thread, never on the async runtime; at most `max_batch` run at once and at most
+//! `max_queue` wait ([`slots`]); a client that disconnects cancels its generation. Plain
+//! autoregressive requests are decoded together by one continuous-batching worker
+//! ([`batcher`]); speculative and pruned ones alone. Bad input is a 4xx with an OpenAI-style
+//! error body ([`error`]); the server keeps serving.
 
+pub mod auth;
 pub mod batcher;
 pub mod chat;
 pub mod error;
+pub mod legacy;
+pub mod log;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod page;
 pub mod slots;
+mod stream;
 
 use crate::batcher::Batcher;
 use crate::error::ApiError;
@@ -56,6 +63,8 @@ pub struct ServerConfig {
     pub prefill_chunk: usize,
     /// Time a client has to send its request line and headers (the connection is closed after).
     pub header_timeout: Duration,
+    /// Required as `Authorization: Bearer KEY` on every route but `/health` and `/metrics`.
+    pub api_key: Option<auth::ApiKey>,
 }
 
 /// The most generations a server runs at once (`--max-batch`): each holds a blocking thread and
@@ -179,17 +188,24 @@ impl App {
     }
 }
 
-/// The routes.
+/// The routes: the API behind the key check ([`auth`]), health and metrics open.
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/completions", post(legacy::completions))
         .route("/v1/models", get(models))
+        .route("/glance/info", get(page::info))
+        .route("/glance/world/sample", get(page::world_sample))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            auth::require_key,
+        ));
+    Router::new()
+        .merge(api)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/", get(page::index))
         .route("/page.js", get(page::script))
-        .route("/glance/info", get(page::info))
-        .route("/glance/world/sample", get(page::world_sample))
         .fallback(not_found)
         .with_state(app)
 }
@@ -227,8 +243,9 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
 
 async fn not_found() -> ApiError {
     ApiError::not_found(
-        "no such route: the API has POST /v1/chat/completions, GET /v1/models, GET /health, \
-         GET /metrics, and the page at GET / (with GET /glance/info and GET /glance/world/sample)",
+        "no such route: the API has POST /v1/chat/completions, POST /v1/completions, \
+         GET /v1/models, GET /health, GET /metrics, and the page at GET / (with GET /glance/info \
+         and GET /glance/world/sample)",
         "not_found",
     )
 }

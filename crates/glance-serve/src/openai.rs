@@ -1,27 +1,43 @@
-//! The OpenAI chat-completions request (parsed strictly: an unknown field is a 400) and its
-//! translation into the engine's [`Request`]; the response and stream-chunk bodies.
+//! The OpenAI chat-completions request and its translation into the engine's [`Request`]; the
+//! response and stream-chunk bodies.
 //!
-//! Fields OpenAI clients send that glance has no use for are accepted at their neutral values
-//! (`logprobs: false`, `frequency_penalty: 0`, `n: 1`, …) and refused with a clear message
-//! otherwise. glance's own per-request options travel under `"glance"`:
+//! The sampling parameters of OpenAI, vLLM and llama-server map onto the engine's sampler
+//! (`top_k: -1` and `min_p: 0` are vLLM's "off"). Fields OpenAI clients send that glance has no
+//! use for are accepted at their neutral values (`store: false`, empty `tools`, …) and refused
+//! with a clear message otherwise. A top-level field glance does not know is ignored and reported
+//! ([`Shape::ignored`]: a log warning and the `glance-ignored-fields` header), as vLLM does, or a
+//! 400 with `--strict` ([`Defaults::strict`]). glance's own per-request options travel under
+//! `"glance"`, where an unknown key is always a 400:
 //! `{"prune": {"policy": "adaptive", "keep": 0.125}, "decode": "vispec"}`.
 
+use crate::chat::Api;
 use crate::error::ApiError;
+use crate::App;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
 use glance_engine::{
-    Budget, DecodeSpec, DiffusionOptions, DiffusionSettings, FinishReason, OptionNames, Policy,
-    Prompt, PruneSpec, Request, Response, Usage,
+    Budget, DecodeSpec, DiffusionOptions, DiffusionSettings, Engine, FinishReason, OptionNames,
+    Policy, Prompt, PruneSpec, Request, Response, Role, Usage,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// The most tokens one request may ask for.
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
+/// The most choices (`n`, times the prompts of a legacy completion) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// Parses a chat body and translates it (on a blocking thread: images are decoded here).
+pub fn parse_chat(app: &App, body: &[u8]) -> Result<(Vec<Request>, Shape), ApiError> {
+    let c = &app.config;
+    let max_images = app.engine.options().max_images;
+    let request = ChatRequest::parse(body)?;
+    request.check_json_output(&app.engine)?;
+    request.into_requests(&c.model_name, &c.image_sources, max_images, &c.defaults)
+}
 
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Value,
@@ -31,18 +47,26 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<u64>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    /// Not OpenAI's, but vLLM's and llama.cpp's.
-    pub top_k: Option<usize>,
+    /// Not OpenAI's, but vLLM's and llama.cpp's (as are `min_p`, `repetition_penalty`,
+    /// `ignore_eos`, `min_tokens`, `continue_final_message`); -1 and 0 are off.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u64>,
+    pub continue_final_message: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<u64>,
-    // Accepted at their neutral values only.
-    pub user: Option<String>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u64>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
+    /// Token id (as a string, OpenAI's form) → bias in [-100, 100].
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    // Accepted at their neutral values only.
+    pub user: Option<String>,
     pub response_format: Option<Value>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
@@ -52,6 +76,9 @@ pub struct ChatRequest {
     pub service_tier: Option<String>,
     pub modalities: Option<Vec<String>>,
     pub glance: Option<GlanceOptions>,
+    /// Every other top-level field: ignored (reported), or refused with `--strict`.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,13 +152,25 @@ pub struct Defaults {
     pub max_tokens: usize,
     pub prune: Option<PruneSpec>,
     pub decode: DecodeSpec,
+    /// `--strict`: an unknown top-level field is a 400 instead of being ignored.
+    pub strict: bool,
 }
 
-/// What the handler needs besides the engine request.
-#[derive(Debug, Clone, Copy)]
+/// What the handler needs besides the engine requests.
+#[derive(Debug, Clone, Default)]
 pub struct Shape {
+    pub api: Api,
+    /// Choices in the answer: `n` per prompt.
+    pub choices: usize,
+    pub n: usize,
+    /// Legacy completions with `echo`: each choice's prompt text, sent before its answer.
+    pub echo: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The answer carries log-probabilities.
+    pub logprobs: bool,
+    /// Unknown top-level fields that were ignored, sorted.
+    pub ignored: Vec<String>,
 }
 
 impl ChatRequest {
@@ -163,15 +202,44 @@ impl ChatRequest {
         })
     }
 
-    /// The engine request, with at most `max_images` images (counted before any is read)
-    /// resolved under `sources`.
-    pub fn into_request(
+    /// The engine requests (one per choice), with at most `max_images` images (counted before any
+    /// is read) resolved under `sources`.
+    pub fn into_requests(
         self,
         served: &str,
         sources: &ImageSources,
         max_images: usize,
         defaults: &Defaults,
-    ) -> Result<(Request, Shape), ApiError> {
+    ) -> Result<(Vec<Request>, Shape), ApiError> {
+        self.translate(served, defaults, |me| {
+            let messages = parse_messages(&me.messages, sources, max_images)
+                .map_err(|e| ApiError::from(e).with_param("messages"))?;
+            let continue_final = match (me.continue_final_message, me.add_generation_prompt) {
+                (Some(true), Some(true)) => {
+                    return Err(ApiError::bad_param(
+                        "continue_final_message",
+                        "continue_final_message and add_generation_prompt cannot both be true",
+                    ))
+                }
+                (Some(c), _) => c,
+                // vLLM: no generation prompt means the last message is continued.
+                (None, Some(g)) => !g,
+                // A conversation that ends with an assistant message is a prefill to continue.
+                (None, None) => messages.last().is_some_and(|m| m.role == Role::Assistant),
+            };
+            Ok(vec![(Prompt::Chat(messages), continue_final)])
+        })
+    }
+
+    /// The engine requests of the prompts `prompts` gives (each with whether its last message is
+    /// continued), after every other field is checked: `n` choices per prompt, choice `j` of a
+    /// prompt with the seed [`choice_seed`]`(seed, j)`.
+    pub(crate) fn translate(
+        self,
+        served: &str,
+        defaults: &Defaults,
+        prompts: impl FnOnce(&Self) -> Result<Vec<(Prompt, bool)>, ApiError>,
+    ) -> Result<(Vec<Request>, Shape), ApiError> {
         if let Some(m) = self.model.as_deref() {
             if m != served {
                 return Err(ApiError::not_found(
@@ -179,6 +247,16 @@ impl ChatRequest {
                     "model_not_found",
                 ));
             }
+        }
+        let ignored: Vec<String> = self.unknown.keys().cloned().collect();
+        if let (true, Some(field)) = (defaults.strict, ignored.first()) {
+            return Err(ApiError::bad_param(
+                field,
+                format!(
+                    "unknown field `{field}` (the server runs with --strict; without it unknown \
+                     fields are ignored)"
+                ),
+            ));
         }
         self.check_neutral()?;
         let stream = self.stream.unwrap_or(false);
@@ -211,16 +289,30 @@ impl ChatRequest {
             // No seed: every sampled request draws differently, as OpenAI's do.
             None => fresh_seed(),
         };
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k: self.top_k.unwrap_or(0),
-            top_p: self.top_p.unwrap_or(1.0),
-            seed,
+        let sampling = self.sampling(seed)?;
+        let logprobs = match (self.logprobs, self.top_logprobs) {
+            (Some(true), top) => Some(top.unwrap_or(0)),
+            (_, Some(n)) if n > 0 => {
+                return Err(ApiError::bad_param(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                ))
+            }
+            _ => None,
         };
-        let stop = match self.stop {
+        if let Some(n) = logprobs.filter(|&n| n > glance_core::MAX_TOP_LOGPROBS as u64) {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                format!(
+                    "top_logprobs must be in 0..={}, got {n}",
+                    glance_core::MAX_TOP_LOGPROBS
+                ),
+            ));
+        }
+        let stop = match &self.stop {
             None => Vec::new(),
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
         };
         let (prune, decode) = match &self.glance {
             None => (defaults.prune.clone(), defaults.decode),
@@ -241,24 +333,149 @@ impl ChatRequest {
             Some(g) => g.diffusion(decode)?,
             None => None,
         };
-        let messages = parse_messages(&self.messages, sources, max_images)
-            .map_err(|e| ApiError::from(e).with_param("messages"))?;
-        let request = Request {
-            diffusion,
-            sampling,
-            max_new_tokens: max_tokens as usize,
-            stop,
-            prune,
-            decode,
-            ..Request::new(Prompt::Chat(messages))
+        let n = self.n.unwrap_or(1) as usize;
+        let prompts = prompts(&self)?;
+        if n == 0 || n.saturating_mul(prompts.len()) > MAX_CHOICES {
+            return Err(ApiError::bad_param(
+                "n",
+                format!(
+                    "n must be at least 1 and n times the prompts at most {MAX_CHOICES}, got n = \
+                     {n} for {} prompt(s)",
+                    prompts.len()
+                ),
+            ));
+        }
+        let mut requests = Vec::with_capacity(n * prompts.len());
+        for (prompt, continue_final) in prompts {
+            for j in 0..n {
+                let request = Request {
+                    diffusion: diffusion.clone(),
+                    sampling: SamplingParams {
+                        seed: choice_seed(seed, j),
+                        ..sampling.clone()
+                    },
+                    ignore_eos: self.ignore_eos.unwrap_or(false),
+                    logprobs: logprobs.map(|n| n as usize),
+                    continue_final_message: continue_final,
+                    max_new_tokens: max_tokens as usize,
+                    stop: stop.clone(),
+                    prune: prune.clone(),
+                    decode,
+                    ..Request::new(prompt.clone())
+                };
+                request.validate().map_err(ApiError::from)?;
+                requests.push(request);
+            }
+        }
+        let shape = Shape {
+            api: Api::Chat,
+            choices: requests.len(),
+            n,
+            echo: Vec::new(),
+            stream,
+            include_usage,
+            logprobs: logprobs.is_some(),
+            ignored,
         };
-        request.validate().map_err(ApiError::from)?;
-        Ok((
-            request,
-            Shape {
-                stream,
-                include_usage,
-            },
+        Ok((requests, shape))
+    }
+
+    /// The sampling parameters, each range checked with the field named.
+    fn sampling(&self, seed: u64) -> Result<SamplingParams, ApiError> {
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::bad_param(
+                    "top_k",
+                    format!("top_k must be -1 or 0 (off) or a positive count, got {k}"),
+                ))
+            }
+        };
+        let mut logit_bias = std::collections::BTreeMap::new();
+        for (id, bias) in self.logit_bias.iter().flatten() {
+            let id = id.trim().parse::<u32>().map_err(|_| {
+                ApiError::bad_param(
+                    "logit_bias",
+                    format!("logit_bias keys are token ids, got `{id}`"),
+                )
+            })?;
+            let bias = bias.as_f64().ok_or_else(|| {
+                ApiError::bad_param(
+                    "logit_bias",
+                    format!("the logit_bias of token {id} must be a number, got {bias}"),
+                )
+            })?;
+            logit_bias.insert(id, bias as f32);
+        }
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            seed,
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            logit_bias,
+            min_tokens: self.min_tokens.unwrap_or(0).min(MAX_TOKENS_LIMIT) as usize,
+        };
+        // The engine's message names the parameter; point `param` at it too.
+        p.validate().map_err(|e| {
+            let msg = e.to_string();
+            let param = [
+                "temperature",
+                "min_p",
+                "repetition_penalty",
+                "presence_penalty",
+                "frequency_penalty",
+                "logit_bias",
+            ]
+            .into_iter()
+            .find(|f| msg.contains(f))
+            .unwrap_or(if msg.contains("top-p") {
+                "top_p"
+            } else {
+                "temperature"
+            });
+            ApiError::bad_param(param, msg)
+        })?;
+        Ok(p)
+    }
+
+    /// Refuses JSON output (`response_format` json_object / json_schema, `tools`) on a model
+    /// whose vocabulary cannot spell JSON (glance-tiny's word-level tokens have no braces or
+    /// quotes), naming the reason; [`Self::check_neutral`] refuses them on the other models.
+    pub fn check_json_output(&self, engine: &Engine) -> Result<(), ApiError> {
+        let wants_json = self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"));
+        let param = match (
+            wants_json,
+            self.tools.as_ref().is_some_and(|t| !t.is_empty()),
+        ) {
+            (true, _) => "response_format",
+            (false, true) => "tools",
+            (false, false) => return Ok(()),
+        };
+        let t = &engine.processor().text;
+        let probe = "{\"a\": [1]}";
+        let spelled = t
+            .encode_plain(probe)
+            .and_then(|ids| t.decode(&ids, false))
+            .is_ok_and(|s| s.replace(' ', "") == probe.replace(' ', ""));
+        if spelled {
+            return Ok(());
+        }
+        Err(ApiError::bad_param(
+            param,
+            format!(
+                "{param}: this model's vocabulary ({} tokens) cannot spell JSON (it has no braces \
+                 or quotes, as glance-tiny's word-level vocabulary), so it cannot produce \
+                 structured output or tool calls",
+                t.vocab_size()
+            ),
         ))
     }
 
@@ -270,26 +487,11 @@ impl ChatRequest {
                 format!("{param}: {what} is not supported by glance"),
             ))
         };
-        if self.n.is_some_and(|n| n != 1) {
-            return refuse("n", "a number of choices other than 1");
-        }
-        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
-            return refuse("logprobs", "returning log-probabilities");
-        }
-        if self.frequency_penalty.is_some_and(|p| p != 0.0) {
-            return refuse("frequency_penalty", "a non-zero penalty");
-        }
-        if self.presence_penalty.is_some_and(|p| p != 0.0) {
-            return refuse("presence_penalty", "a non-zero penalty");
-        }
-        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-            return refuse("logit_bias", "a logit bias");
-        }
         if let Some(f) = &self.response_format {
             if f.get("type").and_then(Value::as_str) != Some("text") {
                 return refuse(
                     "response_format",
-                    "a format other than {\"type\": \"text\"}",
+                    "structured output (a format other than {\"type\": \"text\"})",
                 );
             }
         }
@@ -313,6 +515,22 @@ impl ChatRequest {
     }
 }
 
+/// The seed of choice `j` of a request seeded `seed`: `seed` itself for the first, a distinct
+/// seed derived from both for every other (so `n` choices differ, and the same each time).
+pub fn choice_seed(seed: u64, j: usize) -> u64 {
+    if j == 0 {
+        return seed;
+    }
+    mix(seed ^ (j as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// splitmix64's finaliser.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// A seed that differs from call to call (clock and a counter, mixed).
 fn fresh_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -320,14 +538,10 @@ fn fresh_seed() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = nanos
+    mix(nanos
         ^ CALLS
             .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    // splitmix64's finaliser
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 impl PruneOptions {
@@ -376,13 +590,14 @@ pub fn finish_reason(f: FinishReason) -> Option<&'static str> {
     }
 }
 
-/// The `usage` object, with glance's visual-token counts beside OpenAI's.
-pub fn usage_json(u: &Usage) -> Value {
+/// The `usage` object, with glance's visual-token counts beside OpenAI's; `cached` prompt
+/// tokens came from the prefix cache.
+pub fn usage_json(u: &Usage, cached: usize) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
         "visual_tokens": u.visual_tokens,
         "kept_visual_tokens": u.kept_visual_tokens,
     })
@@ -405,6 +620,23 @@ pub fn glance_usage_json(r: &Response) -> Value {
     })
 }
 
+/// The usage of a request's choices: every choice's completion tokens, each prompt's tokens once
+/// (the first of its `n` choices).
+pub fn total_usage(all: &[&Response], n: usize) -> Value {
+    let mut u = Usage::default();
+    let mut cached = 0;
+    for (i, r) in all.iter().enumerate() {
+        u.completion_tokens += r.usage.completion_tokens;
+        if i % n.max(1) == 0 {
+            u.prompt_tokens += r.usage.prompt_tokens;
+            u.visual_tokens += r.usage.visual_tokens;
+            u.kept_visual_tokens += r.usage.kept_visual_tokens;
+            cached += r.cache.cached_tokens();
+        }
+    }
+    usage_json(&u, cached)
+}
+
 /// Identity of one completion: id, creation time, model name.
 #[derive(Debug, Clone)]
 pub struct Ids {
@@ -413,34 +645,84 @@ pub struct Ids {
     pub model: String,
 }
 
-/// The non-streaming answer.
-pub fn completion_json(ids: &Ids, r: &Response) -> Value {
+impl Ids {
+    /// A fresh id (`chatcmpl-…` or `cmpl-…`) created now.
+    pub fn new(api: Api, model: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        let prefix = match api {
+            Api::Chat => "chatcmpl",
+            Api::Completion => "cmpl",
+        };
+        Self {
+            id: format!(
+                "{prefix}-{:x}{:08x}",
+                std::process::id(),
+                NEXT_ID.fetch_add(1, Ordering::Relaxed)
+            ),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: model.to_string(),
+        }
+    }
+}
+
+/// The non-streaming chat answer, one choice per response (log-probabilities in the chat form
+/// when asked for).
+pub fn completion_json(engine: &Engine, ids: &Ids, all: &[&Response], shape: &Shape) -> Value {
+    let choices: Vec<Value> = all
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let logprobs = shape.logprobs.then(|| {
+                crate::logprobs::chat_logprobs(engine, r.logprobs.as_deref().unwrap_or_default())
+            });
+            json!({
+                "index": i,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(r.finish_reason),
+            })
+        })
+        .collect();
     let mut c = json!({
         "id": ids.id,
         "object": "chat.completion",
         "created": ids.created,
         "model": ids.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": r.text},
-            "logprobs": null,
-            "finish_reason": finish_reason(r.finish_reason),
-        }],
-        "usage": usage_json(&r.usage),
+        "choices": choices,
+        "usage": total_usage(all, shape.n),
     });
-    c["usage"]["glance"] = glance_usage_json(r);
+    if let Some(r) = all.first() {
+        c["usage"]["glance"] = glance_usage_json(r);
+    }
     c
 }
 
-/// One `chat.completion.chunk`; `usage` is `null` on every chunk but the last when usage was
-/// asked for, and absent otherwise.
-pub fn chunk_json(ids: &Ids, delta: Value, finish: Option<&str>, include_usage: bool) -> Value {
+/// One `chat.completion.chunk` of choice `index`; `usage` is `null` on every chunk but the last
+/// when usage was asked for, and absent otherwise; `logprobs` those of the chunk's tokens.
+pub fn chunk_json(
+    ids: &Ids,
+    index: usize,
+    delta: Value,
+    logprobs: Option<Value>,
+    finish: Option<&str>,
+    include_usage: bool,
+) -> Value {
+    let choice =
+        json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+    chunk_envelope(ids, "chat.completion.chunk", choice, include_usage)
+}
+
+/// A streamed chunk of either API around its one `choice`; `usage: null` with `include_usage`.
+pub fn chunk_envelope(ids: &Ids, object: &str, choice: Value, include_usage: bool) -> Value {
     let mut c = json!({
         "id": ids.id,
-        "object": "chat.completion.chunk",
+        "object": object,
         "created": ids.created,
         "model": ids.model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        "choices": [choice],
     });
     if include_usage {
         c["usage"] = Value::Null;
@@ -449,15 +731,23 @@ pub fn chunk_json(ids: &Ids, delta: Value, finish: Option<&str>, include_usage: 
 }
 
 /// The final usage chunk of a stream with `include_usage` (no choices).
-pub fn usage_chunk_json(ids: &Ids, u: &Usage) -> Value {
-    json!({
+pub fn usage_chunk_json(ids: &Ids, all: &[&Response], shape: &Shape) -> Value {
+    let object = match shape.api {
+        Api::Chat => "chat.completion.chunk",
+        Api::Completion => "text_completion",
+    };
+    let mut c = json!({
         "id": ids.id,
-        "object": "chat.completion.chunk",
+        "object": object,
         "created": ids.created,
         "model": ids.model,
         "choices": [],
-        "usage": usage_json(u),
-    })
+        "usage": total_usage(all, shape.n),
+    });
+    if let Some(r) = all.first() {
+        c["usage"]["glance"] = glance_usage_json(r);
+    }
+    c
 }
 
 #[cfg(test)]
@@ -469,16 +759,64 @@ mod tests {
             max_tokens: 16,
             prune: None,
             decode: DecodeSpec::Ar,
+            strict: true,
         }
     }
 
     fn convert(body: Value) -> Result<(Request, Shape), ApiError> {
-        ChatRequest::parse(body.to_string().as_bytes())?.into_request(
+        let (mut r, s) = ChatRequest::parse(body.to_string().as_bytes())?.into_requests(
             "m",
             &ImageSources::DataOnly,
             4,
             &defaults(),
-        )
+        )?;
+        Ok((r.remove(0), s))
+    }
+
+    #[test]
+    fn sampling_extras_translate_and_unknown_fields_are_ignored_unless_strict() {
+        let body = json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "top_k": -1, "min_p": 0, "repetition_penalty": 1.3, "presence_penalty": 0.5,
+            "frequency_penalty": -0.5, "logit_bias": {"7": -100, "3": 2.5}, "ignore_eos": true,
+            "min_tokens": 4, "logprobs": true, "top_logprobs": 3, "vendor_x": {"a": 1}
+        });
+        let lenient = Defaults {
+            strict: false,
+            ..defaults()
+        };
+        let (r, s) = ChatRequest::parse(body.to_string().as_bytes())
+            .unwrap()
+            .into_requests("m", &ImageSources::DataOnly, 4, &lenient)
+            .unwrap();
+        let r = &r[0];
+        let p = &r.sampling;
+        assert_eq!((p.top_k, p.min_p, p.min_tokens), (0, 0.0, 4));
+        assert_eq!(
+            (
+                p.repetition_penalty,
+                p.presence_penalty,
+                p.frequency_penalty
+            ),
+            (1.3, 0.5, -0.5)
+        );
+        assert_eq!(p.logit_bias, [(7, -100.0), (3, 2.5)].into());
+        assert!(r.ignore_eos && s.logprobs);
+        assert_eq!(r.logprobs, Some(3));
+        assert_eq!(s.ignored, vec!["vendor_x".to_string()]);
+        let e = convert(body).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("vendor_x"));
+        assert!(e.message.contains("--strict"), "{}", e.message);
+        // An assistant message last is continued; a user message last starts a new turn.
+        let (r, _) = convert(json!({"messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "A"}]}))
+        .unwrap();
+        assert!(r.continue_final_message);
+        let (r, _) = convert(json!({"messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "A"}],
+            "add_generation_prompt": true}))
+        .unwrap();
+        assert!(!r.continue_final_message);
     }
 
     #[test]
@@ -528,11 +866,49 @@ mod tests {
                 "`max_tokens`: invalid value",
             ),
             (json!({"messages": []}), 400, "no message"),
-            (json!({"messages": m, "n": 2}), 400, "choices other than 1"),
+            (json!({"messages": m, "n": 0}), 400, "n must be at least 1"),
+            (json!({"messages": m, "n": 17}), 400, "at most 16"),
             (
-                json!({"messages": m, "logprobs": true}),
+                json!({"messages": m, "logprobs": true, "top_logprobs": 21}),
                 400,
-                "log-probabilities",
+                "top_logprobs must be in 0..=20",
+            ),
+            (
+                json!({"messages": m, "top_logprobs": 2}),
+                400,
+                "needs logprobs: true",
+            ),
+            (
+                json!({"messages": m, "presence_penalty": 3}),
+                400,
+                "presence_penalty must be in [-2, 2]",
+            ),
+            (
+                json!({"messages": m, "repetition_penalty": 0}),
+                400,
+                "repetition_penalty",
+            ),
+            (json!({"messages": m, "min_p": 2}), 400, "min_p"),
+            (json!({"messages": m, "top_k": -2}), 400, "top_k must be"),
+            (
+                json!({"messages": m, "logit_bias": {"x": 1}}),
+                400,
+                "logit_bias keys are token ids",
+            ),
+            (
+                json!({"messages": m, "logit_bias": {"5": 200}}),
+                400,
+                "logit_bias of token 5",
+            ),
+            (
+                json!({"messages": m, "continue_final_message": true}),
+                400,
+                "ends with an assistant message",
+            ),
+            (
+                json!({"messages": m, "logprobs": true, "glance": {"decode": "diffusion-threshold"}}),
+                400,
+                "logprobs are not available with diffusion-threshold",
             ),
             (
                 json!({"messages": m, "temperature": -1}),

@@ -222,9 +222,11 @@ fn server_config(args: &ServeBenchArgs, batching: bool) -> ServerConfig {
             max_tokens: args.max_tokens,
             prune: None,
             decode: DecodeSpec::Ar,
+            strict: false,
         },
         batching,
         prefill_chunk: args.prefill_chunk,
+        api_key: None,
     }
 }
 

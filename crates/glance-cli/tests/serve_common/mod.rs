@@ -28,14 +28,19 @@ impl Server {
 
     /// [`Server::start`] with `cmd` (a program, its directory and environment) in place of the
     /// built binary.
-    pub fn start_command(mut cmd: Command, args: &[&str]) -> Server {
+    pub fn start_command(cmd: Command, args: &[&str]) -> Server {
+        Self::start_with_stderr(cmd, args, Stdio::inherit())
+    }
+
+    /// [`Server::start_command`] with the server's stderr (its request logs) sent to `stderr`.
+    pub fn start_with_stderr(mut cmd: Command, args: &[&str], stderr: Stdio) -> Server {
         let mut child = cmd
             .arg("serve")
             .args(["--port", "0", "--threads", "1"])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("binary runs");
         let out = child.stdout.take().expect("piped");
@@ -175,6 +180,12 @@ pub fn stream_text(events: &[String]) -> String {
                 .map(String::from)
         })
         .collect()
+}
+
+/// A `data:image/png` URL of the fixture image `fixtures/images/<name>`.
+pub fn image_url(name: &str) -> String {
+    let bytes = std::fs::read(crate::common::fixture(&format!("images/{name}"))).unwrap();
+    data_url(&bytes, "image/png")
 }
 
 /// A `data:image/…;base64,…` URL of `bytes`.

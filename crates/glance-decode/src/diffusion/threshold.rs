@@ -8,7 +8,9 @@
 //! argmax, confidence its softmax probability; sampling: a draw from the sampler's distribution,
 //! confidence the drawn token's probability. Each pass unmasks every masked slot with confidence
 //! ≥ τ, and at least the most confident one, so a block of `B` takes between 1 and `B − 1`
-//! passes. Dynamic block size grows the block when it finished in at most two passes and halves
+//! passes. The sampler's processors see the history and the slots of the block decided before
+//! the one being predicted; log-probabilities are not recorded (the engine refuses them for this
+//! lossy mode). Dynamic block size grows the block when it finished in at most two passes and halves
 //! it when it needed more than half its slots in passes.
 
 use super::layout::draft_block;
@@ -59,11 +61,14 @@ pub(crate) fn decode(
                     if slots[j + 1].is_some() {
                         continue;
                     }
+                    // The processors see the slots decided before this one.
+                    let path: Vec<TokenId> = slots[1..=j].iter().flatten().copied().collect();
                     let (token, conf) = if sampler.params().is_greedy() {
-                        let t = argmax(row);
-                        (t, softmax_at(row, t))
+                        let row = sampler.processed(row, &path);
+                        let t = argmax(&row);
+                        (t, softmax_at(&row, t))
                     } else {
-                        let dist = sampler.checked_distribution(row)?;
+                        let dist = sampler.checked_distribution(row, &path)?;
                         let t = sampler.draw(&dist)?;
                         let p = dist.iter().find(|d| d.0 == t).map_or(0.0, |d| d.1);
                         (t, p)
@@ -91,6 +96,7 @@ pub(crate) fn decode(
                 .map_or(b, |e| e + 1);
             let ids: Vec<TokenId> = slots[..end].iter().map(|s| s.unwrap_or(run.mask)).collect();
             let b = ids.len();
+            sampler.observe(&ids[1..]);
             // Emitted first: a block that ends the generation (end of sequence, token limit,
             // stop) needs no causal pass.
             for (j, &t) in ids[1..].iter().enumerate() {

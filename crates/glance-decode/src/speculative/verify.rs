@@ -15,6 +15,11 @@
 //! probability `p(c_1)`, any other token `y` with `(1 − p(c_1)) · p(y) / (1 − p(c_1))`. This is
 //! speculative sampling (Leviathan et al.; Chen et al.) with the draft distribution a point mass
 //! on each candidate, applied to candidates in turn as SpecInfer does for trees.
+//!
+//! **Processors** (penalties, bias, `min_tokens`: `crate::sampler`): the walk goes down one path,
+//! and every token it takes joins the sampler's history before the next node's row is processed,
+//! so each node's distribution is the one autoregressive decoding would use after the same
+//! tokens — greedy or sampled, the output is still autoregressive decoding's.
 
 use super::tree::DraftTree;
 use crate::sampler::Sampler;
@@ -55,7 +60,7 @@ pub fn verify(tree: &DraftTree, logits: &[Vec<f32>], sampler: &mut Sampler) -> R
             }
             continue;
         }
-        let mut p = sampler.checked_distribution(row)?;
+        let mut p = sampler.checked_distribution(row, &[])?;
         let mut taken = None;
         for &c in &children {
             let token = tree.tokens[c];
@@ -74,11 +79,13 @@ pub fn verify(tree: &DraftTree, logits: &[Vec<f32>], sampler: &mut Sampler) -> R
         }
         match taken {
             Some(c) => {
+                sampler.accept(tree.tokens[c], row);
                 accepted.push(c);
                 at = Some(c);
             }
             None => {
                 let next = sampler.draw(&p)?;
+                sampler.accept(next, row);
                 return Ok(Verdict {
                     accepted,
                     next,
@@ -142,73 +149,121 @@ mod tests {
         assert_eq!((v.accepted, v.next), (vec![], 9));
     }
 
-    /// At temperature 1 the first emitted token follows the target's distribution whatever the
-    /// candidates — the whole tree, the part a cost-aware plan keeps ([`DraftTree::keep_best`]),
-    /// none: a χ² test over 40k draws each (df = 3, p = 0.001 critical value 16.27).
-    #[test]
-    fn rejection_sampling_preserves_the_target_distribution() {
-        // Candidates below the root: tokens 3 and 0 (one likely, one not), and a deeper node.
+    /// Pearson's χ² of `counts` (out of `total`) against probabilities `want`.
+    fn chi2(counts: &[usize], want: &[f64], total: usize) -> f64 {
+        counts
+            .iter()
+            .zip(want)
+            .map(|(&c, &p)| {
+                let e = total as f64 * p;
+                (c as f64 - e).powi(2) / e
+            })
+            .sum()
+    }
+
+    const TARGET: [f32; 4] = [0.1, 0.2, 0.3, 0.4];
+
+    /// The χ² tests' tree and rows: candidates below the root are tokens 3 and 0 (one likely, one
+    /// not), with a deeper node (token 2) below the first; every row holds [`TARGET`]'s logits.
+    fn chi2_case() -> (DraftTree, Vec<Vec<f32>>) {
+        let logits: Vec<f32> = TARGET.iter().map(|p| p.ln()).collect();
         let tree = DraftTree {
             tokens: vec![3, 0, 2],
             parents: vec![None, None, Some(0)],
             probs: vec![0.7, 0.2, 0.5],
             forwards: 1,
         };
+        (tree, vec![logits; 4])
+    }
+
+    /// The tokens a verdict emits: the accepted path, then the next token.
+    fn emitted(tree: &DraftTree, v: &Verdict) -> Vec<TokenId> {
+        v.accepted
+            .iter()
+            .map(|&i| tree.tokens[i])
+            .chain(std::iter::once(v.next))
+            .collect()
+    }
+
+    /// At temperature 1 the first emitted token follows the target's distribution whatever the
+    /// candidates — the whole tree, the part a cost-aware plan keeps, none: a χ² test over 40k
+    /// draws each (df = 3, p = 0.001 critical value 16.27).
+    #[test]
+    fn rejection_sampling_preserves_the_target_distribution() {
+        let (tree, rows) = chi2_case();
+        // As a cost-aware plan verifies it ([`DraftTree::keep_best`]), and a plain round.
         let mut kept = tree.clone();
         kept.keep_best(2);
         assert_eq!(kept.tokens, vec![3, 2]);
         for (t, deep) in [(tree, true), (kept, true), (DraftTree::default(), false)] {
-            target_distribution_holds(&t, deep);
+            target_distribution_holds(&t, &rows[..t.len() + 1], deep);
         }
     }
 
-    fn target_distribution_holds(tree: &DraftTree, deep: bool) {
-        let target = [0.1f32, 0.2, 0.3, 0.4];
-        let logits: Vec<f32> = target.iter().map(|p| p.ln()).collect();
-        let rows = vec![logits.clone(); tree.len() + 1];
-        let params = SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 11,
-        };
+    fn target_distribution_holds(tree: &DraftTree, rows: &[Vec<f32>], deep: bool) {
+        let params = SamplingParams::sampled(1.0, 11);
         let mut s = Sampler::new(params).unwrap();
         let n = 40_000;
         let mut first = [0usize; 4];
         let mut second = [0usize; 4];
         let mut seconds = 0;
         for _ in 0..n {
-            let v = verify(tree, &rows, &mut s).unwrap();
-            let tokens: Vec<TokenId> = v
-                .accepted
-                .iter()
-                .map(|&i| tree.tokens[i])
-                .chain(std::iter::once(v.next))
-                .collect();
+            let tokens = emitted(tree, &verify(tree, rows, &mut s).unwrap());
             first[tokens[0] as usize] += 1;
             if tokens.len() > 1 {
                 second[tokens[1] as usize] += 1;
                 seconds += 1;
             }
         }
-        let chi2 = |counts: &[usize; 4], total: usize| -> f64 {
-            counts
-                .iter()
-                .zip(target)
-                .map(|(&c, p)| {
-                    let e = total as f64 * p as f64;
-                    (c as f64 - e).powi(2) / e
-                })
-                .sum()
-        };
-        assert!(chi2(&first, n) < 16.27, "first token {first:?} of {tree:?}");
+        let want: Vec<f64> = TARGET.iter().map(|&p| p as f64).collect();
+        assert!(
+            chi2(&first, &want, n) < 16.27,
+            "first token {first:?} of {tree:?}"
+        );
         if deep {
             // The token after an accepted first token also follows the target's distribution.
             assert!(seconds > 10_000);
             assert!(
-                chi2(&second, seconds) < 16.27,
+                chi2(&second, &want, seconds) < 16.27,
                 "second token {second:?} of {tree:?}"
             );
         }
+    }
+
+    /// With a presence penalty, the token after an accepted node follows the target's
+    /// distribution *given that node's token* (penalised), not the history before the round: a
+    /// χ² test on the second token after first token 3 (df = 3, p = 0.001 critical value 16.27).
+    #[test]
+    fn each_node_is_verified_under_its_own_history() {
+        let target = TARGET;
+        let (tree, rows) = chi2_case();
+        let params = SamplingParams {
+            presence_penalty: 1.0,
+            ..SamplingParams::sampled(1.0, 12)
+        };
+        // After token 3: its logit is lowered by 1.
+        let mut want: Vec<f64> = target.iter().map(|&p| p as f64).collect();
+        want[3] *= (-1f64).exp();
+        let z: f64 = want.iter().sum();
+        want.iter_mut().for_each(|w| *w /= z);
+        let mut second = [0usize; 4];
+        let mut seconds = 0;
+        for seed in 0..40_000u64 {
+            let mut s = Sampler::new(SamplingParams {
+                seed,
+                ..params.clone()
+            })
+            .unwrap();
+            let tokens = emitted(&tree, &verify(&tree, &rows, &mut s).unwrap());
+            if tokens[0] == 3 && tokens.len() > 1 {
+                second[tokens[1] as usize] += 1;
+                seconds += 1;
+            }
+        }
+        assert!(seconds > 10_000);
+        assert!(
+            chi2(&second, &want, seconds) < 16.27,
+            "second token {second:?}, want {want:?}"
+        );
     }
 }

@@ -27,7 +27,7 @@ use crate::request::{
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_decode::stop::StopStatus;
-use glance_decode::{DecodeSpec, DecodeStats, Sampler, StopStrings};
+use glance_decode::{DecodeSpec, DecodeStats, LogprobSink, Sampler, StopStrings, TokenLogprob};
 use glance_models::processing::tokenizer::StreamDecoder;
 use glance_nn::{AttnMask, CausalLm, KvCache};
 use std::sync::Arc;
@@ -49,6 +49,10 @@ pub struct Prepared {
     rows: Tensor,
     positions: Vec<u32>,
     sampling: glance_core::SamplingParams,
+    /// The prompt's token ids (the repetition penalty reads them).
+    prompt_ids: Vec<TokenId>,
+    ignore_eos: bool,
+    logprobs: Option<usize>,
     max_new_tokens: usize,
     stop: Vec<String>,
     usage: Usage,
@@ -80,6 +84,8 @@ pub struct Sequence<'e> {
     prepared: Prepared,
     on_event: Box<dyn FnMut(Event) -> Flow + Send + 'e>,
     sampler: Sampler,
+    /// Where the sampler records log-probabilities, and those of the tokens taken so far.
+    logprobs: Option<(LogprobSink, Vec<TokenLogprob>)>,
     eos: &'e [TokenId],
     max_positions: usize,
     stream: StreamDecoder<'e>,
@@ -134,7 +140,7 @@ impl Engine {
         };
         let started = Instant::now();
         self.pool.install(|| {
-            let rendered = self.render(&request.prompt, false)?;
+            let rendered = self.render(&request.prompt, request.continue_final_message, false)?;
             let encoded = self.encode_all(&rendered.images)?;
             let (vision, saved, image_hits) = super::encode_costs(&encoded);
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
@@ -172,6 +178,9 @@ impl Engine {
                 rows,
                 positions,
                 sampling: request.sampling.clone(),
+                prompt_ids: plan.ids.clone(),
+                ignore_eos: request.ignore_eos,
+                logprobs: request.logprobs,
                 max_new_tokens: request.max_new_tokens,
                 stop: request.stop.clone(),
                 image_hits,
@@ -201,14 +210,17 @@ impl Engine {
         saved += prepared.saved;
         let mut prepared = prepared;
         prepared.saved = saved;
+        let (sampler, sink) =
+            self.sampler(&prepared.sampling, prepared.logprobs, &prepared.prompt_ids)?;
         Ok(Sequence {
             prefix_rows: done,
             prefix_hidden: Vec::new(),
-            sampler: Sampler::new(prepared.sampling.clone())?,
+            sampler,
+            logprobs: sink.map(|s| (s, Vec::new())),
+            eos: self.eos(prepared.ignore_eos),
             stops: StopStrings::new(prepared.stop.clone()),
             prepared,
             on_event,
-            eos: self.processor.text.eos_token_ids(),
             max_positions: text.max_positions(),
             stream: self.processor.text.stream_decoder(),
             cache,
@@ -391,6 +403,13 @@ impl Sequence<'_> {
     /// strings, stream, and decide whether generation ends (as the autoregressive strategy and
     /// [`Engine::generate`] do, in the same order).
     fn accept(&mut self, id: TokenId, pos: u32) -> Result<()> {
+        if let Some((sink, out)) = &mut self.logprobs {
+            let entry = super::take_logprob(sink, out.len(), id)?;
+            if (self.on_event)(Event::Logprob(&entry)) == Flow::Cancel {
+                return self.end(FinishReason::Cancelled);
+            }
+            out.push(entry);
+        }
         self.tokens.push(id);
         let piece = self.stream.push(id)?;
         let (released, stop) = match self.stops.push(&piece) {
@@ -488,6 +507,7 @@ impl Sequence<'_> {
                 tokens_per_step: steps,
                 ..DecodeStats::new("ar", self.forwards)
             },
+            logprobs: self.logprobs.map(|(_, l)| l),
         })
     }
 }

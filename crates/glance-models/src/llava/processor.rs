@@ -154,6 +154,32 @@ impl LlavaProcessor {
         self.tokenize(text, n_images, PromptFormat::Chat)
     }
 
+    /// A conversation whose last message (the assistant's, usually) is continued rather than
+    /// answered: rendered without a generation prompt and cut right after that message's text
+    /// (trailing whitespace trimmed), as Hugging Face's `continue_final_message` does.
+    pub fn prepare_continuation(&self, messages: &[ChatMessage]) -> Result<PreparedPrompt> {
+        let last = messages.last().map(ChatMessage::text).unwrap_or_default();
+        let last = last.trim_end();
+        if last.is_empty() {
+            return Err(Error::Input(
+                "the final message to continue has no text".to_string(),
+            ));
+        }
+        let n_images = messages.iter().map(ChatMessage::num_images).sum();
+        let full = match self.text.chat_template() {
+            Some(_) => self.text.apply_chat_template(messages, false)?,
+            None => self.plain_chat(messages)?,
+        };
+        let end = full.rfind(last).map(|i| i + last.len()).ok_or_else(|| {
+            Error::Template(
+                "the chat template does not render the final message's text as given, so it \
+                 cannot be continued"
+                    .to_string(),
+            )
+        })?;
+        self.tokenize(full[..end].to_string(), n_images, PromptFormat::Chat)
+    }
+
     /// The conversation in LLaVA-1.5's plain format (models without a chat template).
     fn plain_chat(&self, messages: &[ChatMessage]) -> Result<String> {
         let eos = self.text.eos_token().unwrap_or_default();

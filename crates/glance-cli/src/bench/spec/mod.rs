@@ -178,12 +178,7 @@ pub(crate) fn sampling(t: f32, seed: u64) -> SamplingParams {
     if t == 0.0 {
         SamplingParams::greedy()
     } else {
-        SamplingParams {
-            temperature: t,
-            top_k: 0,
-            top_p: 1.0,
-            seed,
-        }
+        SamplingParams::sampled(t, seed)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Decoding PNG / JPEG bytes into a [`DynamicImage`] with the checks a server needs: known
+//! Decoding PNG / JPEG / WebP bytes into a [`DynamicImage`] with the checks a server needs: known
 //! format, pixel limit checked from the header before decoding, zero-sized images, corrupt and
 //! truncated data (the JPEG decoder fills a truncated scan with grey instead of failing, so JPEGs
 //! must end with an end-of-image marker, as Pillow requires by default: "image file is truncated").
@@ -14,8 +14,8 @@ use glance_core::{Error, Result};
 /// Largest decoded image accepted by [`load_image`] / [`decode_image`] (64 Mi pixels = 8192²).
 pub const DEFAULT_MAX_PIXELS: u64 = 64 * 1024 * 1024;
 
-/// Reads and decodes an image file (PNG or JPEG) with the default pixel limit. The file's first
-/// bytes must carry a PNG or JPEG signature (checked before anything else is read, so
+/// Reads and decodes an image file (PNG, JPEG or WebP) with the default pixel limit. The file's first
+/// bytes must carry a PNG, JPEG or WebP signature (checked before anything else is read, so
 /// `/dev/zero` or a text file fails at once) and the file may hold at most
 /// [`MAX_IMAGE_FILE_BYTES`] ([`Error::TooLarge`] otherwise).
 pub fn load_image(path: &Path) -> Result<DynamicImage> {
@@ -23,8 +23,8 @@ pub fn load_image(path: &Path) -> Result<DynamicImage> {
     decode_image(&bytes).map_err(|e| named(path, e))
 }
 
-/// Reads an image file's bytes without decoding them, with [`load_image`]'s checks: a PNG or JPEG
-/// signature first, then at most [`MAX_IMAGE_FILE_BYTES`].
+/// Reads an image file's bytes without decoding them, with [`load_image`]'s checks: a PNG, JPEG
+/// or WebP signature first, then at most [`MAX_IMAGE_FILE_BYTES`].
 pub fn read_image_bytes(path: &Path) -> Result<Vec<u8>> {
     read_capped_with(path, MAX_IMAGE_FILE_BYTES, "an image", check_signature)
         .map_err(|e| named(path, e))
@@ -38,29 +38,40 @@ fn named(path: &Path, e: Error) -> Error {
     }
 }
 
-/// Accepts the leading bytes of a PNG or JPEG file (signature only).
+/// The formats glance decodes, for messages.
+pub const IMAGE_FORMATS: &str = "PNG, JPEG or WebP";
+
+/// Whether glance decodes `f` (the `image` crate's decoders built in: PNG, JPEG, WebP).
+fn supported(f: image::ImageFormat) -> bool {
+    matches!(
+        f,
+        image::ImageFormat::Png | image::ImageFormat::Jpeg | image::ImageFormat::WebP
+    )
+}
+
+/// Accepts the leading bytes of a PNG, JPEG or WebP file (signature only).
 fn check_signature(head: &[u8]) -> Result<()> {
     if head.is_empty() {
         return Err(Error::Image("no image data (0 bytes)".into()));
     }
     match image::guess_format(head) {
-        Ok(image::ImageFormat::Png | image::ImageFormat::Jpeg) => Ok(()),
+        Ok(f) if supported(f) => Ok(()),
         Ok(f) => Err(Error::Image(format!(
-            "unsupported image format {f:?} (expected PNG or JPEG)"
+            "unsupported image format {f:?} (expected {IMAGE_FORMATS})"
         ))),
         Err(_) => Err(Error::Image(format!(
-            "not a PNG or JPEG image (starts {:02x?})",
+            "not a {IMAGE_FORMATS} image (starts {:02x?})",
             &head[..head.len().min(8)]
         ))),
     }
 }
 
-/// Decodes PNG or JPEG bytes with the default pixel limit ([`DEFAULT_MAX_PIXELS`]).
+/// Decodes PNG, JPEG or WebP bytes with the default pixel limit ([`DEFAULT_MAX_PIXELS`]).
 pub fn decode_image(bytes: &[u8]) -> Result<DynamicImage> {
     decode_image_with_limit(bytes, DEFAULT_MAX_PIXELS)
 }
 
-/// Decodes PNG or JPEG bytes; rejects empty input, unknown formats, corrupt or truncated data,
+/// Decodes PNG, JPEG or WebP bytes; rejects empty input, unknown formats, corrupt or truncated data,
 /// zero-sized images and images of more than `max_pixels` pixels (checked from the header,
 /// before the pixels are decoded) with [`Error::Image`].
 pub fn decode_image_with_limit(bytes: &[u8], max_pixels: u64) -> Result<DynamicImage> {
@@ -72,12 +83,12 @@ pub fn decode_image_with_limit(bytes: &[u8], max_pixels: u64) -> Result<DynamicI
             .with_guessed_format()
             .map_err(|e| Error::Image(format!("cannot read image data: {e}")))?;
         match r.format() {
-            Some(image::ImageFormat::Png | image::ImageFormat::Jpeg) => Ok(r),
+            Some(f) if supported(f) => Ok(r),
             Some(f) => Err(Error::Image(format!(
-                "unsupported image format {f:?} (expected PNG or JPEG)"
+                "unsupported image format {f:?} (expected {IMAGE_FORMATS})"
             ))),
             None => Err(Error::Image(format!(
-                "not a PNG or JPEG image ({} bytes starting {:02x?})",
+                "not a {IMAGE_FORMATS} image ({} bytes starting {:02x?})",
                 bytes.len(),
                 &bytes[..bytes.len().min(8)]
             ))),

@@ -22,11 +22,29 @@ fn decodes_png_and_jpeg() {
     assert_eq!((j.width(), j.height()), (16, 8));
 }
 
+/// Lossless WebP (the encoder the `image` crate ships) decodes to the same pixels, under the same
+/// pixel limit as the other formats.
+#[test]
+fn decodes_webp_under_the_pixel_limit() {
+    let img = DynamicImage::ImageRgb8(ImageBuffer::from_fn(16, 8, |x, y| {
+        Rgb([x as u8 * 10, y as u8 * 20, 7])
+    }));
+    let mut webp = Vec::new();
+    image::codecs::webp::WebPEncoder::new_lossless(&mut webp)
+        .encode(img.as_bytes(), 16, 8, image::ExtendedColorType::Rgb8)
+        .unwrap();
+    assert_eq!(decode_image(&webp).unwrap().to_rgb8(), img.to_rgb8());
+    let msg = is_image_err(decode_image_with_limit(&webp, 100));
+    assert!(msg.contains("128"), "{msg}");
+    // Truncated WebP data is an error, not a partial image.
+    is_image_err(decode_image(&webp[..webp.len() / 2]));
+}
+
 #[test]
 fn bad_bytes_are_clear_errors() {
     assert!(is_image_err(decode_image(b"")).contains("0 bytes"));
     let msg = is_image_err(decode_image(b"hello, this is not an image at all"));
-    assert!(msg.contains("not a PNG or JPEG"), "{msg}");
+    assert!(msg.contains("not a PNG, JPEG or WebP"), "{msg}");
     // A GIF header: a known format, but not one we decode.
     is_image_err(decode_image(b"GIF89a\x01\x00\x01\x00\x00\x00\x00;"));
 
@@ -123,7 +141,7 @@ fn load_image_reads_through_a_size_cap() {
     #[cfg(unix)]
     {
         let msg = is_image_err(load_image(std::path::Path::new("/dev/zero")));
-        assert!(msg.contains("not a PNG or JPEG"), "{msg}");
+        assert!(msg.contains("not a PNG, JPEG or WebP"), "{msg}");
     }
     std::fs::remove_dir_all(&dir).ok();
 }
