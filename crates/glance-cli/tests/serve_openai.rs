@@ -390,7 +390,17 @@ fn legacy_completions_take_prompt_lists_echo_and_logprobs() {
         v["choices"][0]["text"],
         chat["choices"][0]["message"]["content"]
     );
-    assert_eq!(v["usage"], chat["usage"]);
+    // The counts agree (glance's block holds timings, which do not).
+    let counts = |u: &Value| {
+        let mut u = u.clone();
+        u.as_object_mut().unwrap().remove("glance");
+        u
+    };
+    assert_eq!(counts(&v["usage"]), counts(&chat["usage"]));
+    assert_eq!(
+        v["usage"]["glance"]["token_ends"],
+        chat["usage"]["glance"]["token_ends"]
+    );
     // A list of prompts, echoed, with log-probabilities in the legacy form.
     let (status, v) = legacy(
         &server,
@@ -514,7 +524,11 @@ fn an_api_key_guards_every_api_route_and_requests_are_logged_as_json() {
     assert!(l["id"].as_str().unwrap().starts_with("chatcmpl-"));
     assert_eq!(l["status"], 200);
     assert_eq!(l["completion_tokens"], 3);
-    assert_eq!(l["strategy"], "ar");
+    // The server's default is `auto`: whichever it chose, the line names it.
+    assert!(
+        ["ar", "vispec", "eagle"].contains(&l["strategy"].as_str().unwrap()),
+        "{l}"
+    );
     assert!(l["prompt_tokens"].as_u64().unwrap() > 0);
     assert!(l["ttft_s"].as_f64().unwrap() <= l["total_s"].as_f64().unwrap());
 }

@@ -621,7 +621,7 @@ pub fn glance_usage_json(r: &Response) -> Value {
 }
 
 /// The usage of a request's choices: every choice's completion tokens, each prompt's tokens once
-/// (the first of its `n` choices).
+/// (the first of its `n` choices), and glance's own block of the first choice.
 pub fn total_usage(all: &[&Response], n: usize) -> Value {
     let mut u = Usage::default();
     let mut cached = 0;
@@ -634,7 +634,11 @@ pub fn total_usage(all: &[&Response], n: usize) -> Value {
             cached += r.cache.cached_tokens();
         }
     }
-    usage_json(&u, cached)
+    let mut usage = usage_json(&u, cached);
+    if let Some(r) = all.first() {
+        usage["glance"] = glance_usage_json(r);
+    }
+    usage
 }
 
 /// Identity of one completion: id, creation time, model name.
@@ -686,18 +690,14 @@ pub fn completion_json(engine: &Engine, ids: &Ids, all: &[&Response], shape: &Sh
             })
         })
         .collect();
-    let mut c = json!({
+    json!({
         "id": ids.id,
         "object": "chat.completion",
         "created": ids.created,
         "model": ids.model,
         "choices": choices,
         "usage": total_usage(all, shape.n),
-    });
-    if let Some(r) = all.first() {
-        c["usage"]["glance"] = glance_usage_json(r);
-    }
-    c
+    })
 }
 
 /// One `chat.completion.chunk` of choice `index`; `usage` is `null` on every chunk but the last
@@ -736,18 +736,14 @@ pub fn usage_chunk_json(ids: &Ids, all: &[&Response], shape: &Shape) -> Value {
         Api::Chat => "chat.completion.chunk",
         Api::Completion => "text_completion",
     };
-    let mut c = json!({
+    json!({
         "id": ids.id,
         "object": object,
         "created": ids.created,
         "model": ids.model,
         "choices": [],
         "usage": total_usage(all, shape.n),
-    });
-    if let Some(r) = all.first() {
-        c["usage"]["glance"] = glance_usage_json(r);
-    }
-    c
+    })
 }
 
 #[cfg(test)]

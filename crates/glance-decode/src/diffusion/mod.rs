@@ -28,7 +28,7 @@ pub mod threshold;
 use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
-use crate::speculative::plan::{best_chain, Acceptance, EXPLORE_AFTER};
+use crate::speculative::plan::{best_chain, Acceptance, AUTO_MARGIN, EXPLORE_AFTER};
 use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
@@ -262,9 +262,9 @@ impl BlockPlan {
     }
 }
 
-/// Whether linear self-speculation is predicted to beat a decode step under `cost` with blocks
-/// of up to `max_block`, its drafts accepted as drafts usually are (the prior of
-/// [`Acceptance`]): what `auto` asks before choosing it.
+/// Whether linear self-speculation is predicted to beat a decode step by [`AUTO_MARGIN`] under
+/// `cost` with blocks of up to `max_block`, its drafts accepted as drafts usually are (the
+/// prior of [`Acceptance`]): what `auto` asks before choosing it.
 pub fn linear_pays_at_prior(cost: &CostModel, max_block: usize) -> bool {
     let prior = Acceptance::default();
     best_chain(
@@ -273,7 +273,7 @@ pub fn linear_pays_at_prior(cost: &CostModel, max_block: usize) -> bool {
         |d| prior.at(d),
         |d| 2.0 * cost.pass(d + 1),
     )
-    .is_some()
+    .is_some_and(|(_, gain)| gain >= AUTO_MARGIN)
 }
 
 impl BlockSize {

@@ -178,7 +178,16 @@ impl DecodeStrategy for Speculative {
 
         let image_rows: Vec<Vec<usize>> = state.images.iter().map(|i| i.rows.clone()).collect();
         let image_counts: Vec<usize> = image_rows.iter().map(Vec::len).collect();
-        let mut planner = self.planner(self.draft.start_rows(prompt_len, &image_counts));
+        let mut planner = self
+            .planner(self.draft.start_rows(prompt_len, &image_counts))
+            .map(|p| {
+                // Sampled rounds plan without the clock: the same seed, the same answer.
+                if sampler.params().is_greedy() {
+                    p
+                } else {
+                    p.without_clock()
+                }
+            });
         let mut target_cache = state.cache;
         let mut draft_cache = self.draft.new_cache();
         // The draft's prompt rows and context, once it has started (at the first drafting

@@ -36,6 +36,9 @@ const PRIOR_TOKENS: f64 = 4.0;
 /// Plain rounds in a row after which one round drafts anyway, to keep acceptance estimates
 /// current when speculation could pay.
 pub const EXPLORE_AFTER: u32 = 16;
+/// How much faster than a decode step `auto`'s first round must be predicted to run for `auto`
+/// to choose speculation at all.
+pub const AUTO_MARGIN: f64 = 1.1;
 /// Weight, in decode steps, of the cost model's own figures against the clock's.
 const PRIOR_STEPS: f64 = 8.0;
 /// Plain steps before the draft may start: short answers (a word or a number and the end of
@@ -76,6 +79,8 @@ pub struct Planner {
     /// Plain and drafted rounds: measured and modelled seconds (see [`Planner::slowdown`]).
     plain_clock: (f64, f64),
     drafted_clock: (f64, f64),
+    /// Whether [`Planner::slowdown`] corrects by the clock.
+    clock: bool,
 }
 
 impl Planner {
@@ -101,6 +106,7 @@ impl Planner {
             last_modelled: 0.0,
             plain_clock: (0.0, 0.0),
             drafted_clock: (0.0, 0.0),
+            clock: true,
         };
         p.can_pay = p.best_depth(usize::MAX, 0, |_| 1.0).is_some();
         p
@@ -112,11 +118,24 @@ impl Planner {
         self.can_pay
     }
 
-    /// Whether a request's first drafted round is predicted to beat a decode step, with the
-    /// prior's acceptance (0.7 at every depth): what `auto` asks before choosing speculation,
-    /// so that a model where only a near-perfect draft could pay decodes plainly.
+    /// Whether a request's first drafted round is predicted to beat a decode step by
+    /// [`AUTO_MARGIN`], with the prior's acceptance (0.7 at every depth): what `auto` asks before
+    /// choosing speculation, so that a model where only a near-perfect draft could pay — or
+    /// where the measured figures only just favour drafting, which a noisy measurement can flip
+    /// — decodes plainly.
     pub fn pays_at_prior(&self) -> bool {
-        self.can_pay && self.predicted(usize::MAX).is_some()
+        self.can_pay
+            && self
+                .predicted(usize::MAX)
+                .is_some_and(|(_, gain)| gain >= AUTO_MARGIN)
+    }
+
+    /// Plans from the cost model alone, without the clock's correction: the rounds then depend
+    /// only on the request (and the model's figures), so a seeded sampled answer is the same on
+    /// every run — the speculative strategy samples through its rounds.
+    pub fn without_clock(mut self) -> Self {
+        self.clock = false;
+        self
     }
 
     /// The best depth for a round and its predicted speed-up over plain decoding, if one beats a
@@ -234,7 +253,7 @@ impl Planner {
     /// (plain rounds towards 1, drafted ones towards the plain ratio); the quotient is bounded
     /// to [0.5, 3]. 1 when the cost model is not clock-corrected.
     pub fn slowdown(&self) -> f64 {
-        if !self.cost.clock_corrected {
+        if !(self.clock && self.cost.clock_corrected) {
             return 1.0;
         }
         let prior = PRIOR_STEPS * self.cost.pass(1);
