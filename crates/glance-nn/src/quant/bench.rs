@@ -140,7 +140,7 @@ mod kernel_rate {
         for f in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
             let p = PackedMatrix::pack(f, &w, rows, cols).unwrap();
             let mut line = format!("{f} ");
-            for m in [1usize, 4, 16, 64] {
+            for m in [1usize, 2, 3, 4, 8, 16, 64] {
                 let x = super::super::tests::values(m * cols, 5);
                 let xq = act::QuantRows::new(&x, m, cols);
                 let mut out = vec![0f32; rows * m];

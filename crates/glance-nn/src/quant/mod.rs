@@ -37,6 +37,8 @@ macro_rules! each_row_tile {
 pub mod act;
 #[cfg(test)]
 mod bench;
+#[cfg(target_arch = "x86_64")]
+mod few;
 pub mod group;
 pub mod half;
 pub mod q4;
@@ -368,6 +370,13 @@ mod x86 {
         /// # Safety
         /// The CPU must have AVX-512 F/BW/VL/VNNI; `r` and `g` must be in the matrix.
         unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8];
+
+        /// Unsigned weight vector `v < 8` of row `r`'s group `g`, a whole group: `prep(r, g,
+        /// 16)[v]`, loading only what that vector needs.
+        ///
+        /// # Safety
+        /// As [`GroupPrep::prep`]; group `g` must be whole.
+        unsafe fn word(&self, r: usize, g: usize, v: usize) -> __m512i;
     }
 
     /// The AVX-512 VNNI kernel of q8 and q4 over groups of 16 blocks (see [`super::group`]):
@@ -394,6 +403,11 @@ mod x86 {
         prep: &impl GroupPrep,
     ) {
         let (m, nb) = (x.m, x.blocks());
+        if m < BLOCK_FROM_ROWS {
+            // A few input rows: register tiles over whole rows (`few.rs`).
+            super::few::few_rows(scales, x, rows, shift, out, prep);
+            return;
+        }
         let groups = nb.div_ceil(GROUP);
         // With several input rows, a block of weight rows goes through one group at a time, so
         // the group's inputs (m × 512 bytes) stay in L1 while every row of the block meets them;

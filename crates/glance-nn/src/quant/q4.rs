@@ -263,6 +263,20 @@ mod x86 {
             }
             out
         }
+
+        /// # Safety
+        /// See [`GroupPrep::word`].
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn word(&self, r: usize, g: usize, v: usize) -> __m512i {
+            let base = self
+                .qs
+                .as_ptr()
+                .add((r * self.n + g * GROUP_BYTES) / 2 + 64 * (v % 4));
+            let w = _mm512_loadu_si512(base as *const _);
+            let w = if v < 4 { w } else { _mm512_srli_epi16(w, 4) };
+            _mm512_and_si512(w, _mm512_set1_epi8(0x0f))
+        }
     }
 
     /// 16 bytes of one block → its 32 levels in order (low nibbles, then high nibbles).

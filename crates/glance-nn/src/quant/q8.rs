@@ -227,6 +227,15 @@ mod x86 {
             }
             v
         }
+
+        /// # Safety
+        /// See [`GroupPrep::word`].
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn word(&self, r: usize, g: usize, v: usize) -> __m512i {
+            let base = self.qs.as_ptr().add(r * self.n + g * GROUP_BYTES + 64 * v);
+            _mm512_xor_si512(_mm512_loadu_si512(base as *const _), _mm512_set1_epi8(-128))
+        }
     }
 
     /// See [`super::Q8Matrix::block`]: AVX2, one block per 256-bit step.
