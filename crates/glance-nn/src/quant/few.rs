@@ -31,55 +31,39 @@ pub unsafe fn few_rows(
     prep: &impl GroupPrep,
 ) {
     let m = x.m;
-    let mut i0 = 0;
-    while i0 < m {
-        // Input rows per tile: 4 at most; weight rows per tile as many as the registers allow
-        // (accumulators: `R · M` float and `R · M` or `2 R` integer ones of 32).
-        let mt = (m - i0).min(4);
-        let mut r0 = 0;
-        macro_rules! tiles {
-            ($r:literal, $m:literal) => {{
-                while r0 + $r <= rows {
-                    tile::<$r, $m>(scales, x, r0, i0, shift, out, prep);
-                    r0 += $r;
-                }
-            }};
+    // Weight rows per tile as many as the registers allow (accumulators: `R · M` float and
+    // `R · M` or `2 R` integer ones of 32); each tile of weight rows meets every input row, in
+    // chunks of 4, before the next (the weights stream from memory once).
+    let tile_rows = match m {
+        1 | 2 => 4,
+        3 => 3,
+        _ => 2,
+    };
+    macro_rules! inputs {
+        ($r:literal, $r0:expr) => {{
+            let mut i0 = 0;
+            while i0 + 4 <= m {
+                tile::<$r, 4>(scales, x, $r0, i0, shift, out, prep);
+                i0 += 4;
+            }
+            match m - i0 {
+                3 => tile::<$r, 3>(scales, x, $r0, i0, shift, out, prep),
+                2 => tile::<$r, 2>(scales, x, $r0, i0, shift, out, prep),
+                1 => tile::<$r, 1>(scales, x, $r0, i0, shift, out, prep),
+                _ => {}
+            }
+        }};
+    }
+    let mut r0 = 0;
+    while r0 < rows {
+        let r = tile_rows.min(rows - r0);
+        match r {
+            4 => inputs!(4, r0),
+            3 => inputs!(3, r0),
+            2 => inputs!(2, r0),
+            _ => inputs!(1, r0),
         }
-        macro_rules! rest {
-            ($m:literal) => {{
-                match rows - r0 {
-                    3 => tile::<3, $m>(scales, x, r0, i0, shift, out, prep),
-                    2 => tile::<2, $m>(scales, x, r0, i0, shift, out, prep),
-                    1 => tile::<1, $m>(scales, x, r0, i0, shift, out, prep),
-                    _ => {}
-                }
-            }};
-        }
-        match mt {
-            1 => {
-                tiles!(4, 1);
-                rest!(1);
-            }
-            2 => {
-                tiles!(4, 2);
-                rest!(2);
-            }
-            3 => {
-                tiles!(3, 3);
-                match rows - r0 {
-                    2 => tile::<2, 3>(scales, x, r0, i0, shift, out, prep),
-                    1 => tile::<1, 3>(scales, x, r0, i0, shift, out, prep),
-                    _ => {}
-                }
-            }
-            _ => {
-                tiles!(2, 4);
-                if rows > r0 {
-                    tile::<1, 4>(scales, x, r0, i0, shift, out, prep);
-                }
-            }
-        }
-        i0 += mt;
+        r0 += r;
     }
 }
 
@@ -104,7 +88,17 @@ unsafe fn tile<const R: usize, const M: usize>(
     let shift = _mm_cvtsi32_si128(shift as i32);
     // (R, M) float accumulators, in registers for the whole row.
     let mut acc = [[_mm512_setzero_ps(); M]; R];
+    // The next tile's weight rows (contiguous), prefetched a share per group: the tile reads
+    // R rows at once, which the hardware prefetcher follows less well than one stream.
+    let (w0, row_bytes) = prep.row_bytes();
+    let next = w0.wrapping_add((r0 + 2 * R) * row_bytes);
+    let share = (R * row_bytes).div_ceil(groups);
     for g in 0..groups {
+        let mut line = g * share;
+        while line < ((g + 1) * share).min(R * row_bytes) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+            line += 64;
+        }
         let blocks = (nb - g * GROUP).min(GROUP);
         let bm: __mmask16 = if blocks == GROUP {
             0xffff

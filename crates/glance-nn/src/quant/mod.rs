@@ -377,6 +377,9 @@ mod x86 {
         /// # Safety
         /// As [`GroupPrep::prep`]; group `g` must be whole.
         unsafe fn word(&self, r: usize, g: usize, v: usize) -> __m512i;
+
+        /// The weights' first byte and the bytes of one row (for prefetching).
+        fn row_bytes(&self) -> (*const u8, usize);
     }
 
     /// The AVX-512 VNNI kernel of q8 and q4 over groups of 16 blocks (see [`super::group`]):
