@@ -34,8 +34,12 @@ pub unsafe fn few_rows(
     // Weight rows per tile as many as the registers allow (accumulators: `R · M` float and
     // `R · M` or `2 R` integer ones of 32); each tile of weight rows meets every input row, in
     // chunks of 4, before the next (the weights stream from memory once).
+    // One input row streams one weight row at a time: memory-bound in a decode step, and one
+    // stream is what the hardware prefetcher follows best (4-row tiles cost 1.1–1.2× the time at
+    // the model level, docs/kernels.md).
     let tile_rows = match m {
-        1 | 2 => 4,
+        1 => 1,
+        2 => 4,
         3 => 3,
         _ => 2,
     };
@@ -43,13 +47,13 @@ pub unsafe fn few_rows(
         ($r:literal, $r0:expr) => {{
             let mut i0 = 0;
             while i0 + 4 <= m {
-                tile::<$r, 4>(scales, x, $r0, i0, shift, out, prep);
+                tile::<$r, 4>(scales, x, ($r0, i0), rows, shift, out, prep);
                 i0 += 4;
             }
             match m - i0 {
-                3 => tile::<$r, 3>(scales, x, $r0, i0, shift, out, prep),
-                2 => tile::<$r, 2>(scales, x, $r0, i0, shift, out, prep),
-                1 => tile::<$r, 1>(scales, x, $r0, i0, shift, out, prep),
+                3 => tile::<$r, 3>(scales, x, ($r0, i0), rows, shift, out, prep),
+                2 => tile::<$r, 2>(scales, x, ($r0, i0), rows, shift, out, prep),
+                1 => tile::<$r, 1>(scales, x, ($r0, i0), rows, shift, out, prep),
                 _ => {}
             }
         }};
@@ -59,6 +63,7 @@ pub unsafe fn few_rows(
         let r = tile_rows.min(rows - r0);
         match r {
             4 => inputs!(4, r0),
+            5.. => unreachable!(),
             3 => inputs!(3, r0),
             2 => inputs!(2, r0),
             _ => inputs!(1, r0),
@@ -71,14 +76,15 @@ pub unsafe fn few_rows(
 /// `out[r * m + i]`.
 ///
 /// # Safety
-/// As [`few_rows`], for weight rows `r0..r0 + R` and input rows `i0..i0 + M` of `x`.
+/// As [`few_rows`] (`rows` its weight rows), for weight rows `r0..r0 + R` and input rows
+/// `i0..i0 + M` of `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn tile<const R: usize, const M: usize>(
     scales: &[u16],
     x: &QuantRows,
-    r0: usize,
-    i0: usize,
+    (r0, i0): (usize, usize),
+    rows: usize,
     shift: u32,
     out: &mut [f32],
     prep: &impl GroupPrep,
@@ -88,14 +94,19 @@ unsafe fn tile<const R: usize, const M: usize>(
     let shift = _mm_cvtsi32_si128(shift as i32);
     // (R, M) float accumulators, in registers for the whole row.
     let mut acc = [[_mm512_setzero_ps(); M]; R];
-    // The next tile's weight rows (contiguous), prefetched a share per group: the tile reads
-    // R rows at once, which the hardware prefetcher follows less well than one stream.
+    // The weight rows two tiles on (contiguous), prefetched a share per group: a tile reads R
+    // rows at once, which the hardware prefetcher follows less well than one stream (measured
+    // beyond the caches with `kernel_rate`, docs/kernels.md). A prefetch never faults, so the
+    // addresses past the last row need no guard.
     let (w0, row_bytes) = prep.row_bytes();
     let next = w0.wrapping_add((r0 + 2 * R) * row_bytes);
     let share = (R * row_bytes).div_ceil(groups);
+    // Only this call's rows (a task's): past them the bytes are another task's.
+    let ahead = (rows.saturating_sub(r0 + 2 * R) * row_bytes).min(R * row_bytes);
     for g in 0..groups {
-        let mut line = g * share;
-        while line < ((g + 1) * share).min(R * row_bytes) {
+        // One row is one stream: the hardware prefetcher's.
+        let mut line = if R == 1 { usize::MAX } else { g * share };
+        while line < ((g + 1) * share).min(ahead) {
             _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
             line += 64;
         }
