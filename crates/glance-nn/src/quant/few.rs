@@ -139,12 +139,13 @@ unsafe fn tile<const R: usize, const M: usize>(
                 }
             }
         } else {
-            for j in 0..R {
+            // A partial group, transposed in registers (`prep`) once per weight row.
+            for (j, sj) in s0.iter_mut().enumerate() {
                 let wv = prep.prep(r0 + j, g, blocks);
-                for v in 0..8 {
-                    for k in 0..M {
+                for (v, &w) in wv.iter().enumerate() {
+                    for (k, s) in sj.iter_mut().enumerate() {
                         let xv = _mm512_loadu_si512(xg.add(8 * k + v));
-                        s0[j][k] = _mm512_dpbusd_epi32(s0[j][k], wv[v], xv);
+                        *s = _mm512_dpbusd_epi32(*s, w, xv);
                     }
                 }
             }
