@@ -16,7 +16,7 @@ use super::x86::GroupPrep;
 use std::arch::x86_64::*;
 
 /// `out[r * m + i] = w_r · x_i` for weight rows `0..rows` and the `x.m` input rows, in tiles
-/// of up to 4 weight rows × up to 4 input rows (see the module header).
+/// of up to 3 weight rows × up to 4 input rows (see the module header).
 ///
 /// # Safety
 /// As [`super::x86::grouped_rows`].
@@ -31,15 +31,14 @@ pub unsafe fn few_rows(
     prep: &impl GroupPrep,
 ) {
     let m = x.m;
-    // Weight rows per tile as many as the registers allow (accumulators: `R · M` float and
-    // `R · M` or `2 R` integer ones of 32); each tile of weight rows meets every input row, in
-    // chunks of 4, before the next (the weights stream from memory once).
-    // One input row streams one weight row at a time: memory-bound in a decode step, and one
-    // stream is what the hardware prefetcher follows best (4-row tiles cost 1.1–1.2× the time at
-    // the model level, docs/kernels.md).
+    // Weight rows per tile (from 3 input rows) as many as the registers allow (accumulators:
+    // `R · M` float and `R · M` integer ones of 32); each tile of weight rows meets every input
+    // row, in chunks of 4, before the next (the weights stream from memory once).
+    // One or two input rows stream one weight row at a time (memory-bound in a decode step; one
+    // stream is what the hardware prefetcher follows best: 4-row tiles cost 1.1–1.2× the time of
+    // a one-row pass and 1.08× of a two-row pass at the model level, docs/kernels.md).
     let tile_rows = match m {
-        1 => 1,
-        2 => 4,
+        1 | 2 => 1,
         3 => 3,
         _ => 2,
     };
@@ -62,8 +61,6 @@ pub unsafe fn few_rows(
     while r0 < rows {
         let r = tile_rows.min(rows - r0);
         match r {
-            4 => inputs!(4, r0),
-            5.. => unreachable!(),
             3 => inputs!(3, r0),
             2 => inputs!(2, r0),
             _ => inputs!(1, r0),
