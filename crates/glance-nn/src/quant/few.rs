@@ -35,8 +35,9 @@ pub unsafe fn few_rows(
     // `R · M` float and `R · M` integer ones of 32); each tile of weight rows meets every input
     // row, in chunks of 4, before the next (the weights stream from memory once).
     // One or two input rows stream one weight row at a time (memory-bound in a decode step; one
-    // stream is what the hardware prefetcher follows best: 4-row tiles cost 1.1–1.2× the time of
-    // a one-row pass and 1.08× of a two-row pass at the model level, docs/kernels.md).
+    // stream is what the hardware prefetcher follows best: with 4 weight rows per tile a one-row
+    // pass cost 1.18× (q4) the previous kernel's, and a two-row pass 1.09× that of one weight row
+    // per tile, at the model level; docs/kernels.md).
     let tile_rows = match m {
         1 | 2 => 1,
         3 => 3,
