@@ -205,10 +205,7 @@ mod tests {
         if deep {
             // The token after an accepted first token also follows the target's distribution.
             assert!(seconds > 10_000);
-            assert!(
-                chi2(&second, seconds) < 16.27,
-                "second token {second:?} of {tree:?}"
-            );
+            assert!(chi2(&second, seconds) < 16.27, "second token {second:?} of {tree:?}");
         }
     }
 }
