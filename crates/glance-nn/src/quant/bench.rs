@@ -131,23 +131,39 @@ mod kernel_rate {
 
     /// Manual: `cargo test --release -p glance-nn kernel_rate -- --ignored --nocapture`. Multiply-
     /// adds per CPU second of each format's kernel on one thread, cache-resident (a shared
-    /// machine's other load does not count against it).
+    /// machine's other load does not count against it). `R`, `C` set the matrix (256 × 2048),
+    /// `L` how many copies the products cycle over (`L=8 R=5632`: beyond the caches, as in a
+    /// decode step), `F` the formats and `M` the input-row counts (comma-separated).
     #[test]
     #[ignore]
     fn kernel_rate() {
-        let (rows, cols) = (256, 2048);
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(d)
+        };
+        let (rows, cols, layers) = (env("R", 256), env("C", 2048), env("L", 1));
         let w = super::super::tests::values(rows * cols, 3);
-        for f in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
-            let p = PackedMatrix::pack(f, &w, rows, cols).unwrap();
+        let formats: Vec<WeightFormat> = std::env::var("F")
+            .map(|s| s.split(',').map(|f| f.parse().unwrap()).collect())
+            .unwrap_or(vec![WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4]);
+        for f in formats {
+            let ps: Vec<PackedMatrix> = (0..layers)
+                .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
+                .collect();
             let mut line = format!("{f} ");
-            for m in [1usize, 4, 16, 64] {
+            let ms: Vec<usize> = std::env::var("M")
+                .map(|s| s.split(',').map(|m| m.parse().unwrap()).collect())
+                .unwrap_or(vec![1, 2, 3, 4, 8, 16, 64]);
+            for &m in &ms {
                 let x = super::super::tests::values(m * cols, 5);
                 let xq = act::QuantRows::new(&x, m, cols);
                 let mut out = vec![0f32; rows * m];
                 let (start, mut reps) = (cpu_seconds(), 0usize);
                 while cpu_seconds() - start < 0.5 {
-                    for _ in 0..20 {
-                        match &p {
+                    for p in ps.iter().cycle().take(20) {
+                        match p {
                             PackedMatrix::Half(h) => h.block(0, rows, &x, m, &mut out),
                             PackedMatrix::Q8(q) => q.block(0, rows, &xq, &mut out, Isa::best()),
                             PackedMatrix::Q4(q) => q.block(0, rows, &xq, &mut out, Isa::best()),

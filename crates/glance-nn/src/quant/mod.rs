@@ -37,6 +37,8 @@ macro_rules! each_row_tile {
 pub mod act;
 #[cfg(test)]
 mod bench;
+#[cfg(target_arch = "x86_64")]
+mod few;
 pub mod group;
 pub mod half;
 pub mod q4;
@@ -351,10 +353,8 @@ mod x86 {
         v
     }
 
-    /// Input rows from which [`grouped_rows`] tiles two weight rows at a time.
-    const PAIR_FROM_ROWS: usize = 16;
-
-    /// Input rows from which [`grouped_rows`] takes the weight rows [`ROW_BLOCK`] at a time.
+    /// Input rows from which [`grouped_rows`] takes the weight rows [`ROW_BLOCK`] at a time, two
+    /// per tile; below, the register tiles of [`super::few`].
     const BLOCK_FROM_ROWS: usize = 16;
 
     /// Weight rows that meet one group of the inputs before the next group.
@@ -368,6 +368,16 @@ mod x86 {
         /// # Safety
         /// The CPU must have AVX-512 F/BW/VL/VNNI; `r` and `g` must be in the matrix.
         unsafe fn prep(&self, r: usize, g: usize, blocks: usize) -> [__m512i; 8];
+
+        /// Unsigned weight vector `v < 8` of row `r`'s group `g`, a whole group: `prep(r, g,
+        /// 16)[v]`, loading only what that vector needs.
+        ///
+        /// # Safety
+        /// As [`GroupPrep::prep`]; group `g` must be whole.
+        unsafe fn word(&self, r: usize, g: usize, v: usize) -> __m512i;
+
+        /// The weights' first byte and the bytes of one row (for prefetching).
+        fn row_bytes(&self) -> (*const u8, usize);
     }
 
     /// The AVX-512 VNNI kernel of q8 and q4 over groups of 16 blocks (see [`super::group`]):
@@ -375,7 +385,8 @@ mod x86 {
     /// unsigned weight vectors, meeting the inputs' 8 arranged vectors; `2^shift` is the
     /// weights' offset, whose integer term `2^shift · Σ q_x` is removed per block. `scales`
     /// `(rows, n / 32)` are the weights' f16 scales. With many input rows two weight rows at a
-    /// time share each input load (a 512-bit load is what limits the loop then).
+    /// time share each input load (a 512-bit load is what limits the loop then); with fewer
+    /// than [`BLOCK_FROM_ROWS`], register tiles over whole rows ([`super::few`]).
     ///
     /// Per output: one integer sum per block (exact, in any order), then one float
     /// multiply-add per group in group order, then the lanes summed in a fixed tree — the same
@@ -394,13 +405,16 @@ mod x86 {
         prep: &impl GroupPrep,
     ) {
         let (m, nb) = (x.m, x.blocks());
+        if m < BLOCK_FROM_ROWS {
+            // A few input rows: register tiles over whole rows (`few.rs`).
+            super::few::few_rows(scales, x, rows, shift, out, prep);
+            return;
+        }
         let groups = nb.div_ceil(GROUP);
-        // With several input rows, a block of weight rows goes through one group at a time, so
-        // the group's inputs (m × 512 bytes) stay in L1 while every row of the block meets them;
-        // with one to a few, each row streams alone (the weights' prefetch likes that best).
-        let block = if m >= BLOCK_FROM_ROWS { ROW_BLOCK } else { 1 };
-        // Two weight rows per tile pay once the input rows make the loop compute-bound.
-        let pair = m >= PAIR_FROM_ROWS;
+        // A block of weight rows goes through one group at a time, so the group's inputs
+        // (m × 512 bytes) stay in L1 while every row of the block meets them, two weight rows
+        // per tile (the loop is compute-bound at this many input rows).
+        let block = ROW_BLOCK;
         let mut acc = vec![_mm512_setzero_ps(); block * m];
         for r0 in (0..rows).step_by(block) {
             let rb = block.min(rows - r0);
@@ -408,12 +422,10 @@ mod x86 {
             let acc = &mut acc[..rb * m];
             for g in 0..groups {
                 let mut j = 0;
-                if pair {
-                    while j + 2 <= rb {
-                        let acc = &mut acc[j * m..(j + 2) * m];
-                        grouped_step::<2>(scales, x, r0 + j, g, shift, acc, prep);
-                        j += 2;
-                    }
+                while j + 2 <= rb {
+                    let acc = &mut acc[j * m..(j + 2) * m];
+                    grouped_step::<2>(scales, x, r0 + j, g, shift, acc, prep);
+                    j += 2;
                 }
                 while j < rb {
                     let acc = &mut acc[j * m..(j + 1) * m];

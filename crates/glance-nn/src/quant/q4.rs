@@ -263,6 +263,24 @@ mod x86 {
             }
             out
         }
+
+        fn row_bytes(&self) -> (*const u8, usize) {
+            (self.qs.as_ptr(), self.n / 2)
+        }
+
+        /// # Safety
+        /// See [`GroupPrep::word`].
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn word(&self, r: usize, g: usize, v: usize) -> __m512i {
+            let base = self
+                .qs
+                .as_ptr()
+                .add((r * self.n + g * GROUP_BYTES) / 2 + 64 * (v % 4));
+            let w = _mm512_loadu_si512(base as *const _);
+            let w = if v < 4 { w } else { _mm512_srli_epi16(w, 4) };
+            _mm512_and_si512(w, _mm512_set1_epi8(0x0f))
+        }
     }
 
     /// 16 bytes of one block → its 32 levels in order (low nibbles, then high nibbles).
@@ -367,6 +385,12 @@ mod tests {
             (1, 3, 512),
             (5, 6, 704),
             (17, 4, 1120),
+            // The few-row tiles (`few.rs`): 4 × 2, 3 × 3 and 2 × 4 with their remainders, over
+            // whole groups and a partial one.
+            (2, 9, 1120),
+            (3, 5, 544),
+            (8, 5, 1056),
+            (15, 3, 512),
         ] {
             let w = Q4Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
             check_kernel(

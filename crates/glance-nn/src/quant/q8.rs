@@ -227,6 +227,19 @@ mod x86 {
             }
             v
         }
+
+        fn row_bytes(&self) -> (*const u8, usize) {
+            (self.qs.as_ptr() as *const u8, self.n)
+        }
+
+        /// # Safety
+        /// See [`GroupPrep::word`].
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        unsafe fn word(&self, r: usize, g: usize, v: usize) -> __m512i {
+            let base = self.qs.as_ptr().add(r * self.n + g * GROUP_BYTES + 64 * v);
+            _mm512_xor_si512(_mm512_loadu_si512(base as *const _), _mm512_set1_epi8(-128))
+        }
     }
 
     /// See [`super::Q8Matrix::block`]: AVX2, one block per 256-bit step.
@@ -310,6 +323,12 @@ mod tests {
             (1, 3, 512),
             (5, 6, 704),
             (17, 4, 1120),
+            // The few-row tiles (`few.rs`): 4 × 2, 3 × 3 and 2 × 4 with their remainders, over
+            // whole groups and a partial one.
+            (2, 9, 1120),
+            (3, 5, 544),
+            (8, 5, 1056),
+            (15, 3, 512),
         ] {
             let w = Q8Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
             let stored = w.stored_qs();

@@ -1,0 +1,174 @@
+//! The AVX-512 VNNI q8 / q4 kernel for a few input rows (decode, and the 2–15 rows a
+//! verification pass brings): tiles of `R` weight rows × `M` input rows whose float accumulators
+//! stay in registers over the whole row, so the input loads are shared by `R` weight rows, the
+//! accumulators never go through memory between groups and every tile ends in its `R · M`
+//! lane sums.
+//!
+//! Per output the operations are those of [`super::x86::grouped_rows`]'s many-row path: one
+//! integer sum per block (exact in any order), then per group in group order
+//! `acc = fmadd(cvt(dot), d_w · d_x, acc)` (the first group onto zero), then
+//! [`crate::matvec::hsum512`] — so a row gives the same bits in a tile of any shape and in any
+//! batch.
+
+use super::act::QuantRows;
+use super::group::{GROUP, GROUP_BYTES};
+use super::x86::GroupPrep;
+use std::arch::x86_64::*;
+
+/// `out[r * m + i] = w_r · x_i` for weight rows `0..rows` and the `x.m` input rows, in tiles
+/// of up to 3 weight rows × up to 4 input rows (see the module header).
+///
+/// # Safety
+/// As [`super::x86::grouped_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub unsafe fn few_rows(
+    scales: &[u16],
+    x: &QuantRows,
+    rows: usize,
+    shift: u32,
+    out: &mut [f32],
+    prep: &impl GroupPrep,
+) {
+    let m = x.m;
+    // Weight rows per tile (from 3 input rows) as many as the registers allow (accumulators:
+    // `R · M` float and `R · M` integer ones of 32); each tile of weight rows meets every input
+    // row, in chunks of 4, before the next (the weights stream from memory once).
+    // One or two input rows stream one weight row at a time (memory-bound in a decode step; one
+    // stream is what the hardware prefetcher follows best: with 4 weight rows per tile a one-row
+    // pass cost 1.18× (q4) the previous kernel's, and a two-row pass 1.09× that of one weight row
+    // per tile, at the model level; docs/kernels.md).
+    let tile_rows = match m {
+        1 | 2 => 1,
+        3 => 3,
+        _ => 2,
+    };
+    macro_rules! inputs {
+        ($r:literal, $r0:expr) => {{
+            let mut i0 = 0;
+            while i0 + 4 <= m {
+                tile::<$r, 4>(scales, x, ($r0, i0), rows, shift, out, prep);
+                i0 += 4;
+            }
+            match m - i0 {
+                3 => tile::<$r, 3>(scales, x, ($r0, i0), rows, shift, out, prep),
+                2 => tile::<$r, 2>(scales, x, ($r0, i0), rows, shift, out, prep),
+                1 => tile::<$r, 1>(scales, x, ($r0, i0), rows, shift, out, prep),
+                _ => {}
+            }
+        }};
+    }
+    let mut r0 = 0;
+    while r0 < rows {
+        let r = tile_rows.min(rows - r0);
+        match r {
+            3 => inputs!(3, r0),
+            2 => inputs!(2, r0),
+            _ => inputs!(1, r0),
+        }
+        r0 += r;
+    }
+}
+
+/// Weight rows `r0..r0 + R` against input rows `i0..i0 + M` over the whole row, into
+/// `out[r * m + i]`.
+///
+/// # Safety
+/// As [`few_rows`] (`rows` its weight rows), for weight rows `r0..r0 + R` and input rows
+/// `i0..i0 + M` of `x`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile<const R: usize, const M: usize>(
+    scales: &[u16],
+    x: &QuantRows,
+    (r0, i0): (usize, usize),
+    rows: usize,
+    shift: u32,
+    out: &mut [f32],
+    prep: &impl GroupPrep,
+) {
+    let (m, nb) = (x.m, x.blocks());
+    let groups = nb.div_ceil(GROUP);
+    let shift = _mm_cvtsi32_si128(shift as i32);
+    // (R, M) float accumulators, in registers for the whole row.
+    let mut acc = [[_mm512_setzero_ps(); M]; R];
+    // The weight rows two tiles on (contiguous), prefetched a share per group: a tile reads R
+    // rows at once, which the hardware prefetcher follows less well than one stream (measured
+    // beyond the caches with `kernel_rate`, docs/kernels.md). A prefetch never faults, so the
+    // addresses past the last row need no guard.
+    let (w0, row_bytes) = prep.row_bytes();
+    let next = w0.wrapping_add((r0 + 2 * R) * row_bytes);
+    let share = (R * row_bytes).div_ceil(groups);
+    // Only this call's rows (a task's): past them the bytes are another task's.
+    let ahead = (rows.saturating_sub(r0 + 2 * R) * row_bytes).min(R * row_bytes);
+    for g in 0..groups {
+        // One row is one stream: the hardware prefetcher's.
+        let mut line = if R == 1 { usize::MAX } else { g * share };
+        while line < ((g + 1) * share).min(ahead) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+            line += 64;
+        }
+        let blocks = (nb - g * GROUP).min(GROUP);
+        let bm: __mmask16 = if blocks == GROUP {
+            0xffff
+        } else {
+            (1 << blocks) - 1
+        };
+        // (M, 8 vectors): this group of the tile's input rows, contiguous.
+        let xg = x.grouped.as_ptr().add((g * m + i0) * GROUP_BYTES) as *const __m512i;
+        // With one input row, two integer chains per weight row keep the adder busy.
+        let mut s0 = [[_mm512_setzero_si512(); M]; R];
+        let mut s1 = [[_mm512_setzero_si512(); M]; R];
+        if blocks == GROUP {
+            // Word by word: each input vector loaded once for the R weight rows, each weight
+            // vector once for the M input rows (few registers live).
+            for v in 0..8 {
+                let xv: [__m512i; M] =
+                    std::array::from_fn(|k| _mm512_loadu_si512(xg.add(8 * k + v)));
+                for j in 0..R {
+                    let wv = prep.word(r0 + j, g, v);
+                    for k in 0..M {
+                        if M == 1 && v % 2 == 1 {
+                            s1[j][k] = _mm512_dpbusd_epi32(s1[j][k], wv, xv[k]);
+                        } else {
+                            s0[j][k] = _mm512_dpbusd_epi32(s0[j][k], wv, xv[k]);
+                        }
+                    }
+                }
+            }
+        } else {
+            // A partial group, transposed in registers (`prep`) once per weight row.
+            for (j, sj) in s0.iter_mut().enumerate() {
+                let wv = prep.prep(r0 + j, g, blocks);
+                for (v, &w) in wv.iter().enumerate() {
+                    for (k, s) in sj.iter_mut().enumerate() {
+                        let xv = _mm512_loadu_si512(xg.add(8 * k + v));
+                        *s = _mm512_dpbusd_epi32(*s, w, xv);
+                    }
+                }
+            }
+        }
+        let mut offset = [_mm512_setzero_si512(); M];
+        let mut dx = [_mm512_setzero_ps(); M];
+        for k in 0..M {
+            let at = (i0 + k) * nb + g * GROUP;
+            let sums = _mm512_maskz_loadu_epi32(bm, x.sums.as_ptr().add(at));
+            offset[k] = _mm512_sll_epi32(sums, shift);
+            dx[k] = _mm512_maskz_loadu_ps(bm, x.d.as_ptr().add(at));
+        }
+        for j in 0..R {
+            let ws = scales.as_ptr().add((r0 + j) * nb + g * GROUP);
+            let dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bm, ws as *const i16));
+            for k in 0..M {
+                let dot = _mm512_sub_epi32(_mm512_add_epi32(s0[j][k], s1[j][k]), offset[k]);
+                acc[j][k] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[k]), acc[j][k]);
+            }
+        }
+    }
+    for j in 0..R {
+        for k in 0..M {
+            out[(r0 + j) * m + i0 + k] = crate::matvec::hsum512(acc[j][k]);
+        }
+    }
+}
