@@ -28,7 +28,7 @@ use super::tree::{DraftTree, TreeSettings};
 use crate::cost::{CostModel, DraftCost};
 
 /// Acceptance assumed at a depth no round has reached yet.
-const PRIOR_ACCEPTANCE: f64 = 0.7;
+pub const PRIOR_ACCEPTANCE: f64 = 0.8;
 /// Weight of the prior, in rounds.
 const PRIOR_ROUNDS: f64 = 2.0;
 /// Weight of the calibration's prior (ratio 1), in tokens.
@@ -43,7 +43,7 @@ pub const AUTO_MARGIN: f64 = 1.1;
 const PRIOR_STEPS: f64 = 8.0;
 /// Plain steps before the draft may start: short answers (a word or a number and the end of
 /// the sequence) end before a draft's start and first round could pay for themselves.
-pub const WARM_UP_STEPS: usize = 8;
+pub const WARM_UP_STEPS: usize = 4;
 /// A plan must beat a plain step by this factor to be chosen (measurement noise).
 const MARGIN: f64 = 1.02;
 
@@ -119,7 +119,7 @@ impl Planner {
     }
 
     /// Whether a request's first drafted round is predicted to beat a decode step by
-    /// [`AUTO_MARGIN`], with the prior's acceptance (0.7 at every depth): what `auto` asks before
+    /// [`AUTO_MARGIN`], with the prior's acceptance ([`PRIOR_ACCEPTANCE`] at every depth): what `auto` asks before
     /// choosing speculation, so that a model where only a near-perfect draft could pay — or
     /// where the measured figures only just favour drafting, which a noisy measurement can flip
     /// — decodes plainly.

@@ -20,7 +20,7 @@ use super::Engine;
 use crate::request::Request;
 use glance_core::{Error, Result};
 use glance_decode::diffusion::linear_pays_at_prior;
-use glance_decode::speculative::plan::Planner;
+use glance_decode::speculative::plan::{Planner, PRIOR_ACCEPTANCE};
 use glance_decode::{CostModel, DecodeSpec};
 use glance_nn::{CausalLm, DraftLm};
 use std::path::Path;
@@ -154,8 +154,8 @@ impl Engine {
             cost,
             format!("{spec} (cost-aware): {summary}"),
             format!(
-                "ar: a {spec} draft accepted as drafts usually are (0.7 a token) cannot beat a \
-                 decode step here ({summary})"
+                "ar: a {spec} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a \
+                 token) cannot beat a decode step here ({summary})"
             ),
         )))
     }
@@ -191,8 +191,8 @@ impl Engine {
             cost,
             format!("diffusion-linear (cost-aware blocks ≤ {largest}): {summary}"),
             format!(
-                "ar: no block of diffusion-linear accepted as drafts usually are (0.7 a token) \
-                 can beat a decode step here ({summary})"
+                "ar: no block of diffusion-linear accepted as drafts usually are \
+                 ({PRIOR_ACCEPTANCE} a token) can beat a decode step here ({summary})"
             ),
         ))
     }
