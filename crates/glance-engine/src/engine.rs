@@ -69,6 +69,8 @@ pub struct Engine {
     drafts: Mutex<HashMap<&'static str, Arc<dyn DraftLm>>>,
     /// The measured cost model, once a request needed it ([`auto`]).
     cost: Mutex<Option<glance_decode::CostModel>>,
+    /// What `auto`'s greedy requests accepted, per draft head (by its address).
+    acceptance: Mutex<HashMap<usize, Arc<Mutex<glance_decode::speculative::plan::Acceptance>>>>,
     load_time: Duration,
 }
 
@@ -167,6 +169,7 @@ impl Engine {
             prefixes: PrefixCache::new(options.prefix_cache_bytes),
             drafts: Mutex::new(HashMap::new()),
             cost: Mutex::new(None),
+            acceptance: Mutex::new(HashMap::new()),
             options,
             load_time: Duration::ZERO,
         }
@@ -210,7 +213,12 @@ impl Engine {
     /// any loaded before. The head must fit the model (see [`DraftConfig::check_target`]).
     pub fn set_draft(&self, head: Arc<dyn DraftLm>) {
         let kind = head.kind();
-        self.drafts.lock().expect("not poisoned").insert(kind, head);
+        let new = auto::head_key(&head);
+        let old = self.drafts.lock().expect("not poisoned").insert(kind, head);
+        // A replaced head's memory of acceptance goes with it (its address may be reused).
+        if let Some(old) = old.map(|h| auto::head_key(&h)).filter(|&k| k != new) {
+            self.acceptance.lock().expect("not poisoned").remove(&old);
+        }
     }
 
     /// The draft head of `kind`: loaded before, else the one of [`EngineOptions::drafts`] of
@@ -352,7 +360,13 @@ impl Engine {
                         .tree
                         .clone()
                         .unwrap_or_else(|| self.options.tree.clone());
-                    Box::new(Speculative::new(self.draft(kind)?, tree)?.cost_aware(cost)?)
+                    let head = self.draft(kind)?;
+                    let memory = self.acceptance_memory(&head);
+                    Box::new(
+                        Speculative::new(head, tree)?
+                            .cost_aware(cost)?
+                            .remembering(memory),
+                    )
                 }
                 _ => Box::new(Autoregressive),
             };

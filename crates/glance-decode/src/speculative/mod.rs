@@ -31,8 +31,8 @@ use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, TreeMask};
-use plan::{Planner, Round};
-use std::sync::Arc;
+use plan::{Acceptance, Planner, Round};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 pub use tree::{DraftTree, TreeSettings};
 pub use verify::{verify, Verdict};
@@ -47,6 +47,8 @@ pub struct Speculative {
     /// Plan rounds from measured costs ([`Speculative::cost_aware`]); `None`: every round grows
     /// the tree `settings` describe.
     cost: Option<CostModel>,
+    /// What earlier greedy requests with this head accepted ([`Speculative::remembering`]).
+    memory: Option<Arc<Mutex<Acceptance>>>,
 }
 
 impl Speculative {
@@ -56,6 +58,7 @@ impl Speculative {
             draft,
             settings,
             cost: None,
+            memory: None,
         })
     }
 
@@ -72,6 +75,15 @@ impl Speculative {
         }
         self.cost = Some(cost);
         Ok(self)
+    }
+
+    /// Greedy cost-aware requests start their acceptance estimates from `memory` (what earlier
+    /// ones accepted with this head) and add theirs to it when done, so a request plans its
+    /// first rounds from experience rather than a fixed prior. Sampled requests neither read nor
+    /// write it: their rounds, and so their answers for a seed, depend on the request alone.
+    pub fn remembering(mut self, memory: Arc<Mutex<Acceptance>>) -> Self {
+        self.memory = Some(memory);
+        self
     }
 
     pub fn settings(&self) -> &TreeSettings {
@@ -181,13 +193,15 @@ impl DecodeStrategy for Speculative {
         let mut planner = self
             .planner(self.draft.start_rows(prompt_len, &image_counts))
             .map(|p| {
-                // Sampled rounds plan without the clock: the same seed, the same answer.
-                if sampler.params().is_greedy() {
-                    p
-                } else {
-                    p.without_clock()
+                // Sampled rounds plan without the clock or the memory: the same seed, the same
+                // answer.
+                match &self.memory {
+                    _ if !sampler.params().is_greedy() => p.without_clock(),
+                    Some(m) => p.remembering(&m.lock().expect("not poisoned")),
+                    None => p,
                 }
             });
+        let greedy = sampler.params().is_greedy();
         let mut target_cache = state.cache;
         let mut draft_cache = self.draft.new_cache();
         // The draft's prompt rows and context, once it has started (at the first drafting
@@ -358,6 +372,9 @@ impl DecodeStrategy for Speculative {
             x = verdict.next;
             tally.time.accept += clock.elapsed();
         };
+        if let (Some(m), Some(p), true) = (&self.memory, &planner, greedy) {
+            m.lock().expect("not poisoned").merge(p.acceptance());
+        }
         Ok(finish(
             self, tokens, reason, prompt_len, prefill, start, forwards, tally,
         ))

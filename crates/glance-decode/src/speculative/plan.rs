@@ -130,6 +130,17 @@ impl Planner {
                 .is_some_and(|(_, gain)| gain >= AUTO_MARGIN)
     }
 
+    /// Starts the acceptance estimates from what earlier requests accepted (`memory`).
+    pub fn remembering(mut self, memory: &Acceptance) -> Self {
+        self.acceptance = Acceptance::remembered(memory);
+        self
+    }
+
+    /// This request's acceptance counts (for a memory to [`Acceptance::merge`]).
+    pub fn acceptance(&self) -> &Acceptance {
+        &self.acceptance
+    }
+
     /// Plans from the cost model alone, without the clock's correction: the rounds then depend
     /// only on the request (and the model's figures), so a seeded sampled answer is the same on
     /// every run — the speculative strategy samples through its rounds.
@@ -302,9 +313,47 @@ pub struct Acceptance {
     /// `d - 1` accepted, and rounds that accepted depth `d`.
     offered: Vec<f64>,
     reached: Vec<f64>,
+    /// What earlier requests accepted ([`Acceptance::remembered`]), the prior at every depth it
+    /// has seen instead of [`PRIOR_ACCEPTANCE`].
+    base: Option<Box<Acceptance>>,
 }
 
+/// Rounds of depth 1 a memory of earlier requests keeps: older rounds fade (their counts are
+/// scaled down) so the memory follows the answers being asked for.
+const MEMORY_ROUNDS: f64 = 200.0;
+
 impl Acceptance {
+    /// A request's estimate that starts from what earlier requests accepted (`memory`, its
+    /// counts as they stand).
+    pub fn remembered(memory: &Acceptance) -> Self {
+        let mut base = memory.clone();
+        base.base = None;
+        Self {
+            base: (!base.offered.is_empty()).then(|| Box::new(base)),
+            ..Self::default()
+        }
+    }
+
+    /// Adds a finished request's counts into this memory, fading the oldest.
+    pub fn merge(&mut self, request: &Acceptance) {
+        for (mine, theirs) in [
+            (&mut self.offered, &request.offered),
+            (&mut self.reached, &request.reached),
+        ] {
+            if mine.len() < theirs.len() {
+                mine.resize(theirs.len(), 0.0);
+            }
+            mine.iter_mut().zip(theirs).for_each(|(m, t)| *m += t);
+        }
+        let rounds = self.offered.first().copied().unwrap_or(0.0);
+        if rounds > MEMORY_ROUNDS {
+            let keep = MEMORY_ROUNDS / rounds;
+            for v in self.offered.iter_mut().chain(self.reached.iter_mut()) {
+                *v *= keep;
+            }
+        }
+    }
+
     /// A round that offered drafts down to depth `deepest` and accepted the first `accepted`.
     pub fn record(&mut self, deepest: usize, accepted: usize) {
         for d in 1..=deepest.min(accepted + 1) {
@@ -315,15 +364,20 @@ impl Acceptance {
         }
     }
 
-    /// Conditional acceptance at depth `d ≥ 1`, smoothed towards a prior: [`PRIOR_ACCEPTANCE`]
-    /// at depth 1, and the estimate at depth `d - 1` below it. (A depth no round has reached
+    /// Conditional acceptance at depth `d ≥ 1`, smoothed towards a prior: what earlier requests
+    /// accepted at `d` when remembered, else [`PRIOR_ACCEPTANCE`] at depth 1 and the estimate at
+    /// depth `d - 1` below it. (A depth no round has reached
     /// is assumed as good as the one above it, so that a plan tries it once the one above
     /// pays: a pessimistic prior would never be corrected, as only drafted depths are seen.)
     pub fn at(&self, d: usize) -> f64 {
-        let prior = if d <= 1 {
-            PRIOR_ACCEPTANCE
-        } else {
-            self.at(d - 1)
+        let remembered = self
+            .base
+            .as_ref()
+            .filter(|b| b.offered.get(d - 1).is_some_and(|&n| n > 0.0));
+        let prior = match remembered {
+            Some(b) => b.at(d),
+            None if d <= 1 => PRIOR_ACCEPTANCE,
+            None => self.at(d - 1),
         };
         let offered = self.offered.get(d - 1).copied().unwrap_or(0.0);
         let reached = self.reached.get(d - 1).copied().unwrap_or(0.0);
@@ -469,6 +523,33 @@ mod tests {
         assert!(depth >= 5, "{depth}");
         // Room caps the depth.
         assert!(matches!(q.next_round(2), Round::Draft { depth: 1 | 2 }));
+    }
+
+    #[test]
+    fn a_memory_of_earlier_requests_is_the_prior_and_fades() {
+        let mut memory = Acceptance::default();
+        for _ in 0..50 {
+            memory.record(3, 3);
+        }
+        for _ in 0..50 {
+            memory.record(3, 1);
+        }
+        // Depth 1 always, depth 2 half the time, depth 3 whenever depth 2 was.
+        let mut a = Acceptance::remembered(&memory);
+        assert!(a.at(1) > 0.95 && (a.at(2) - 0.5).abs() < 0.05 && a.at(3) > 0.9);
+        // A depth the memory never saw falls back to the one above.
+        assert!((a.at(4) - a.at(3)).abs() < 1e-12);
+        // The request's own rounds move the estimate off the memory.
+        for _ in 0..30 {
+            a.record(1, 0);
+        }
+        assert!(a.at(1) < 0.2);
+        // Merged, with the oldest rounds fading past the memory's size.
+        for _ in 0..10 {
+            memory.merge(&a);
+        }
+        assert!(memory.offered[0] <= MEMORY_ROUNDS + 1e-9);
+        assert!(Acceptance::remembered(&memory).at(1) < 0.5);
     }
 
     #[test]

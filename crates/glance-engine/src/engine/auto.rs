@@ -20,10 +20,11 @@ use super::Engine;
 use crate::request::Request;
 use glance_core::{Error, Result};
 use glance_decode::diffusion::linear_pays_at_prior;
-use glance_decode::speculative::plan::{Planner, PRIOR_ACCEPTANCE};
+use glance_decode::speculative::plan::{Acceptance, Planner, PRIOR_ACCEPTANCE};
 use glance_decode::{CostModel, DecodeSpec};
 use glance_nn::{CausalLm, DraftLm};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// What `auto` resolved a request to.
 pub(crate) struct Choice {
@@ -85,6 +86,17 @@ impl Engine {
             }
             Ok(cost.clone())
         })
+    }
+
+    /// What `auto`'s greedy requests with `head` accepted so far (shared, created empty).
+    pub(crate) fn acceptance_memory(&self, head: &Arc<dyn DraftLm>) -> Arc<Mutex<Acceptance>> {
+        let key = head_key(head);
+        self.acceptance
+            .lock()
+            .expect("not poisoned")
+            .entry(key)
+            .or_default()
+            .clone()
     }
 
     /// Uses `cost` as this engine's cost model (figures measured elsewhere, or made up by a
@@ -262,6 +274,11 @@ impl Engine {
             );
         }
     }
+}
+
+/// A draft head's key in the engine's acceptance memory: its address.
+pub(crate) fn head_key(head: &Arc<dyn DraftLm>) -> usize {
+    Arc::as_ptr(head) as *const () as usize
 }
 
 /// The CPU's model name (Linux: `/proc/cpuinfo`), else the architecture.
