@@ -69,6 +69,8 @@ pub struct Engine {
     drafts: Mutex<HashMap<&'static str, Arc<dyn DraftLm>>>,
     /// The measured cost model, once a request needed it ([`auto`]).
     cost: Mutex<Option<glance_decode::CostModel>>,
+    /// The kinds of the heads `--draft` names, once read ([`auto`]).
+    named_kinds: std::sync::OnceLock<Vec<&'static str>>,
     /// What `auto`'s greedy requests accepted, per draft head (by its address).
     acceptance: Mutex<HashMap<usize, Arc<Mutex<glance_decode::speculative::plan::Acceptance>>>>,
     load_time: Duration,
@@ -169,6 +171,7 @@ impl Engine {
             prefixes: PrefixCache::new(options.prefix_cache_bytes),
             drafts: Mutex::new(HashMap::new()),
             cost: Mutex::new(None),
+            named_kinds: std::sync::OnceLock::new(),
             acceptance: Mutex::new(HashMap::new()),
             options,
             load_time: Duration::ZERO,
@@ -318,6 +321,14 @@ impl Engine {
         self.strategy(&request).map(|_| ())
     }
 
+    /// The draft tree of `request`: its own, else the engine's.
+    fn tree(&self, request: &Request) -> glance_decode::TreeSettings {
+        request
+            .tree
+            .clone()
+            .unwrap_or_else(|| self.options.tree.clone())
+    }
+
     /// The block-diffusion settings of `request` (its own, else the engine's, else the defaults
     /// with the model's block size) and the model's mask token; an unconverted model is refused.
     fn diffusion_settings(&self, request: &Request) -> Result<(DiffusionSettings, u32)> {
@@ -356,10 +367,7 @@ impl Engine {
                 }
                 (spec, Some(cost)) if spec.draft_kind().is_some() => {
                     let kind = spec.draft_kind().expect("checked");
-                    let tree = request
-                        .tree
-                        .clone()
-                        .unwrap_or_else(|| self.options.tree.clone());
+                    let tree = self.tree(request);
                     let head = self.draft(kind)?;
                     let memory = self.acceptance_memory(&head);
                     Box::new(
@@ -389,10 +397,7 @@ impl Engine {
             }
             None => Box::new(Autoregressive),
             Some(kind) => {
-                let tree = request
-                    .tree
-                    .clone()
-                    .unwrap_or_else(|| self.options.tree.clone());
+                let tree = self.tree(request);
                 Box::new(Speculative::new(self.draft(kind)?, tree)?)
             }
         })

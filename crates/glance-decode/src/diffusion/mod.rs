@@ -101,6 +101,16 @@ impl DiffusionSettings {
         }
     }
 
+    /// The largest block these settings let a step take: `max_block` when dynamic, else
+    /// `block`.
+    pub fn largest_block(&self) -> usize {
+        if self.dynamic {
+            self.max_block
+        } else {
+            self.block
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidParam(m));
         for (name, b) in [
@@ -311,14 +321,7 @@ impl BlockSize {
         let limit = room.min(wanted);
         match &self.plan {
             None => self.size.min(limit),
-            Some(p) => {
-                let largest = if self.settings.dynamic {
-                    self.settings.max_block
-                } else {
-                    self.settings.block
-                };
-                p.choose(limit.min(largest))
-            }
+            Some(p) => p.choose(limit.min(self.settings.largest_block())),
         }
     }
 

@@ -125,10 +125,7 @@ impl Engine {
         };
         // Heads named by `--draft` must load (a broken one is an error, as with `--decode
         // vispec`); the model directory's are used where present.
-        let mut named = Vec::new();
-        for dir in &self.options.drafts {
-            named.push(glance_models::draft::DraftConfig::load(dir)?.kind());
-        }
+        let named = self.named_draft_kinds()?;
         let mut head = None;
         for spec in kinds {
             let kind = spec.draft_kind().expect("speculative specs");
@@ -150,7 +147,7 @@ impl Engine {
             .draft(head.kind())
             .cloned()
             .ok_or_else(|| Error::Config("the cost model lacks the draft's figures".into()))?;
-        let tree = request.tree.clone().unwrap_or(self.options.tree.clone());
+        let tree = self.tree(request);
         let step_ms = cost.pass(1) * 1e3;
         let summary = format!(
             "a decode step {step_ms:.1} ms, c(2) {:.2}, c(8) {:.2}, a draft step {:.2} of a \
@@ -172,6 +169,23 @@ impl Engine {
         )))
     }
 
+    /// The kinds of the heads `--draft` names ([`EngineOptions::drafts`]), read from their
+    /// configs once (an unreadable one is an error each time it is asked for).
+    ///
+    /// [`EngineOptions::drafts`]: crate::EngineOptions::drafts
+    fn named_draft_kinds(&self) -> Result<&[&'static str]> {
+        if let Some(kinds) = self.named_kinds.get() {
+            return Ok(kinds);
+        }
+        let kinds = self
+            .options
+            .drafts
+            .iter()
+            .map(|dir| Ok(glance_models::draft::DraftConfig::load(dir)?.kind()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.named_kinds.get_or_init(|| kinds))
+    }
+
     /// `auto` on a model without draft heads: cost-aware linear self-speculation on a model
     /// converted for block diffusion where a block can pay, else `ar`.
     fn choose_diffusion(&self, request: &Request) -> Result<Choice> {
@@ -185,11 +199,7 @@ impl Engine {
             });
         }
         let (settings, _) = self.diffusion_settings(request)?;
-        let largest = if settings.dynamic {
-            settings.max_block
-        } else {
-            settings.block
-        };
+        let largest = settings.largest_block();
         let cost = self.cost_model(None)?;
         let summary = format!(
             "a decode step {:.1} ms, c(2) {:.2}, c({largest}) {:.2}",

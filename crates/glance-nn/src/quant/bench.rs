@@ -4,6 +4,14 @@
 //! (which a shared machine's other load does not distort). The model-level figure is
 //! `glance bench decode --rows`.
 
+/// The manual benches' numeric setting `k` from the environment, else `d`.
+fn env_setting(k: &str, d: usize) -> usize {
+    std::env::var(k)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(d)
+}
+
 /// Best wall time of 5 runs of `f` on `pool`, in seconds.
 fn best_seconds(pool: &rayon::ThreadPool, f: &(dyn Fn() + Sync)) -> f64 {
     (0..5)
@@ -64,7 +72,7 @@ mod throughput {
 
 mod rows_cost {
     use super::super::*;
-    use super::best_seconds;
+    use super::{best_seconds, env_setting};
 
     /// Manual: `T=2 cargo test --release -p glance-nn rows_cost -- --ignored --nocapture`. The
     /// cost of `m` input rows relative to one, per format, over 8 TinyLlama MLP-shaped matrices
@@ -72,13 +80,7 @@ mod rows_cost {
     #[test]
     #[ignore]
     fn rows_cost() {
-        let env = |k: &str, d: usize| {
-            std::env::var(k)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(d)
-        };
-        let (rows, cols, layers) = (env("R", 5632), 2048, env("L", 8));
+        let (rows, cols, layers) = (env_setting("R", 5632), 2048, env_setting("L", 8));
         let w = super::super::tests::values(rows * cols, 3);
         let threads: usize = std::env::var("T")
             .ok()
@@ -121,6 +123,7 @@ mod rows_cost {
 
 mod kernel_rate {
     use super::super::*;
+    use super::env_setting;
 
     /// CPU seconds of this process so far (user + system), from /proc.
     fn cpu_seconds() -> f64 {
@@ -137,13 +140,11 @@ mod kernel_rate {
     #[test]
     #[ignore]
     fn kernel_rate() {
-        let env = |k: &str, d: usize| {
-            std::env::var(k)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(d)
-        };
-        let (rows, cols, layers) = (env("R", 256), env("C", 2048), env("L", 1));
+        let (rows, cols, layers) = (
+            env_setting("R", 256),
+            env_setting("C", 2048),
+            env_setting("L", 1),
+        );
         let w = super::super::tests::values(rows * cols, 3);
         let formats: Vec<WeightFormat> = std::env::var("F")
             .map(|s| s.split(',').map(|f| f.parse().unwrap()).collect())
