@@ -2,6 +2,7 @@
 //! new token. The reference every lossless accelerator must reproduce token for token.
 
 use crate::sampler::Sampler;
+use crate::step::{DecodeState, Pass, PassOutput};
 use crate::strategy::{DecodeStats, DecodeStrategy, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
@@ -169,49 +170,95 @@ impl DecodeStrategy for Autoregressive {
 
     /// The first token comes from the prefill's last hidden state (its pick is counted in the
     /// prefill time, as time to first token); then one forward pass per token.
-    fn decode(
+    fn start(
         &self,
         model: &dyn CausalLm,
         state: Prefilled,
         mut sampler: Sampler,
         config: &GenerateConfig,
-        on_token: TokenSink<'_>,
-    ) -> Result<Generation> {
-        let max = model.max_positions();
+    ) -> Result<Box<dyn DecodeState>> {
         let start = Instant::now();
-        let mut next = pick(model, &state.last_hidden()?, &mut sampler)?;
-        let prefill = state.elapsed + start.elapsed();
-        let (prompt_len, mut pos) = (state.prompt_len(), state.last_pos());
-        let mut cache = state.cache;
-        let start = Instant::now();
-        let mut tokens = Vec::new();
-        let mut forwards = 0u64;
-        let finish = loop {
-            if config.max_new_tokens == 0 {
-                break FinishReason::Length;
-            }
-            if let Some(reason) = emit(next, &mut tokens, pos, max, config, on_token)? {
-                break reason;
-            }
-            pos += 1;
-            let x = model.embed_tokens(&[next])?;
-            let hidden = model.forward(&x, &[pos], &AttnMask::causal(), &mut cache)?;
-            forwards += 1;
-            next = pick(model, &hidden, &mut sampler)?;
-        };
+        let next = pick(model, &state.last_hidden()?, &mut sampler)?;
+        Ok(Box::new(ArState {
+            prefill: state.elapsed + start.elapsed(),
+            prompt_len: state.prompt_len(),
+            pos: state.last_pos(),
+            cache: state.cache,
+            next,
+            sampler,
+            config: config.clone(),
+            max: model.max_positions(),
+            tokens: Vec::new(),
+            forwards: 0,
+            start: Instant::now(),
+            ended: None,
+        }))
+    }
+}
+
+/// Autoregressive decoding between passes: `next` was picked from the row at `pos` and is fed
+/// at `pos + 1`.
+struct ArState {
+    sampler: Sampler,
+    config: GenerateConfig,
+    max: usize,
+    cache: KvCache,
+    next: TokenId,
+    pos: u32,
+    tokens: Vec<TokenId>,
+    forwards: u64,
+    prompt_len: usize,
+    prefill: Duration,
+    start: Instant,
+    ended: Option<FinishReason>,
+}
+
+impl DecodeState for ArState {
+    fn next_pass(&mut self, _: &dyn CausalLm, on_token: TokenSink<'_>) -> Result<Option<Pass>> {
+        if self.ended.is_some() {
+            return Ok(None);
+        }
+        if self.config.max_new_tokens == 0 {
+            self.ended = Some(FinishReason::Length);
+            return Ok(None);
+        }
+        let (next, pos) = (self.next, self.pos);
+        if let Some(reason) = emit(next, &mut self.tokens, pos, self.max, &self.config, on_token)? {
+            self.ended = Some(reason);
+            return Ok(None);
+        }
+        self.pos += 1;
+        Ok(Some(Pass::token(next, self.pos)))
+    }
+
+    fn cache(&mut self) -> &mut KvCache {
+        &mut self.cache
+    }
+
+    fn absorb(&mut self, _: &dyn CausalLm, out: PassOutput, _: TokenSink<'_>) -> Result<()> {
+        self.forwards += 1;
+        let row = out
+            .logits
+            .first()
+            .ok_or_else(|| Error::Input("a decode step without logits".into()))?;
+        self.next = self.sampler.sample(row)?;
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Generation {
         let stats = DecodeStats {
             // One token per pass.
-            tokens_per_step: vec![1; tokens.len()],
-            ..DecodeStats::new(self.name(), forwards)
+            tokens_per_step: vec![1; self.tokens.len()],
+            ..DecodeStats::new("ar", self.forwards)
         };
-        Ok(Generation {
-            tokens,
-            finish,
-            prompt_len,
-            prefill,
-            decode: start.elapsed(),
+        Generation {
+            finish: self.ended.unwrap_or(FinishReason::Stop),
+            tokens: self.tokens,
+            prompt_len: self.prompt_len,
+            prefill: self.prefill,
+            decode: self.start.elapsed(),
             stats,
-        })
+        }
     }
 }
 

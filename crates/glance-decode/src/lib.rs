@@ -12,6 +12,8 @@
 //! * [`cost`]: the measured cost model (a pass over `k` rows, a draft step) plans read;
 //! * [`diffusion`]: block-diffusion decoding of converted models (Fast-dVLM): threshold, linear
 //!   and quadratic self-speculation;
+//! * [`step`]: the per-request [`DecodeState`] a strategy starts, advanced one target pass at a
+//!   time, and the shared pass that runs the rows of many requests at once;
 //! * [`stop`]: stop-string matching over streamed text.
 
 pub mod autoregressive;
@@ -19,6 +21,7 @@ pub mod cost;
 pub mod diffusion;
 pub mod sampler;
 pub mod speculative;
+pub mod step;
 pub mod stop;
 pub mod strategy;
 
@@ -32,5 +35,6 @@ pub use diffusion::{
 };
 pub use sampler::{LogprobSink, Sampler, TokenLogprob};
 pub use speculative::{Speculative, TreeSettings};
+pub use step::{run_alone, shared_pass, DecodeState, Pass, PassOutput};
 pub use stop::StopStrings;
 pub use strategy::{DecodeSpec, DecodeStats, DecodeStrategy, TokenSink};

@@ -12,6 +12,7 @@
 use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
 use crate::diffusion::DiffusionMode;
 use crate::sampler::Sampler;
+use crate::step::{run_alone, DecodeState};
 use glance_core::{Error, Result, TokenId};
 use glance_nn::CausalLm;
 use serde::{Deserialize, Serialize};
@@ -27,9 +28,19 @@ pub trait DecodeStrategy: Send + Sync {
     /// The spec name (`ar`, …).
     fn name(&self) -> &'static str;
 
-    /// Decodes after `state` until EOS, `config.max_new_tokens`, the model's context, or the sink
-    /// asks to stop. Under greedy sampling every lossless strategy returns exactly the tokens of
-    /// [`crate::Autoregressive`].
+    /// The request's decoding state after `state` ([`crate::step`]): it runs until EOS,
+    /// `config.max_new_tokens`, the model's context, or the sink asks to stop. Picks the first
+    /// token from the prefill's last row.
+    fn start(
+        &self,
+        model: &dyn CausalLm,
+        state: Prefilled,
+        sampler: Sampler,
+        config: &GenerateConfig,
+    ) -> Result<Box<dyn DecodeState>>;
+
+    /// Decodes after `state` alone, step by step ([`run_alone`]). Under greedy sampling every
+    /// lossless strategy returns exactly the tokens of [`crate::Autoregressive`].
     fn decode(
         &self,
         model: &dyn CausalLm,
@@ -37,7 +48,10 @@ pub trait DecodeStrategy: Send + Sync {
         sampler: Sampler,
         config: &GenerateConfig,
         on_token: TokenSink<'_>,
-    ) -> Result<Generation>;
+    ) -> Result<Generation> {
+        let state = self.start(model, state, sampler, config)?;
+        run_alone(model, state, on_token)
+    }
 }
 
 /// Which decoding strategy a request asks for.

@@ -12,34 +12,30 @@
 //! cached prefix is forked before a request appends to it).
 
 mod auto;
-pub(crate) mod batch;
 mod finite;
+mod output;
+pub(crate) mod scheduler;
 
 use crate::cache::{
-    tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, EncodingCache, ImageKey,
-    PrefixCache, PrefixKey,
+    tensor_bytes, CachedEncoding, ContentHasher, EncodingCache, ImageKey, PrefixCache,
 };
 use crate::options::{thread_pool, EngineOptions};
 use crate::request::{
-    char_offsets, CacheUse, Event, FinishReason, Flow, ImageInput, KeptPatches, Message, Part,
-    Prompt, Request, Response, Timings, Usage,
+    ImageInput, KeptPatches, Message, Part, Prompt, Request,
 };
 use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
-use glance_decode::stop::StopStatus;
 use glance_decode::{
-    Autoregressive, BlockDiffusion, DecodeSpec, DecodeStrategy, DiffusionSettings, GenerateConfig,
-    LogprobSink, Prefilled, PrefilledImage, Sampler, Speculative, StopStrings,
+    Autoregressive, BlockDiffusion, DecodeSpec, DecodeStrategy, DiffusionSettings, LogprobSink,
+    Prefilled, PrefilledImage, Sampler, Speculative,
 };
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::{
-    ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
-    SegmentKind,
+    Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
 };
 use glance_models::processing::chat::{ChatMessage, ContentPart};
 use glance_models::processing::image::decode_image_with_limit;
 use glance_nn::{AttnMask, CausalLm, DraftLm};
-use glance_prune::PruneSpec;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -82,29 +78,6 @@ struct Rendered<'a> {
     /// The text query pruning policies read (every message's text).
     query: String,
     images: Vec<&'a ImageInput>,
-}
-
-/// What the prefill step did.
-struct PrefillOutcome {
-    state: Prefilled,
-    /// Visual tokens kept by pruning (`None`: every one).
-    kept_visual: Option<usize>,
-    /// The patches each image kept (empty: every one).
-    kept_patches: Vec<KeptPatches>,
-    select: Duration,
-    /// Rows reused from the prefix cache and what computing them first cost.
-    prefix_rows: usize,
-    prefix_cost: Duration,
-}
-
-/// The decoded answer.
-struct Streamed {
-    generation: glance_decode::Generation,
-    text: String,
-    /// Where each token's text ends in `text`, in bytes.
-    token_ends: Vec<usize>,
-    finish: FinishReason,
-    logprobs: Option<Vec<glance_decode::TokenLogprob>>,
 }
 
 /// An image after the encoding step.
@@ -413,19 +386,6 @@ impl Engine {
         self.pool.install(f)
     }
 
-    /// Answers `request`, streaming the answer's text through `on_event`, which may cancel.
-    pub fn generate(
-        &self,
-        request: &Request,
-        on_event: &mut (dyn FnMut(Event) -> Flow + Send),
-    ) -> Result<Response> {
-        request.validate()?;
-        self.pool.install(|| {
-            self.run(request, on_event)
-                .map_err(|e| self.explain_non_finite(e, &request.prompt))
-        })
-    }
-
     /// The logits of every position of the prompt, `(prompt_tokens, vocab)`, from one causal
     /// prefill (no pruning, no cache), no id masked: the hook for parity checks. Non-finite
     /// logits are an [`Error::NonFinite`] naming the first layer whose output is not finite.
@@ -452,201 +412,6 @@ impl Engine {
             return Err(self.pool.install(|| self.explain_non_finite(e, prompt)));
         }
         Ok(logits)
-    }
-
-    fn run(
-        &self,
-        request: &Request,
-        on_event: &mut (dyn FnMut(Event) -> Flow + Send),
-    ) -> Result<Response> {
-        let start = Instant::now();
-        // Before any work: a strategy the model cannot run is refused at once.
-        let (strategy, auto) = self.strategy(request)?;
-        let prune = request.prune.as_ref().filter(|p| !p.is_noop());
-        let rendered = self.render(
-            &request.prompt,
-            request.continue_final_message,
-            prune.is_some_and(|p| p.policy.uses_query()),
-        )?;
-        let encoded = self.encode_all(&rendered.images)?;
-        let (vision, mut saved, image_hits) = encode_costs(&encoded);
-        let plan = self.plan(&rendered.prompt.ids, &encoded)?;
-        let visual_tokens = plan.visual_tokens();
-        let prefilled = self.prefill(plan, &encoded, &rendered.query, prune)?;
-        saved += prefilled.prefix_cost;
-        let prompt_rows = prefilled.state.prompt_len();
-        let before_prefill = start.elapsed() - prefilled.state.elapsed;
-        let streamed = self.decode(
-            request,
-            &rendered.prompt.ids,
-            strategy,
-            prefilled.state,
-            on_event,
-        )?;
-        let mut generation = streamed.generation;
-        generation.stats.auto = auto;
-        let prefill = generation.prefill;
-        let select = prefilled.select;
-        Ok(Response {
-            usage: Usage {
-                prompt_tokens: rendered.prompt.ids.len(),
-                visual_tokens,
-                kept_visual_tokens: prefilled.kept_visual.unwrap_or(visual_tokens),
-                prompt_rows,
-                completion_tokens: generation.tokens.len(),
-            },
-            timings: Timings {
-                preprocess_s: before_prefill.saturating_sub(vision + select).as_secs_f64(),
-                vision_s: vision.as_secs_f64(),
-                prune_select_s: select.as_secs_f64(),
-                prefill_s: prefill.as_secs_f64(),
-                time_to_first_token_s: (before_prefill + prefill).as_secs_f64(),
-                decode_s: generation.decode.as_secs_f64(),
-                decode_tokens_per_s: generation.decode_tokens_per_sec(),
-                cache_saved_s: saved.as_secs_f64(),
-            },
-            cache: CacheUse {
-                image_hits,
-                prefix_rows: prefilled.prefix_rows,
-            },
-            token_ids: generation.tokens,
-            token_ends: char_offsets(&streamed.text, &streamed.token_ends),
-            text: streamed.text,
-            kept_patches: prefilled.kept_patches,
-            finish_reason: streamed.finish,
-            decode: generation.stats,
-            logprobs: streamed.logprobs,
-        })
-    }
-
-    /// Prefills the plan: unpruned through the prefix cache (the plain path never touches the
-    /// pruning crate), or pruned as `prune` says.
-    fn prefill(
-        &self,
-        plan: PromptPlan,
-        encoded: &[Encoded],
-        query: &str,
-        prune: Option<&PruneSpec>,
-    ) -> Result<PrefillOutcome> {
-        let Some(spec) = prune else {
-            let (mut state, reused) = self.prefill_plain(&plan, encoded)?;
-            attach_images(&mut state, &plan);
-            let (prefix_rows, prefix_cost) = reused.unwrap_or_default();
-            return Ok(PrefillOutcome {
-                state,
-                kept_visual: None,
-                kept_patches: Vec::new(),
-                select: Duration::ZERO,
-                prefix_rows,
-                prefix_cost,
-            });
-        };
-        let encodings: Vec<&ImageEncoding> = encoded.iter().map(|e| &e.entry.encoding).collect();
-        let query = self.processor.query_ids(query)?;
-        let images: Vec<std::ops::Range<usize>> = plan
-            .segments
-            .iter()
-            .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
-            .map(|s| s.source.clone())
-            .collect();
-        let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
-        let mut state = glance_prune::prefill(&self.model, &pruned)?;
-        attach_images(&mut state, &pruned.plan);
-        let side = self.model.config().vision.grid();
-        Ok(PrefillOutcome {
-            kept_patches: kept_patches(&images, side, &state.positions),
-            state,
-            kept_visual: Some(pruned.stats.kept_visual_tokens),
-            select: pruned.stats.select_time,
-            prefix_rows: 0,
-            prefix_cost: Duration::ZERO,
-        })
-    }
-
-    /// Runs the request's strategy after `state`, detokenising, holding back and cutting at stop
-    /// strings, and streaming the released text through `on_event`.
-    fn decode(
-        &self,
-        request: &Request,
-        prompt_ids: &[u32],
-        strategy: Box<dyn DecodeStrategy>,
-        state: Prefilled,
-        on_event: &mut (dyn FnMut(Event) -> Flow + Send),
-    ) -> Result<Streamed> {
-        let (sampler, sink) = self.sampler(&request.sampling, request.logprobs, prompt_ids)?;
-        let config = GenerateConfig {
-            max_new_tokens: request.max_new_tokens,
-            eos_token_ids: self.eos(request.ignore_eos).to_vec(),
-        };
-        let mut logprobs = sink.as_ref().map(|_| Vec::new());
-        let mut stream = self.processor.text.stream_decoder();
-        let mut stops = StopStrings::new(request.stop.clone());
-        let mut text = String::new();
-        let mut token_ends = Vec::new();
-        let mut ended: Option<FinishReason> = None;
-        let mut emit = |event: Event, text: &mut String| -> Flow {
-            match event {
-                Event::Text("") => return Flow::Continue,
-                Event::Text(piece) => text.push_str(piece),
-                Event::Logprob(_) => {}
-            }
-            on_event(event)
-        };
-        let generation =
-            strategy.decode(self.model.text(), state, sampler, &config, &mut |id| {
-                if let (Some(sink), Some(out)) = (&sink, logprobs.as_mut()) {
-                    let entry = take_logprob(sink, out.len(), id)?;
-                    if emit(Event::Logprob(&entry), &mut text) == Flow::Cancel {
-                        ended = Some(FinishReason::Cancelled);
-                        return Ok(true);
-                    }
-                    out.push(entry);
-                }
-                let piece = stream.push(id)?;
-                let (released, stop) = match stops.push(&piece) {
-                    StopStatus::Continue(s) => (s, false),
-                    StopStatus::Stopped(s) => (s, true),
-                };
-                let flow = emit(Event::Text(&released), &mut text);
-                token_ends.push(text.len());
-                if flow == Flow::Cancel {
-                    ended = Some(FinishReason::Cancelled);
-                    return Ok(true);
-                }
-                if stop {
-                    ended = Some(FinishReason::Stop);
-                }
-                Ok(stop)
-            })?;
-        if ended.is_none() {
-            // Release what the detokeniser and the stop matcher still hold.
-            let tail = stream.finish()?;
-            let released = match stops.push(&tail) {
-                StopStatus::Continue(s) => s + &stops.finish(),
-                StopStatus::Stopped(s) => {
-                    ended = Some(FinishReason::Stop);
-                    s
-                }
-            };
-            if emit(Event::Text(&released), &mut text) == Flow::Cancel {
-                ended = Some(FinishReason::Cancelled);
-            }
-            if let Some(last) = token_ends.last_mut() {
-                *last = text.len();
-            }
-        }
-        let finish = ended.unwrap_or(match generation.finish {
-            glance_decode::FinishReason::Eos => FinishReason::Eos,
-            glance_decode::FinishReason::Length => FinishReason::Length,
-            glance_decode::FinishReason::Stop => FinishReason::Stop,
-        });
-        Ok(Streamed {
-            generation,
-            text,
-            token_ends,
-            finish,
-            logprobs,
-        })
     }
 
     /// The request's sampler, knowing its prompt and end-of-sequence tokens, and where it records
@@ -792,68 +557,6 @@ impl Engine {
         let features: Vec<&Tensor> = encoded.iter().map(|e| &e.entry.encoding.features).collect();
         self.model.plan(ids, &features)
     }
-
-    /// The unpruned prefill. With the prefix cache on and images in the prompt, the prompt is
-    /// prefilled as (through the last image token) + (the rest), the first part from the cache
-    /// when an earlier request computed it; returns the reused rows and what they first cost.
-    fn prefill_plain(
-        &self,
-        plan: &PromptPlan,
-        encoded: &[Encoded],
-    ) -> Result<(Prefilled, Option<(usize, Duration)>)> {
-        let text = self.model.text();
-        let rows = plan.rows()?;
-        let positions = plan.positions();
-        let image_id = self.model.config().image_token_id;
-        let split = plan.ids.iter().rposition(|&i| i == image_id).map(|i| i + 1);
-        let split = match split {
-            Some(p) if self.prefixes.enabled() && p < plan.ids.len() => p,
-            _ => return Ok((glance_decode::prefill(text, &rows, &positions)?, None)),
-        };
-        glance_decode::check_prompt(text, rows.dim(0)?, &positions)?;
-        let key = PrefixKey {
-            ids: plan.ids[..split].to_vec(),
-            images: encoded.iter().map(|e| e.key).collect(),
-        };
-        let (entry, reused) = match self.prefixes.get(&key) {
-            Some(entry) => {
-                let cost = entry.state.elapsed;
-                (entry, Some((split, cost)))
-            }
-            None => {
-                // (split, hidden): the prompt through its last image token.
-                let head =
-                    glance_decode::prefill(text, &rows.narrow(0, 0, split)?, &positions[..split])?;
-                let bytes = tensor_bytes(&head.hidden) + cache_bytes(self.model.config(), split);
-                let entry = Arc::new(CachedPrefix { state: head });
-                self.prefixes.insert(key, entry.clone(), bytes);
-                (entry, None)
-            }
-        };
-        let start = Instant::now();
-        let head = &entry.state;
-        let mut cache = head.cache.fork()?;
-        let tail = rows.narrow(0, split, rows.dim(0)? - split)?;
-        // (t - split, hidden)
-        let hidden = text.forward(&tail, &positions[split..], &AttnMask::causal(), &mut cache)?;
-        let elapsed = start.elapsed()
-            + if reused.is_none() {
-                head.elapsed
-            } else {
-                Duration::ZERO
-            };
-        Ok((
-            Prefilled {
-                cache,
-                inputs: rows,
-                hidden: Tensor::cat(&[&head.hidden, &hidden], 0)?,
-                positions,
-                images: Vec::new(),
-                elapsed,
-            },
-            reused,
-        ))
-    }
 }
 
 /// The log-probabilities the sampler recorded for the `i`-th emitted token, `id`.
@@ -929,6 +632,12 @@ fn kept_patches(
 }
 
 fn attach_images(state: &mut Prefilled, plan: &PromptPlan) {
+    state.images = image_rows_at(plan, &state.positions);
+}
+
+/// Per image of `plan`, the indices of the rows at `positions` (a prefill's, maybe pruned) that
+/// hold its visual tokens.
+fn image_rows_at(plan: &PromptPlan, positions: &[u32]) -> Vec<PrefilledImage> {
     let plan_positions = plan.positions();
     let image_rows = plan.image_rows();
     let owner: std::collections::HashMap<u32, usize> = image_rows
@@ -938,15 +647,14 @@ fn attach_images(state: &mut Prefilled, plan: &PromptPlan) {
         .map(|(r, j)| (plan_positions[r], j))
         .collect();
     let mut rows = vec![Vec::new(); image_rows.len()];
-    for (i, p) in state.positions.iter().enumerate() {
+    for (i, p) in positions.iter().enumerate() {
         if let Some(&j) = owner.get(p) {
             rows[j].push(i);
         }
     }
-    state.images = rows
-        .into_iter()
+    rows.into_iter()
         .map(|rows| PrefilledImage { rows })
-        .collect();
+        .collect()
 }
 
 /// A message in the processor's form (images as placeholders; the pixels travel separately).

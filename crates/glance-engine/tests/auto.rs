@@ -125,9 +125,9 @@ fn auto_decodes_plainly_where_no_draft_can_pay() {
         "{why}"
     );
     assert_eq!(got.decode.forward_passes as usize, got.token_ids.len() - 1);
-    assert!(e.batchable(&r));
+    assert_eq!(e.prepare(&r).unwrap().strategy(), "ar");
     e.set_cost_model(cost(0.05, 0.05, 0.0)).unwrap();
-    assert!(!e.batchable(&r));
+    assert_eq!(e.prepare(&r).unwrap().strategy(), "vispec");
 }
 
 /// A costly draft start and a middling curve: the answer begins plainly (the start is paid only

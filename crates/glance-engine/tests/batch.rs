@@ -149,12 +149,13 @@ fn a_cancelled_sequence_leaves_the_batch_and_the_others_are_unchanged() {
     // Bad input fails in `prepare`, before any batch sees it.
     let bad = Request::chat("x", vec![ImageInput::bytes(b"not an image".to_vec())]);
     assert!(engine.prepare(&bad).is_err());
-    let mut pruned = Request::new(Prompt::Raw {
+    // So does a strategy the model cannot run (the fixture has no draft head).
+    let mut vispec = Request::new(Prompt::Raw {
         text: "hi".into(),
         images: vec![],
     });
-    pruned.decode = glance_engine::DecodeSpec::Vispec;
-    assert!(!engine.batchable(&pruned));
+    vispec.decode = glance_engine::DecodeSpec::Vispec;
+    assert!(engine.prepare(&vispec).is_err());
 }
 
 #[test]

@@ -56,6 +56,58 @@ pub trait CausalLm {
     fn new_cache(&self) -> KvCache {
         KvCache::new(self.num_layers())
     }
+
+    /// One forward pass over the rows of several requests: `xs` `(Σ rows, hidden)` holds each
+    /// group's rows in turn, and each group runs at its own positions under its own mask over
+    /// its own cache, as [`CausalLm::forward`] (or [`CausalLm::forward_batch_invariant`] for an
+    /// `invariant` group) runs it alone. Returns the final hidden states `(Σ rows, hidden)`.
+    ///
+    /// Every row gets the bits it gets in its group's pass alone. Models with batched kernels
+    /// read each weight once for all groups; this default runs the groups one by one.
+    fn forward_groups(&self, xs: &Tensor, groups: &mut [RowGroup<'_>]) -> Result<Tensor> {
+        forward_each(self, xs, groups)
+    }
+
+    /// [`CausalLm::logits`] of rows gathered from several requests `(n, hidden)` → `(n, vocab)`;
+    /// each row gets the bits [`CausalLm::logits`] gives it in its own pass.
+    fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.logits(hidden)
+    }
+}
+
+/// [`CausalLm::forward_groups`] one group at a time: each group's own pass.
+pub fn forward_each<M: CausalLm + ?Sized>(
+    model: &M,
+    xs: &Tensor,
+    groups: &mut [RowGroup<'_>],
+) -> Result<Tensor> {
+    let mut outs = Vec::with_capacity(groups.len());
+    let mut first = 0;
+    for g in groups.iter_mut() {
+        let x = xs.narrow(0, first, g.positions.len())?;
+        first += g.positions.len();
+        outs.push(if g.invariant {
+            model.forward_batch_invariant(&x, g.positions, g.mask, g.cache)?
+        } else {
+            model.forward(&x, g.positions, g.mask, g.cache)?
+        });
+    }
+    if outs.len() == 1 {
+        return Ok(outs.pop().expect("one"));
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
+
+/// One request's rows in a shared forward pass ([`CausalLm::forward_groups`]).
+pub struct RowGroup<'a> {
+    /// Position of each of the group's rows (its row count).
+    pub positions: &'a [u32],
+    /// Relative to the group's new rows, as in [`CausalLm::forward`].
+    pub mask: &'a AttnMask,
+    pub cache: &'a mut KvCache,
+    /// Rows computed as one-token decoding computes them alone
+    /// ([`CausalLm::forward_batch_invariant`]).
+    pub invariant: bool,
 }
 
 /// What a draft head reads of the target's prefill to build its own prompt rows.

@@ -140,8 +140,9 @@ async fn handle(
 }
 
 /// Starts the generations of a request's choices: in the continuous batch (each prepared on a
-/// blocking thread, then decoded by the batching worker) when every one can join it, else one
-/// after the other on one blocking thread. The slot is freed when the last one ends.
+/// blocking thread, then decoded by the scheduling worker beside every other request), or with
+/// batching off one after the other on one blocking thread. The slot is freed when the last one
+/// ends.
 fn dispatch(
     app: &Arc<App>,
     requests: Vec<Request>,
@@ -149,7 +150,7 @@ fn dispatch(
     tx: mpsc::UnboundedSender<Msg>,
     arrived: Instant,
 ) {
-    if app.batcher.is_some() && requests.iter().all(|r| app.engine.batchable(r)) {
+    if app.batcher.is_some() {
         let slot = Arc::new(slot);
         for (index, request) in requests.into_iter().enumerate() {
             let (app, tx, slot) = (app.clone(), tx.clone(), slot.clone());

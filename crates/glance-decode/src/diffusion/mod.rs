@@ -25,12 +25,12 @@ pub mod layout;
 pub mod selfspec;
 pub mod threshold;
 
-use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
+use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
 use crate::speculative::plan::{best_chain, Acceptance, AUTO_MARGIN, EXPLORE_AFTER};
+use crate::step::{DecodeState, Pass};
 use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
-use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_nn::{AttnMask, CausalLm, KvCache};
 use serde::{Deserialize, Serialize};
@@ -393,14 +393,13 @@ impl DecodeStrategy for BlockDiffusion {
         self.mode.name()
     }
 
-    fn decode(
+    fn start(
         &self,
         model: &dyn CausalLm,
         state: Prefilled,
         sampler: Sampler,
         config: &GenerateConfig,
-        on_token: TokenSink<'_>,
-    ) -> Result<Generation> {
+    ) -> Result<Box<dyn DecodeState>> {
         if self.mask as usize >= model.vocab_size() {
             return Err(Error::InvalidParam(format!(
                 "the mask token {} is outside the vocabulary ({})",
@@ -408,140 +407,147 @@ impl DecodeStrategy for BlockDiffusion {
                 model.vocab_size()
             )));
         }
-        let run = Run {
-            model,
-            mask: self.mask,
-            settings: &self.settings,
-            cost: self.cost.as_ref(),
-        };
-        match self.mode {
-            DiffusionMode::Threshold => threshold::decode(&run, state, sampler, config, on_token),
-            DiffusionMode::Linear => {
-                selfspec::decode(&run, false, state, sampler, config, on_token)
+        let common = Common::new(model, state, sampler, config, self.mask)?;
+        Ok(match self.mode {
+            DiffusionMode::Threshold => Box::new(threshold::ThresholdState::new(
+                common,
+                BlockSize::new(&self.settings),
+                self.settings.threshold,
+            )),
+            DiffusionMode::Linear | DiffusionMode::Quadratic => {
+                let quadratic = self.mode == DiffusionMode::Quadratic;
+                let block = match &self.cost {
+                    Some(cost) if !quadratic => {
+                        BlockSize::cost_aware(&self.settings, cost.clone())
+                    }
+                    _ => BlockSize::new(&self.settings),
+                };
+                Box::new(selfspec::SelfSpecState::new(common, quadratic, block))
             }
-            DiffusionMode::Quadratic => {
-                selfspec::decode(&run, true, state, sampler, config, on_token)
-            }
-        }
+        })
     }
 }
 
-/// How every mode starts: the first token comes from the prefill's last hidden state (its pick
-/// is counted in the prefill time, as time to first token).
-pub(crate) struct Begin {
-    /// The first token, at position `n`, not in the cache.
+/// What every mode's state shares: the first token comes from the prefill's last hidden state
+/// (its pick is counted in the prefill time, as time to first token); `x` at position `n` is
+/// the last emitted token, not in the cache.
+pub(crate) struct Common {
     pub x: TokenId,
     pub n: u32,
     pub cache: KvCache,
-    pub prompt_len: usize,
-    pub prefill: std::time::Duration,
-    /// When decoding started.
-    pub start: Instant,
+    pub sampler: Sampler,
+    pub config: GenerateConfig,
+    /// The mask token.
+    pub mask: TokenId,
     /// The model's context (positions).
-    pub cache_max: usize,
+    pub max: usize,
+    pub tokens: Vec<TokenId>,
+    pub tally: Tally,
+    prompt_len: usize,
+    prefill: std::time::Duration,
+    /// When decoding started.
+    start: Instant,
+    /// `x` is the prefill's token, not emitted yet.
+    first: bool,
+    pub ended: Option<FinishReason>,
+    /// When the open pass was handed out.
+    pass_clock: Option<Instant>,
 }
 
-impl Begin {
-    pub fn new(model: &dyn CausalLm, state: Prefilled, sampler: &mut Sampler) -> Result<Self> {
+impl Common {
+    fn new(
+        model: &dyn CausalLm,
+        state: Prefilled,
+        mut sampler: Sampler,
+        config: &GenerateConfig,
+        mask: TokenId,
+    ) -> Result<Self> {
         let start = Instant::now();
-        let x = crate::autoregressive::pick(model, &state.last_hidden()?, sampler)?;
+        let x = crate::autoregressive::pick(model, &state.last_hidden()?, &mut sampler)?;
         Ok(Self {
             x,
             n: state.last_pos() + 1,
             prompt_len: state.prompt_len(),
             prefill: state.elapsed + start.elapsed(),
             cache: state.cache,
+            sampler,
+            config: config.clone(),
+            mask,
+            max: model.max_positions(),
+            tokens: Vec::new(),
+            tally: Tally::default(),
             start: Instant::now(),
-            cache_max: model.max_positions(),
+            first: true,
+            ended: None,
+            pass_clock: None,
         })
     }
 
-    /// Emits the first token; `Some(reason)` when generation ends with it (or before it, when
-    /// no token is wanted).
-    pub fn emit_first(
-        &self,
-        tokens: &mut Vec<TokenId>,
-        config: &GenerateConfig,
-        on_token: TokenSink<'_>,
-    ) -> Result<Option<crate::autoregressive::FinishReason>> {
-        if config.max_new_tokens == 0 {
-            return Ok(Some(crate::autoregressive::FinishReason::Length));
+    /// Whether the generation has ended; emits the first token before the first step.
+    pub fn over(&mut self, on_token: TokenSink<'_>) -> Result<bool> {
+        if self.ended.is_some() {
+            return Ok(true);
         }
-        let max = self.cache_max;
-        crate::autoregressive::emit(self.x, tokens, self.n - 1, max, config, on_token)
+        if std::mem::take(&mut self.first) {
+            if self.config.max_new_tokens == 0 {
+                self.ended = Some(FinishReason::Length);
+                return Ok(true);
+            }
+            return self.emit(self.x, self.n - 1, on_token);
+        }
+        Ok(false)
     }
 
-    /// The generation that ended with `finish` after `tokens`.
-    pub fn generation(
-        &self,
-        tokens: Vec<TokenId>,
-        finish: crate::autoregressive::FinishReason,
-        tally: Tally,
-        name: &str,
-    ) -> Generation {
+    /// Emits `t`, predicted by the row at `pos`; `true` when the generation ends with it.
+    pub fn emit(&mut self, t: TokenId, pos: u32, on_token: TokenSink<'_>) -> Result<bool> {
+        let r = crate::autoregressive::emit(t, &mut self.tokens, pos, self.max, &self.config, on_token)?;
+        if r.is_some() {
+            self.ended = r;
+        }
+        Ok(r.is_some())
+    }
+
+    /// A batch-invariant pass of `ids` at `positions` under `mask`, the logits of rows `logits`
+    /// wanted; timed until [`Common::passed`].
+    pub fn pass(
+        &mut self,
+        ids: Vec<TokenId>,
+        positions: Vec<u32>,
+        mask: AttnMask,
+        logits: std::ops::Range<usize>,
+    ) -> Pass {
+        self.tally.forwards += 1;
+        self.pass_clock = Some(Instant::now());
+        Pass {
+            ids,
+            positions,
+            mask,
+            invariant: true,
+            logits,
+        }
+    }
+
+    /// The open pass's outputs arrived.
+    pub fn passed(&mut self) {
+        if let Some(t) = self.pass_clock.take() {
+            self.tally.forward_us += t.elapsed().as_micros() as u64;
+        }
+    }
+
+    /// The generation so far, as mode `name`.
+    pub fn generation(self, name: &str) -> Generation {
         let stats = DecodeStats {
-            tokens_per_step: tally.step_starts.counts(tokens.len()),
-            ..tally.stats(name)
+            tokens_per_step: self.tally.step_starts.counts(self.tokens.len()),
+            ..self.tally.stats(name)
         };
         Generation {
-            tokens,
-            finish,
+            tokens: self.tokens,
+            finish: self.ended.unwrap_or(FinishReason::Stop),
             prompt_len: self.prompt_len,
             prefill: self.prefill,
             decode: self.start.elapsed(),
             stats,
         }
-    }
-}
-
-/// What every mode's loop shares.
-pub(crate) struct Run<'a> {
-    pub model: &'a dyn CausalLm,
-    pub mask: TokenId,
-    pub settings: &'a DiffusionSettings,
-    /// Plan blocks from measured costs (linear mode).
-    pub cost: Option<&'a CostModel>,
-}
-
-impl Run<'_> {
-    /// One batch-invariant forward pass of `ids` at `positions` under `mask`, appended to `cache`; the
-    /// logits of rows `rows` as `Vec`s. Times the pass into `tally`.
-    pub fn pass(
-        &self,
-        ids: &[TokenId],
-        positions: &[u32],
-        mask: &AttnMask,
-        cache: &mut KvCache,
-        tally: &mut Tally,
-    ) -> Result<Tensor> {
-        let t = Instant::now();
-        let x = self.model.embed_tokens(ids)?;
-        // (rows, hidden)
-        let h = self
-            .model
-            .forward_batch_invariant(&x, positions, mask, cache)?;
-        tally.forwards += 1;
-        tally.forward_us += t.elapsed().as_micros() as u64;
-        Ok(h)
-    }
-
-    /// Logits of `hidden` rows `start .. start + n` as one `Vec` per row.
-    pub fn logits(
-        &self,
-        hidden: &Tensor,
-        start: usize,
-        n: usize,
-        tally: &mut Tally,
-    ) -> Result<Vec<Vec<f32>>> {
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let t = Instant::now();
-        // (n, vocab)
-        let l = self.model.logits(&hidden.narrow(0, start, n)?)?;
-        let rows = l.to_vec2::<f32>()?;
-        tally.forward_us += t.elapsed().as_micros() as u64;
-        Ok(rows)
     }
 }
 

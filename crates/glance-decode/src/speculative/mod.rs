@@ -27,10 +27,13 @@ pub mod verify;
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
+use crate::step::{DecodeState, Pass, PassOutput};
 use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
-use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, TreeMask};
+use glance_nn::{
+    AttnMask, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, KvCache, TreeMask,
+};
 use plan::{Acceptance, Planner, Round};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -148,236 +151,354 @@ impl DecodeStrategy for Speculative {
         self.draft.kind()
     }
 
-    fn decode(
+    fn start(
         &self,
         model: &dyn CausalLm,
         state: Prefilled,
         mut sampler: Sampler,
         config: &GenerateConfig,
-        on_token: TokenSink<'_>,
-    ) -> Result<Generation> {
-        let max = model.max_positions();
+    ) -> Result<Box<dyn DecodeState>> {
         let start = Instant::now();
         let last_hidden = state.last_hidden()?;
-        let mut x = crate::autoregressive::pick(model, &last_hidden, &mut sampler)?;
+        let x = crate::autoregressive::pick(model, &last_hidden, &mut sampler)?;
         let prefill = state.elapsed + start.elapsed();
-        let start = Instant::now();
-        let (prompt_len, mut pos) = (state.prompt_len(), state.last_pos());
-        let mut tokens: Vec<TokenId> = Vec::new();
-        let mut tally = Tally::default();
-        let mut forwards = 0u64;
-
-        let mut emit = |t: TokenId, tokens: &mut Vec<TokenId>, pos: u32| {
-            crate::autoregressive::emit(t, tokens, pos, max, config, on_token)
-        };
-        if config.max_new_tokens == 0 {
-            return Ok(finish(
-                self,
-                Vec::new(),
-                FinishReason::Length,
-                prompt_len,
-                prefill,
-                start,
-                forwards,
-                tally,
-            ));
-        }
-        if let Some(reason) = emit(x, &mut tokens, pos)? {
-            return Ok(finish(
-                self, tokens, reason, prompt_len, prefill, start, forwards, tally,
-            ));
-        }
-
+        let (prompt_len, pos) = (state.prompt_len(), state.last_pos());
         let image_rows: Vec<Vec<usize>> = state.images.iter().map(|i| i.rows.clone()).collect();
         let image_counts: Vec<usize> = image_rows.iter().map(Vec::len).collect();
-        let mut planner = self
+        let greedy = sampler.params().is_greedy();
+        let planner = self
             .planner(self.draft.start_rows(prompt_len, &image_counts))
             .map(|p| {
                 // Sampled rounds plan without the clock or the memory: the same seed, the same
                 // answer.
                 match &self.memory {
-                    _ if !sampler.params().is_greedy() => p.without_clock(),
+                    _ if !greedy => p.without_clock(),
                     Some(m) => p.remembering(&m.lock().expect("not poisoned")),
                     None => p,
                 }
             });
-        let greedy = sampler.params().is_greedy();
-        let mut target_cache = state.cache;
-        let mut draft_cache = self.draft.new_cache();
-        // The draft's prompt rows and context, once it has started (at the first drafting
-        // round), and the rows waiting for it: each emitted token with the target hidden state
-        // that predicted it, `x`'s last.
-        let mut drafting: Option<(DraftContext, Option<DraftStart>)> = None;
-        let mut pending = Pending {
-            tokens: vec![x],
-            prev: vec![last_hidden.clone()],
-            positions: vec![pos + 1],
-        };
-        pos += 1; // x's position
+        Ok(Box::new(SpecState {
+            draft: self.draft.clone(),
+            settings: self.settings.clone(),
+            cost_aware: self.cost.is_some(),
+            memory: self.memory.clone(),
+            planner,
+            greedy,
+            sampler,
+            config: config.clone(),
+            max: model.max_positions(),
+            draft_cache: self.draft.new_cache(),
+            target_cache: state.cache,
+            prompt: DraftPromptRows {
+                inputs: state.inputs,
+                hidden: state.hidden,
+                positions: state.positions,
+                images: image_rows,
+            },
+            drafting: None,
+            pending: Pending {
+                tokens: vec![x],
+                prev: vec![last_hidden],
+                positions: vec![pos + 1],
+            },
+            x,
+            // x's position once emitted.
+            pos,
+            tokens: Vec::new(),
+            tally: Tally::default(),
+            forwards: 0,
+            prompt_len,
+            prefill,
+            start: Instant::now(),
+            first: true,
+            round: None,
+            ended: None,
+        }))
+    }
+}
 
-        let reason = loop {
-            // The tree, as deep as the answer and the context leave room for.
-            // (Beyond the answer's last token a draft cannot be used; the verified rows must fit
-            // the context after the cached ones.)
-            let room_answer = (config.max_new_tokens - tokens.len()).saturating_sub(1);
-            let room_context = max.saturating_sub(pos as usize + 2);
-            let mut settings = self.settings.clone();
-            settings.budget = settings
-                .budget
-                .min(max.saturating_sub(target_cache.len() + 1));
-            let room = settings
-                .depth
-                .min(room_answer)
-                .min(room_context)
-                .min(settings.budget);
-            let depth = match planner.as_mut() {
-                None => room,
-                Some(p) => match p.next_round(room) {
-                    Round::Plain => 0,
-                    Round::Draft { depth } => depth.min(room),
-                },
-            };
-            let mut round_clock = Instant::now();
-            let clock = Instant::now();
-            let mut tree = DraftTree::default();
-            let drafted_pending = pending.tokens.len();
-            if depth > 0 {
-                // 1. The draft starts (its prompt rows) if it has not; the pending rows with
-                // real hidden states are committed in its cache.
-                if drafting.is_none() {
-                    let s = self.draft.start(&DraftPrompt {
-                        inputs: &state.inputs,
-                        hidden: &state.hidden,
-                        positions: &state.positions,
-                        images: &image_rows,
-                    })?;
-                    drafting = Some((s.context.clone(), Some(s)));
-                    tally.time.start += clock.elapsed();
-                }
-                let Some((context, prompt)) = drafting.as_mut() else {
-                    unreachable!("the draft was started above")
-                };
-                let pending_count = pending.tokens.len();
-                let (mut rows, mut positions) =
-                    pending.rows(model, self.draft.as_ref(), context)?;
-                let first = prompt.take();
-                if let Some(p) = &first {
-                    rows = Tensor::cat(&[&p.rows, &rows], 0)?;
-                    positions = [p.positions.as_slice(), &positions].concat();
-                }
-                let out =
-                    self.draft
-                        .forward(&rows, &positions, &AttnMask::causal(), &mut draft_cache)?;
-                if first.is_some() {
-                    // The prompt's rows are the start's too.
-                    round_clock = Instant::now();
-                }
-                let n = out.dim(0)?;
-                let root = out.narrow(0, n - 1, 1)?;
-                let mark = draft_cache.mark();
-                // 2. The tree.
-                tree = tree::grow(
-                    model,
-                    self.draft.as_ref(),
-                    context,
-                    &mut draft_cache,
-                    &root,
-                    pos,
-                    &settings,
-                    depth,
-                    &config.eos_token_ids,
-                )?;
-                draft_cache.rollback(&mark)?;
-                if let Some(p) = planner.as_ref() {
-                    tree.keep_best(p.budget(&tree, pending_count));
-                }
-                tally.time.draft += clock.elapsed();
-            } else {
-                tally.plain_rounds += 1;
-            }
-            let clock = Instant::now();
-            // 3. One target pass over [x, tree…] (a decode step when the tree is empty).
-            let mut ids = Vec::with_capacity(tree.len() + 1);
-            ids.push(x);
-            ids.extend(&tree.tokens);
-            let mask = TreeMask::new(tree.verify_parents())?;
-            let positions = mask.positions(pos);
-            // A plain round is a decode step: one row sees every cached row, as under the
-            // causal mask (cheaper than materialising a tree mask per layer).
-            let mask = if tree.is_empty() {
-                AttnMask::causal()
-            } else {
-                AttnMask::Tree(mask)
-            };
-            let hidden = model.forward(
-                &model.embed_tokens(&ids)?,
-                &positions,
-                &mask,
-                &mut target_cache,
-            )?;
-            forwards += 1;
-            let logits: Vec<Vec<f32>> = model.logits(&hidden)?.to_vec2()?;
-            tally.time.verify += clock.elapsed();
-            let clock = Instant::now();
-            // 4. Accept, emit, keep the accepted rows.
-            let verdict = verify(&tree, &logits, &mut sampler)?;
-            match planner.as_mut() {
-                None => record(&mut tally, &tree, &verdict, tokens.len()),
-                Some(_) if tree.is_empty() => {}
-                Some(p) => {
-                    record(&mut tally, &tree, &verdict, tokens.len());
-                    p.record(&tree, verdict.accepted.len(), drafted_pending);
-                }
-            }
-            if let Some(p) = planner.as_mut() {
-                // (The accept phase's bookkeeping is the same for both kinds of round.)
-                p.timed(!tree.is_empty(), round_clock.elapsed().as_secs_f64());
-                tally.modelled = Some(p.modelled());
-            }
-            let mut keep = vec![0];
-            keep.extend(verdict.accepted.iter().map(|&i| i + 1));
-            target_cache.keep_speculative(ids.len(), &keep)?;
-            let mut ended = None;
-            let mut emitted = Vec::new();
-            tally.steps.begin(tokens.len());
-            for t in verdict
-                .accepted
-                .iter()
-                .map(|&i| tree.tokens[i])
-                .chain(std::iter::once(verdict.next))
-            {
-                pos += 1;
-                emitted.push(t);
-                if let Some(r) = emit(t, &mut tokens, pos - 1)? {
-                    ended = Some(r);
-                    break;
-                }
-            }
-            if let Some(r) = ended {
-                tally.time.accept += clock.elapsed();
-                break r;
-            }
-            // The next round's pending rows: each emitted token with the hidden state before it
-            // (after this round's if the draft did not run).
-            if depth > 0 {
-                pending.clear();
-            }
-            for (k, (&t, &row)) in emitted.iter().zip(&keep).enumerate() {
-                pending.tokens.push(t);
-                pending.prev.push(hidden.narrow(0, row, 1)?);
-                pending
-                    .positions
-                    .push(pos - emitted.len() as u32 + 1 + k as u32);
-            }
-            x = verdict.next;
-            tally.time.accept += clock.elapsed();
+/// The prompt rows a draft head starts from (kept until the first drafting round).
+struct DraftPromptRows {
+    inputs: Tensor,
+    hidden: Tensor,
+    positions: Vec<u32>,
+    images: Vec<Vec<usize>>,
+}
+
+/// A round between its pass and the pass's outputs.
+struct Open {
+    tree: DraftTree,
+    depth: usize,
+    /// Rows of the pass (`x` and the tree).
+    rows: usize,
+    /// Pending rows the draft ran this round.
+    drafted_pending: usize,
+    /// The round's clock (from after the draft's start, if it ran this round).
+    round_clock: Instant,
+    verify_clock: Instant,
+}
+
+/// Speculative decoding between target passes; see the module header for the round.
+struct SpecState {
+    draft: Arc<dyn DraftLm>,
+    settings: TreeSettings,
+    cost_aware: bool,
+    memory: Option<Arc<Mutex<Acceptance>>>,
+    planner: Option<Planner>,
+    greedy: bool,
+    sampler: Sampler,
+    config: GenerateConfig,
+    max: usize,
+    target_cache: KvCache,
+    draft_cache: KvCache,
+    prompt: DraftPromptRows,
+    /// The draft's context, once it has started (at the first drafting round), and its prompt
+    /// rows until they have run.
+    drafting: Option<(DraftContext, Option<DraftStart>)>,
+    /// The rows waiting for the draft: each emitted token with the target hidden state that
+    /// predicted it, `x`'s last.
+    pending: Pending,
+    x: TokenId,
+    pos: u32,
+    tokens: Vec<TokenId>,
+    tally: Tally,
+    forwards: u64,
+    prompt_len: usize,
+    prefill: std::time::Duration,
+    start: Instant,
+    /// `x` is the prefill's token, not emitted yet.
+    first: bool,
+    round: Option<Open>,
+    ended: Option<FinishReason>,
+}
+
+impl SpecState {
+    fn emit(&mut self, t: TokenId, pos: u32, on_token: TokenSink<'_>) -> Result<bool> {
+        let r = crate::autoregressive::emit(t, &mut self.tokens, pos, self.max, &self.config, on_token)?;
+        if r.is_some() {
+            self.ended = r;
+        }
+        Ok(r.is_some())
+    }
+
+    /// Steps 1 and 2: the draft's pending rows and the tree, `depth` deep.
+    fn draft_tree(&mut self, model: &dyn CausalLm, depth: usize, settings: &TreeSettings) -> Result<(DraftTree, Instant)> {
+        let clock = Instant::now();
+        let mut round_clock = Instant::now();
+        // The draft starts (its prompt rows) if it has not; the pending rows with real hidden
+        // states are committed in its cache.
+        if self.drafting.is_none() {
+            let p = &self.prompt;
+            let s = self.draft.start(&DraftPrompt {
+                inputs: &p.inputs,
+                hidden: &p.hidden,
+                positions: &p.positions,
+                images: &p.images,
+            })?;
+            self.drafting = Some((s.context.clone(), Some(s)));
+            self.tally.time.start += clock.elapsed();
+        }
+        let Some((context, prompt)) = self.drafting.as_mut() else {
+            unreachable!("the draft was started above")
         };
-        if let (Some(m), Some(p), true) = (&self.memory, &planner, greedy) {
+        let pending_count = self.pending.tokens.len();
+        let (mut rows, mut positions) = self.pending.rows(model, self.draft.as_ref(), context)?;
+        let first = prompt.take();
+        if let Some(p) = &first {
+            rows = Tensor::cat(&[&p.rows, &rows], 0)?;
+            positions = [p.positions.as_slice(), &positions].concat();
+        }
+        let out = self
+            .draft
+            .forward(&rows, &positions, &AttnMask::causal(), &mut self.draft_cache)?;
+        if first.is_some() {
+            // The prompt's rows are the start's too.
+            round_clock = Instant::now();
+        }
+        let n = out.dim(0)?;
+        let root = out.narrow(0, n - 1, 1)?;
+        let mark = self.draft_cache.mark();
+        let mut tree = tree::grow(
+            model,
+            self.draft.as_ref(),
+            context,
+            &mut self.draft_cache,
+            &root,
+            self.pos,
+            settings,
+            depth,
+            &self.config.eos_token_ids,
+        )?;
+        self.draft_cache.rollback(&mark)?;
+        if let Some(p) = self.planner.as_ref() {
+            tree.keep_best(p.budget(&tree, pending_count));
+        }
+        self.tally.time.draft += clock.elapsed();
+        Ok((tree, round_clock))
+    }
+}
+
+impl DecodeState for SpecState {
+    fn next_pass(&mut self, model: &dyn CausalLm, on_token: TokenSink<'_>) -> Result<Option<Pass>> {
+        if self.ended.is_some() {
+            return Ok(None);
+        }
+        if self.first {
+            self.first = false;
+            if self.config.max_new_tokens == 0 {
+                self.ended = Some(FinishReason::Length);
+                return Ok(None);
+            }
+            if self.emit(self.x, self.pos, on_token)? {
+                return Ok(None);
+            }
+            self.pos += 1; // x's position
+        }
+        // The tree, as deep as the answer and the context leave room for.
+        // (Beyond the answer's last token a draft cannot be used; the verified rows must fit
+        // the context after the cached ones.)
+        let room_answer = (self.config.max_new_tokens - self.tokens.len()).saturating_sub(1);
+        let room_context = self.max.saturating_sub(self.pos as usize + 2);
+        let mut settings = self.settings.clone();
+        settings.budget = settings
+            .budget
+            .min(self.max.saturating_sub(self.target_cache.len() + 1));
+        let room = settings
+            .depth
+            .min(room_answer)
+            .min(room_context)
+            .min(settings.budget);
+        let depth = match self.planner.as_mut() {
+            None => room,
+            Some(p) => match p.next_round(room) {
+                Round::Plain => 0,
+                Round::Draft { depth } => depth.min(room),
+            },
+        };
+        let drafted_pending = self.pending.tokens.len();
+        let (tree, round_clock) = if depth > 0 {
+            self.draft_tree(model, depth, &settings)?
+        } else {
+            self.tally.plain_rounds += 1;
+            (DraftTree::default(), Instant::now())
+        };
+        // Step 3: one target pass over [x, tree…] (a decode step when the tree is empty).
+        let mut ids = Vec::with_capacity(tree.len() + 1);
+        ids.push(self.x);
+        ids.extend(&tree.tokens);
+        let mask = TreeMask::new(tree.verify_parents())?;
+        let positions = mask.positions(self.pos);
+        // A plain round is a decode step: one row sees every cached row, as under the causal
+        // mask (cheaper than materialising a tree mask per layer).
+        let mask = if tree.is_empty() {
+            AttnMask::causal()
+        } else {
+            AttnMask::Tree(mask)
+        };
+        let rows = ids.len();
+        self.round = Some(Open {
+            tree,
+            depth,
+            rows,
+            drafted_pending,
+            round_clock,
+            verify_clock: Instant::now(),
+        });
+        Ok(Some(Pass {
+            ids,
+            positions,
+            mask,
+            invariant: false,
+            logits: 0..rows,
+        }))
+    }
+
+    fn cache(&mut self) -> &mut KvCache {
+        &mut self.target_cache
+    }
+
+    fn absorb(&mut self, _: &dyn CausalLm, out: PassOutput, on_token: TokenSink<'_>) -> Result<()> {
+        let Some(open) = self.round.take() else {
+            return Err(Error::Input("speculative decoding: outputs without a pass".into()));
+        };
+        let Open {
+            tree,
+            depth,
+            rows,
+            drafted_pending,
+            round_clock,
+            verify_clock,
+        } = open;
+        self.forwards += 1;
+        self.tally.time.verify += verify_clock.elapsed();
+        let clock = Instant::now();
+        // 4. Accept, emit, keep the accepted rows.
+        let verdict = verify(&tree, &out.logits, &mut self.sampler)?;
+        match self.planner.as_mut() {
+            None => record(&mut self.tally, &tree, &verdict, self.tokens.len()),
+            Some(_) if tree.is_empty() => {}
+            Some(p) => {
+                record(&mut self.tally, &tree, &verdict, self.tokens.len());
+                p.record(&tree, verdict.accepted.len(), drafted_pending);
+            }
+        }
+        if let Some(p) = self.planner.as_mut() {
+            // (The accept phase's bookkeeping is the same for both kinds of round.)
+            p.timed(!tree.is_empty(), round_clock.elapsed().as_secs_f64());
+            self.tally.modelled = Some(p.modelled());
+        }
+        let mut keep = vec![0];
+        keep.extend(verdict.accepted.iter().map(|&i| i + 1));
+        self.target_cache.keep_speculative(rows, &keep)?;
+        let mut emitted = Vec::new();
+        self.tally.steps.begin(self.tokens.len());
+        for t in verdict
+            .accepted
+            .iter()
+            .map(|&i| tree.tokens[i])
+            .chain(std::iter::once(verdict.next))
+        {
+            self.pos += 1;
+            emitted.push(t);
+            if self.emit(t, self.pos - 1, on_token)? {
+                self.tally.time.accept += clock.elapsed();
+                return Ok(());
+            }
+        }
+        // The next round's pending rows: each emitted token with the hidden state before it
+        // (after this round's if the draft did not run).
+        if depth > 0 {
+            self.pending.clear();
+        }
+        for (k, (&t, &row)) in emitted.iter().zip(&keep).enumerate() {
+            self.pending.tokens.push(t);
+            self.pending.prev.push(out.hidden.narrow(0, row, 1)?);
+            self.pending
+                .positions
+                .push(self.pos - emitted.len() as u32 + 1 + k as u32);
+        }
+        self.x = verdict.next;
+        self.tally.time.accept += clock.elapsed();
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Generation {
+        let s = *self;
+        if let (Some(m), Some(p), true) = (&s.memory, &s.planner, s.greedy) {
             m.lock().expect("not poisoned").merge(p.acceptance());
         }
-        Ok(finish(
-            self, tokens, reason, prompt_len, prefill, start, forwards, tally,
-        ))
+        let name = s.draft.kind();
+        finish(
+            name,
+            s.cost_aware,
+            s.tokens,
+            s.ended.unwrap_or(FinishReason::Stop),
+            s.prompt_len,
+            s.prefill,
+            s.start,
+            s.forwards,
+            s.tally,
+        )
     }
 }
 
@@ -433,7 +554,8 @@ fn record(tally: &mut Tally, tree: &DraftTree, verdict: &Verdict, emitted_before
 
 #[allow(clippy::too_many_arguments)]
 fn finish(
-    strategy: &Speculative,
+    name: &str,
+    cost_aware: bool,
     tokens: Vec<TokenId>,
     finish: FinishReason,
     prompt_len: usize,
@@ -444,7 +566,7 @@ fn finish(
 ) -> Generation {
     let mut stats = DecodeStats {
         tokens_per_step: tally.steps.counts(tokens.len()),
-        ..DecodeStats::new(strategy.name(), forwards)
+        ..DecodeStats::new(name, forwards)
     };
     let c = &mut stats.counters;
     c.insert("drafts".into(), tally.rounds);
@@ -452,7 +574,7 @@ fn finish(
     c.insert("accepted_tokens".into(), tally.accepted);
     c.insert("draft_forwards".into(), tally.draft_forwards);
     c.insert("recovered_tokens".into(), tally.recovered);
-    if strategy.cost.is_some() {
+    if cost_aware {
         c.insert("plain_rounds".into(), tally.plain_rounds);
         let (modelled, step) = tally.modelled.unwrap_or_default();
         c.insert("modelled_us".into(), (modelled * 1e6) as u64);

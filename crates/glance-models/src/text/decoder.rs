@@ -6,6 +6,8 @@
 //! prefix holding `embed_tokens`, `layers`, `norm`) and the LM head is passed separately because
 //! LLaVA checkpoints place it differently across transformers versions.
 
+mod groups;
+
 use super::config::TextConfig;
 use candle_core::{Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
@@ -14,7 +16,7 @@ use glance_nn::quant::{PackedMatrix, WeightFormat};
 use glance_nn::weights::{linear_as, param, rms_norm};
 use glance_nn::{
     attention, attention_batch_invariant, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode,
-    RmsNorm, RotaryEmbedding, WeightLoad,
+    RmsNorm, RotaryEmbedding, RowGroup, WeightLoad,
 };
 
 struct Attention {
@@ -701,5 +703,13 @@ impl CausalLm for TextModel {
     /// The LM head's logits, ids at and above [`TextModel::decodable_vocab`] masked (−∞).
     fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         self.mask(self.lm_head.forward(hidden)?)
+    }
+
+    fn forward_groups(&self, xs: &Tensor, groups: &mut [RowGroup<'_>]) -> Result<Tensor> {
+        self.forward_groups_batched(xs, groups)
+    }
+
+    fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
+        TextModel::logits_rows(self, hidden)
     }
 }

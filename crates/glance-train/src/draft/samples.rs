@@ -18,9 +18,11 @@
 
 use crate::data::WorldData;
 use crate::{Result, TrainError};
-use candle_core::{Device, Tensor, D};
+use candle_core::{Device, Tensor};
+use glance_core::SamplingParams;
+use glance_decode::{Autoregressive, DecodeStrategy, GenerateConfig, Sampler};
 use glance_models::llava::Llava;
-use glance_nn::{AttnMask, CausalLm};
+use glance_nn::CausalLm;
 use glance_world::qa::{family_weights, DIALOGUE_MIX};
 use glance_world::{Family, Split, WorldRng};
 use std::collections::HashMap;
@@ -89,7 +91,7 @@ impl Sample {
 pub struct SampleSource {
     pub target: Llava,
     data: WorldData,
-    eos: u32,
+    eos: Vec<u32>,
     seed: u64,
     max_new_long: usize,
     max_new_short: usize,
@@ -113,10 +115,12 @@ impl SampleSource {
     ) -> Result<Self> {
         let target = Llava::load(dir, device)?;
         let data = WorldData::new(dir, target.config(), device)?;
-        let eos =
-            *data.processor.text.eos_token_ids().first().ok_or_else(|| {
-                TrainError::Config("the target's tokenizer has no EOS token".into())
-            })?;
+        let eos = data.processor.text.eos_token_ids().to_vec();
+        if eos.is_empty() {
+            return Err(TrainError::Config(
+                "the target's tokenizer has no EOS token".into(),
+            ));
+        }
         Ok(Self {
             target,
             data,
@@ -227,7 +231,8 @@ impl SampleSource {
     }
 
     /// Greedy decoding of `prompt` `(p, hidden)` for at most `max_new` tokens (stopping after
-    /// EOS): all rows, all final hidden states, the answer ids.
+    /// any of the model's EOS tokens), as the engine's scheduler steps it: all rows, all final
+    /// hidden states (the last token's, never fed, as zeros), the answer ids.
     fn answer(&self, prompt: Tensor, max_new: usize) -> Result<(Tensor, Tensor, Vec<u32>)> {
         let text = self.target.text();
         let p = prompt.dim(0)?;
@@ -237,27 +242,32 @@ impl SampleSource {
             )));
         }
         let positions: Vec<u32> = (0..p as u32).collect();
-        let mut cache = text.new_cache();
-        // (p, hidden)
-        let h = text.forward(&prompt, &positions, &AttnMask::Causal, &mut cache)?;
-        let mut last = h.narrow(0, p - 1, 1)?;
-        let (mut rows, mut hidden) = (vec![prompt], vec![h]);
+        let state = glance_decode::prefill(text, &prompt, &positions)?;
+        // (p, hidden) first, then one row per decode step.
+        let mut hidden = vec![state.hidden.clone()];
+        let config = GenerateConfig {
+            max_new_tokens: max_new,
+            eos_token_ids: self.eos.clone(),
+        };
+        let sampler = Sampler::new(SamplingParams::greedy())?;
+        let mut decoding = Autoregressive.start(text, state, sampler, &config)?;
         let mut answer = Vec::new();
         loop {
-            // (1, vocab) -> token
-            let tok = text.logits(&last)?.argmax(D::Minus1)?.to_vec1::<u32>()?[0];
-            answer.push(tok);
-            // (1, hidden)
-            let e = text.embed_tokens(&[tok])?;
-            rows.push(e.clone());
-            if tok == self.eos || answer.len() >= max_new {
-                hidden.push(e.zeros_like()?);
-                break;
-            }
-            let pos = (p + answer.len() - 1) as u32;
-            last = text.forward(&e, &[pos], &AttnMask::Causal, &mut cache)?;
-            hidden.push(last.clone());
+            let pass = decoding.next_pass(text, &mut |t| {
+                answer.push(t);
+                Ok(false)
+            })?;
+            let Some(pass) = pass else { break };
+            let out = glance_decode::shared_pass(text, &mut [(&pass, decoding.cache())])?
+                .pop()
+                .expect("one pass, one output");
+            hidden.push(out.hidden.clone());
+            decoding.absorb(text, out, &mut |_| Ok(false))?;
         }
+        // (n, hidden)
+        let emb = text.embed_tokens(&answer)?;
+        hidden.push(emb.narrow(0, 0, 1)?.zeros_like()?);
+        let rows = Tensor::cat(&[&prompt, &emb], 0)?;
         Ok((Tensor::cat(&rows, 0)?, Tensor::cat(&hidden, 0)?, answer))
     }
 }

@@ -1,0 +1,168 @@
+//! Step-able decoding: a strategy turns a [`Prefilled`] prompt into a per-request
+//! [`DecodeState`], and the state advances one target pass at a time. Each step it says which
+//! rows it needs from the target ([`Pass`]: one token, a draft tree under its mask, a diffusion
+//! block), then takes the target's outputs for those rows and emits tokens. Drafting and a draft
+//! head's own passes happen inside the state.
+//!
+//! A scheduler gathers the passes of every running request into one target pass
+//! ([`shared_pass`]: [`CausalLm::forward_groups`]), so requests of any strategy decode side by
+//! side; [`run_alone`] is the same loop with one request ([`crate::DecodeStrategy::decode`]).
+//! A row gets the same bits in a shared pass as alone, so every lossless contract holds under load.
+//!
+//! ```text
+//! state = strategy.start(model, prefilled, sampler, config)
+//! while let Some(pass) = state.next_pass(model, sink)      (may emit; drafts here)
+//!     out = shared_pass(model, [(pass, state.cache()), …])  (one target pass for all)
+//!     state.absorb(model, out, sink)                       (verify, keep rows, emit)
+//! state.finish() → Generation
+//! ```
+//!
+//! [`Prefilled`]: crate::Prefilled
+
+use crate::autoregressive::Generation;
+use crate::strategy::TokenSink;
+use candle_core::Tensor;
+use glance_core::{Error, Result, TokenId};
+use glance_nn::{AttnMask, CausalLm, KvCache, RowGroup};
+use std::ops::Range;
+
+/// The rows a request needs from the target in one pass.
+#[derive(Debug, Clone)]
+pub struct Pass {
+    /// Tokens whose embeddings are the rows.
+    pub ids: Vec<TokenId>,
+    /// Position of each row.
+    pub positions: Vec<u32>,
+    /// Relative to the new rows ([`CausalLm::forward`]).
+    pub mask: AttnMask,
+    /// Rows computed as one-token decoding computes them alone
+    /// ([`CausalLm::forward_batch_invariant`]; block diffusion).
+    pub invariant: bool,
+    /// Rows whose logits the state reads ([`PassOutput::logits`]).
+    pub logits: Range<usize>,
+}
+
+impl Pass {
+    /// A decode step: `token` at `pos` under the causal mask, its logits wanted.
+    pub fn token(token: TokenId, pos: u32) -> Self {
+        Self {
+            ids: vec![token],
+            positions: vec![pos],
+            mask: AttnMask::causal(),
+            invariant: false,
+            logits: 0..1,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn check(&self) -> Result<()> {
+        let t = self.ids.len();
+        if t == 0 || self.positions.len() != t || self.logits.end > t || self.logits.is_empty() {
+            return Err(Error::Input(format!(
+                "a pass of {t} rows with {} positions and logits of rows {:?}",
+                self.positions.len(),
+                self.logits
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What the target computed for a [`Pass`].
+pub struct PassOutput {
+    /// Final hidden state of every row of the pass `(t, hidden)`.
+    pub hidden: Tensor,
+    /// The logits of the rows [`Pass::logits`] named, in order.
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// One request's decoding between target passes.
+pub trait DecodeState: Send {
+    /// The rows of the next target pass, after the state's own work for it (drafting); `None`
+    /// once the generation has ended. May emit tokens (the first one, picked from the prefill).
+    fn next_pass(&mut self, model: &dyn CausalLm, on_token: TokenSink<'_>) -> Result<Option<Pass>>;
+
+    /// The target's cache the pass appends to.
+    fn cache(&mut self) -> &mut KvCache;
+
+    /// Takes the target's outputs for the pass [`DecodeState::next_pass`] returned: verifies,
+    /// keeps or drops the pass's cache rows, emits tokens.
+    fn absorb(
+        &mut self,
+        model: &dyn CausalLm,
+        out: PassOutput,
+        on_token: TokenSink<'_>,
+    ) -> Result<()>;
+
+    /// The generation, once [`DecodeState::next_pass`] returned `None` (or the caller stops).
+    fn finish(self: Box<Self>) -> Generation;
+}
+
+/// One target pass over the rows of several requests: `jobs` pairs each request's pass with its
+/// cache. Returns each request's [`PassOutput`], in order.
+pub fn shared_pass(
+    model: &dyn CausalLm,
+    jobs: &mut [(&Pass, &mut KvCache)],
+) -> Result<Vec<PassOutput>> {
+    for (p, _) in jobs.iter() {
+        p.check()?;
+    }
+    let ids: Vec<TokenId> = jobs.iter().flat_map(|(p, _)| p.ids.iter().copied()).collect();
+    // (n, hidden)
+    let xs = model.embed_tokens(&ids)?;
+    let mut groups: Vec<RowGroup<'_>> = jobs
+        .iter_mut()
+        .map(|(p, cache)| RowGroup {
+            positions: &p.positions,
+            mask: &p.mask,
+            cache: &mut **cache,
+            invariant: p.invariant,
+        })
+        .collect();
+    // (n, hidden)
+    let hidden = model.forward_groups(&xs, &mut groups)?;
+    drop(groups);
+    // The rows whose logits are wanted, gathered for one read of the LM head.
+    let mut first = 0;
+    let mut wanted = Vec::new();
+    let mut spans = Vec::with_capacity(jobs.len());
+    for (p, _) in jobs.iter() {
+        wanted.push(hidden.narrow(0, first + p.logits.start, p.logits.len())?);
+        spans.push((first, p.rows(), p.logits.len()));
+        first += p.rows();
+    }
+    let wanted = if wanted.len() == 1 {
+        wanted.pop().expect("one")
+    } else {
+        Tensor::cat(&wanted, 0)?
+    };
+    // (Σ logit rows, vocab)
+    let mut logits = model.logits_rows(&wanted)?.to_vec2::<f32>()?.into_iter();
+    spans
+        .into_iter()
+        .map(|(first, rows, n)| {
+            Ok(PassOutput {
+                hidden: hidden.narrow(0, first, rows)?,
+                logits: logits.by_ref().take(n).collect(),
+            })
+        })
+        .collect()
+}
+
+/// Runs `state` to the end alone: the scheduler's loop with one request.
+pub fn run_alone(
+    model: &dyn CausalLm,
+    mut state: Box<dyn DecodeState>,
+    on_token: TokenSink<'_>,
+) -> Result<Generation> {
+    while let Some(pass) = state.next_pass(model, on_token)? {
+        let out = shared_pass(model, &mut [(&pass, state.cache())])?
+            .pop()
+            .expect("one pass, one output");
+        state.absorb(model, out, on_token)?;
+    }
+    Ok(state.finish())
+}

@@ -1,0 +1,563 @@
+//! The one request path: every request — plain, pruned, speculative, block diffusion — is a
+//! [`Sequence`] stepped by [`Engine::step`]. Each step runs at most one prefill unit (a chunk of
+//! one plain prompt, or one pruned prompt whole), then one target pass over the rows every
+//! decoding request asks for ([`glance_decode::step`]): plain tokens, draft trees and diffusion
+//! blocks side by side, each request attending over its own cache under its own mask. A row gets
+//! the bits it gets when its request runs alone, so every lossless contract holds under load.
+//! [`Engine::generate`] is this loop with one sequence; the server's worker runs it with many.
+//!
+//! ```text
+//! Engine::prepare(request)      validate, render, tokenise, encode images (cached), plan,
+//!                               pruning's selection, the strategy                  → Prepared
+//! Engine::sequence(prepared)    a Sequence in its prefill phase
+//! Engine::step(&mut seqs, c)    ≤ c prompt rows of one prefilling sequence, then one shared
+//!                               target pass of every decoding sequence
+//! Sequence::into_response()     when done
+//! ```
+
+use super::output::Output;
+use super::{attach_images, cache_bytes, image_rows_at, kept_patches, Encoded, Engine};
+use crate::cache::{tensor_bytes, CachedPrefix, PrefixKey};
+use crate::request::{
+    char_offsets, CacheUse, Event, FinishReason, Flow, KeptPatches, Request, Response, Timings,
+    Usage,
+};
+use candle_core::Tensor;
+use glance_core::{Error, Result, TokenId};
+use glance_decode::{
+    DecodeState, DecodeStrategy, GenerateConfig, Generation, Pass, Prefilled, PrefilledImage,
+    Sampler,
+};
+use glance_models::llava::{PromptPlan, SegmentKind};
+use glance_nn::{AttnMask, CausalLm, KvCache};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The prompt prefix through its last image token, shared through the engine's prefix cache:
+/// reused when an earlier request computed it, else recorded once this one has.
+struct PrefixPlan {
+    key: PrefixKey,
+    /// Rows in the prefix.
+    split: usize,
+    hit: Option<Arc<CachedPrefix>>,
+}
+
+/// How the prompt is prefilled.
+enum Source {
+    /// The plan's rows, in chunks, through the prefix cache.
+    Plain {
+        rows: Tensor,
+        positions: Vec<u32>,
+        images: Vec<PrefilledImage>,
+        prefix: Option<PrefixPlan>,
+    },
+    /// A pruned plan, prefilled whole (FastV drops rows inside the decoder).
+    Pruned {
+        pruned: Box<glance_prune::Pruned>,
+        /// The unpruned plan's image segments (their token ranges), for the kept patches.
+        images: Vec<std::ops::Range<usize>>,
+    },
+}
+
+/// A request rendered, with its images encoded, its prompt planned (and pruned) and its strategy
+/// built: everything before the prefill. Built off the scheduling thread (the vision tower does
+/// not stall decoding).
+pub struct Prepared {
+    source: Source,
+    strategy: Box<dyn DecodeStrategy>,
+    /// Why `auto` chose the strategy, for an `auto` request.
+    auto: Option<String>,
+    sampling: glance_core::SamplingParams,
+    /// The prompt's token ids (the repetition penalty reads them).
+    prompt_ids: Vec<TokenId>,
+    ignore_eos: bool,
+    logprobs: Option<usize>,
+    max_new_tokens: usize,
+    stop: Vec<String>,
+    usage: Usage,
+    image_hits: usize,
+    vision: Duration,
+    select: Duration,
+    saved: Duration,
+    started: Instant,
+    prepared_in: Duration,
+}
+
+impl Prepared {
+    /// The strategy the request runs (`auto` resolved).
+    pub fn strategy(&self) -> &'static str {
+        self.strategy.name()
+    }
+}
+
+enum Phase {
+    /// `done` of the prompt rows are in the cache.
+    Prefill { done: usize },
+    /// Decoding, one target pass a step.
+    Decode(Box<dyn DecodeState>),
+    Done,
+}
+
+/// One request on its way through the scheduler.
+pub struct Sequence<'e> {
+    prepared: Prepared,
+    output: Output<'e>,
+    sampler: Option<Sampler>,
+    config: GenerateConfig,
+    cache: Option<KvCache>,
+    phase: Phase,
+    /// The prompt's final hidden states so far, chunk by chunk (the cached prefix's first).
+    hidden: Vec<Tensor>,
+    /// Compute of this prompt's prefill.
+    prefill: Duration,
+    generation: Option<Generation>,
+    finish: Option<FinishReason>,
+    error: Option<Error>,
+    /// Prompt rows whose keys and values came from the prefix cache.
+    prefix_rows: usize,
+    /// After a pruned prefill: rows and visual tokens kept, the patches each image kept.
+    kept: Option<(usize, usize, Vec<KeptPatches>)>,
+}
+
+impl Engine {
+    /// Everything before the prefill: validation, strategy (refused at once if the model cannot
+    /// run it), template, tokens, images (through the encoding cache), the prompt rows, and
+    /// pruning's selection. Errors here are the request's (bad images, a prompt too long).
+    pub fn prepare(&self, request: &Request) -> Result<Prepared> {
+        request.validate()?;
+        let started = Instant::now();
+        let (strategy, auto) = self.strategy(request)?;
+        let prune = request.prune.as_ref().filter(|p| !p.is_noop());
+        self.pool.install(|| {
+            let rendered = self.render(
+                &request.prompt,
+                request.continue_final_message,
+                prune.is_some_and(|p| p.policy.uses_query()),
+            )?;
+            let encoded = self.encode_all(&rendered.images)?;
+            let (vision, saved, image_hits) = super::encode_costs(&encoded);
+            let plan = self.plan(&rendered.prompt.ids, &encoded)?;
+            let visual = plan.visual_tokens();
+            let prompt_ids = plan.ids.clone();
+            let (source, select) = match prune {
+                None => (self.plain_source(plan, &encoded)?, Duration::ZERO),
+                Some(spec) => {
+                    let encodings: Vec<_> = encoded.iter().map(|e| &e.entry.encoding).collect();
+                    let query = self.processor.query_ids(&rendered.query)?;
+                    let images = plan
+                        .segments
+                        .iter()
+                        .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
+                        .map(|s| s.source.clone())
+                        .collect();
+                    let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
+                    let positions = pruned.plan.positions();
+                    glance_decode::check_prompt(self.model.text(), positions.len(), &positions)?;
+                    let select = pruned.stats.select_time;
+                    let source = Source::Pruned {
+                        pruned: Box::new(pruned),
+                        images,
+                    };
+                    (source, select)
+                }
+            };
+            Ok(Prepared {
+                source,
+                strategy,
+                auto,
+                usage: Usage {
+                    prompt_tokens: rendered.prompt.ids.len(),
+                    visual_tokens: visual,
+                    kept_visual_tokens: visual,
+                    prompt_rows: 0,
+                    completion_tokens: 0,
+                },
+                sampling: request.sampling.clone(),
+                prompt_ids,
+                ignore_eos: request.ignore_eos,
+                logprobs: request.logprobs,
+                max_new_tokens: request.max_new_tokens,
+                stop: request.stop.clone(),
+                image_hits,
+                vision,
+                select,
+                saved,
+                started,
+                prepared_in: started.elapsed(),
+            })
+        })
+    }
+
+    /// An unpruned prompt's rows, their images, and its prefix: the prompt through its last image
+    /// token is shared through the prefix cache.
+    fn plain_source(&self, plan: PromptPlan, encoded: &[Encoded]) -> Result<Source> {
+        let rows = plan.rows()?;
+        let positions = plan.positions();
+        glance_decode::check_prompt(self.model.text(), rows.dim(0)?, &positions)?;
+        let images = image_rows_at(&plan, &positions);
+        let image_id = self.model.config().image_token_id;
+        let prefix = match plan.ids.iter().rposition(|&i| i == image_id) {
+            Some(p) if self.prefixes.enabled() && p + 1 < plan.ids.len() => {
+                let key = PrefixKey {
+                    ids: plan.ids[..p + 1].to_vec(),
+                    images: encoded.iter().map(|e| e.key).collect(),
+                };
+                let hit = self.prefixes.get(&key);
+                Some(PrefixPlan {
+                    key,
+                    split: p + 1,
+                    hit,
+                })
+            }
+            _ => None,
+        };
+        Ok(Source::Plain {
+            rows,
+            positions,
+            images,
+            prefix,
+        })
+    }
+
+    /// A sequence ready to be stepped; its text streams through `on_event`, which may cancel.
+    pub fn sequence<'e>(
+        &'e self,
+        prepared: Prepared,
+        on_event: Box<dyn FnMut(Event) -> Flow + Send + 'e>,
+    ) -> Result<Sequence<'e>> {
+        let text = self.model.text();
+        let mut prepared = prepared;
+        let (cache, done, hidden, prefix_rows) = match &prepared.source {
+            Source::Plain {
+                prefix: Some(PrefixPlan { hit: Some(entry), .. }),
+                ..
+            } => {
+                prepared.saved += entry.state.elapsed;
+                let rows = entry.state.positions.len();
+                (
+                    Some(entry.state.cache.fork()?),
+                    rows,
+                    vec![entry.state.hidden.clone()],
+                    rows,
+                )
+            }
+            Source::Plain { .. } => (Some(text.new_cache()), 0, Vec::new(), 0),
+            Source::Pruned { .. } => (None, 0, Vec::new(), 0),
+        };
+        let (sampler, sink) =
+            self.sampler(&prepared.sampling, prepared.logprobs, &prepared.prompt_ids)?;
+        let config = GenerateConfig {
+            max_new_tokens: prepared.max_new_tokens,
+            eos_token_ids: self.eos(prepared.ignore_eos).to_vec(),
+        };
+        let output = Output::new(
+            on_event,
+            sink,
+            self.processor.text.stream_decoder(),
+            prepared.stop.clone(),
+        );
+        Ok(Sequence {
+            prepared,
+            output,
+            sampler: Some(sampler),
+            config,
+            cache,
+            phase: Phase::Prefill { done },
+            hidden,
+            prefill: Duration::ZERO,
+            generation: None,
+            finish: None,
+            error: None,
+            prefix_rows,
+            kept: None,
+        })
+    }
+
+    /// Answers `request` alone: the scheduler's loop with one sequence, streaming the answer's
+    /// text through `on_event`, which may cancel.
+    pub fn generate(
+        &self,
+        request: &Request,
+        on_event: &mut (dyn FnMut(Event) -> Flow + Send),
+    ) -> Result<Response> {
+        let prepared = self.prepare(request)?;
+        let mut seqs = vec![self.sequence(prepared, Box::new(|e| on_event(e)))?];
+        while !seqs[0].is_done() {
+            self.step(&mut seqs, usize::MAX);
+        }
+        seqs.pop().expect("one sequence").into_response()
+    }
+
+    /// One scheduling step: up to `prefill_chunk` prompt rows of the first sequence still
+    /// prefilling (a pruned prompt whole), then one target pass over the rows of every decoding
+    /// sequence. A failure ends only the sequences it concerns.
+    pub fn step(&self, seqs: &mut [Sequence<'_>], prefill_chunk: usize) {
+        self.pool.install(|| {
+            if let Some(s) = seqs
+                .iter_mut()
+                .find(|s| matches!(s.phase, Phase::Prefill { .. }))
+            {
+                if let Err(e) = self.prefill_unit(s, prefill_chunk.max(1)) {
+                    let e = self.explain(e, s);
+                    s.fail(e);
+                }
+            }
+            self.decode_step(seqs);
+        })
+    }
+
+    /// Names the first layer whose output is not finite, for a non-finite failure of `s`.
+    fn explain(&self, e: Error, s: &Sequence<'_>) -> Error {
+        match &s.prepared.source {
+            Source::Plain {
+                rows, positions, ..
+            } => self.explain_non_finite_rows(e, rows, positions),
+            Source::Pruned { pruned, .. } => match pruned.plan.rows() {
+                Ok(rows) => self.explain_non_finite_rows(e, &rows, &pruned.plan.positions()),
+                Err(_) => e,
+            },
+        }
+    }
+
+    /// Prefills the next unit of `s`: a chunk of a plain prompt, or a pruned prompt whole; when
+    /// the prompt is in, its strategy starts.
+    fn prefill_unit(&self, s: &mut Sequence<'_>, chunk: usize) -> Result<()> {
+        let Phase::Prefill { done } = s.phase else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        let text = self.model.text();
+        let state = match &s.prepared.source {
+            Source::Pruned { pruned, images } => {
+                let state = glance_prune::prefill(&self.model, pruned)?;
+                let mut state = state;
+                attach_images(&mut state, &pruned.plan);
+                let side = self.model.config().vision.grid();
+                let patches = kept_patches(images, side, &state.positions);
+                s.kept = Some((
+                    state.prompt_len(),
+                    pruned.stats.kept_visual_tokens,
+                    patches,
+                ));
+                s.prefill = state.elapsed;
+                state
+            }
+            Source::Plain {
+                rows,
+                positions,
+                images,
+                prefix,
+            } => {
+                let t = positions.len();
+                // On a prefix-cache miss, no chunk crosses the end of the prefix.
+                let record = match prefix {
+                    Some(p) if p.hit.is_none() && done < p.split => Some(p.split),
+                    _ => None,
+                };
+                let n = chunk.min(record.unwrap_or(t) - done);
+                let cache = s.cache.as_mut().expect("a plain prefill has a cache");
+                // (n, hidden): these rows after every cached one.
+                let hidden = text.forward(
+                    &rows.narrow(0, done, n)?,
+                    &positions[done..done + n],
+                    &AttnMask::causal(),
+                    cache,
+                )?;
+                s.hidden.push(hidden);
+                s.prefill += start.elapsed();
+                if let (Some(split), Some(p)) = (record, prefix) {
+                    if done + n == split {
+                        let prefix = Prefilled {
+                            cache: cache.fork()?,
+                            inputs: rows.narrow(0, 0, split)?,
+                            // (split, hidden): the chunks so far are exactly the prefix.
+                            hidden: Tensor::cat(&s.hidden, 0)?,
+                            positions: positions[..split].to_vec(),
+                            images: Vec::new(),
+                            elapsed: s.prefill,
+                        };
+                        self.record_prefix(&p.key, prefix);
+                    }
+                }
+                if done + n < t {
+                    s.phase = Phase::Prefill { done: done + n };
+                    return Ok(());
+                }
+                Prefilled {
+                    cache: s.cache.take().expect("checked"),
+                    inputs: rows.clone(),
+                    hidden: Tensor::cat(&std::mem::take(&mut s.hidden), 0)?,
+                    positions: positions.clone(),
+                    images: images.clone(),
+                    elapsed: s.prefill,
+                }
+            }
+        };
+        let sampler = s.sampler.take().expect("the strategy starts once");
+        let decoding = s
+            .prepared
+            .strategy
+            .start(text, state, sampler, &s.config)?;
+        s.phase = Phase::Decode(decoding);
+        Ok(())
+    }
+
+    /// Puts a prompt's prefix in the prefix cache: its keys and values, final hidden states and
+    /// positions, and what they cost.
+    fn record_prefix(&self, key: &PrefixKey, state: Prefilled) {
+        let bytes = tensor_bytes(&state.hidden) + cache_bytes(self.model.config(), state.prompt_len());
+        self.prefixes
+            .insert(key.clone(), Arc::new(CachedPrefix { state }), bytes);
+    }
+
+    /// One target pass over the rows every decoding sequence asks for.
+    fn decode_step(&self, seqs: &mut [Sequence<'_>]) {
+        let text = self.model.text();
+        let mut passes: Vec<(usize, Pass)> = Vec::new();
+        for (i, s) in seqs.iter_mut().enumerate() {
+            let Phase::Decode(state) = &mut s.phase else {
+                continue;
+            };
+            let output = &mut s.output;
+            match state.next_pass(text, &mut |id| output.push(id)) {
+                Ok(Some(pass)) => passes.push((i, pass)),
+                Ok(None) => s.conclude(),
+                Err(e) => {
+                    let e = self.explain(e, s);
+                    s.fail(e);
+                }
+            }
+        }
+        if passes.is_empty() {
+            return;
+        }
+        // Each pass with its sequence's cache, in sequence order.
+        let mut jobs: Vec<(&Pass, &mut KvCache)> = Vec::with_capacity(passes.len());
+        let mut next = passes.iter().peekable();
+        for (i, s) in seqs.iter_mut().enumerate() {
+            if let (Some((j, pass)), Phase::Decode(state)) = (next.peek(), &mut s.phase) {
+                if *j == i {
+                    jobs.push((pass, state.cache()));
+                    next.next();
+                }
+            }
+        }
+        let outputs = glance_decode::shared_pass(text, &mut jobs);
+        drop(jobs);
+        let outputs = match outputs {
+            Ok(o) => o,
+            Err(e) => {
+                let msg = e.to_string();
+                for (i, _) in &passes {
+                    seqs[*i].fail(Error::Candle(candle_core::Error::Msg(msg.clone())));
+                }
+                return;
+            }
+        };
+        for ((i, _), out) in passes.iter().zip(outputs) {
+            let s = &mut seqs[*i];
+            let Phase::Decode(state) = &mut s.phase else {
+                continue;
+            };
+            let output = &mut s.output;
+            if let Err(e) = state.absorb(text, out, &mut |id| output.push(id)) {
+                let e = self.explain(e, s);
+                s.fail(e);
+            }
+        }
+    }
+}
+
+impl Sequence<'_> {
+    /// Whether the sequence has ended (answered, stopped, cancelled or failed).
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// Whether its prompt is in and it is decoding.
+    pub fn is_decoding(&self) -> bool {
+        matches!(self.phase, Phase::Decode(_))
+    }
+
+    /// The strategy it runs.
+    pub fn strategy(&self) -> &'static str {
+        self.prepared.strategy()
+    }
+
+    /// When its first token was picked.
+    pub fn first_token_at(&self) -> Option<Instant> {
+        self.output.first_token
+    }
+
+    fn fail(&mut self, e: Error) {
+        self.error = Some(e);
+        self.phase = Phase::Done;
+    }
+
+    /// The strategy ended: the generation and the answer's finish reason.
+    fn conclude(&mut self) {
+        let Phase::Decode(state) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return;
+        };
+        let generation = state.finish();
+        match self.output.finish(generation.finish) {
+            Ok(reason) => self.finish = Some(reason),
+            Err(e) => self.error = Some(e),
+        }
+        self.generation = Some(generation);
+    }
+
+    /// The answer, once [`Sequence::is_done`]. Time to first token is wall time from
+    /// [`Engine::prepare`] (scheduled with other requests, it includes their steps);
+    /// `prefill_s` is the compute of this prompt's prefill.
+    pub fn into_response(mut self) -> Result<Response> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let Some(mut generation) = self.generation.take() else {
+            return Err(Error::Input("the request ended before it was answered".into()));
+        };
+        let p = &self.prepared;
+        let first = self.output.first_token.unwrap_or_else(Instant::now);
+        let ttft = first.saturating_duration_since(p.started);
+        let (prompt_rows, kept_visual, kept_patches) = match self.kept.take() {
+            Some(k) => k,
+            None => (generation.prompt_len, p.usage.visual_tokens, Vec::new()),
+        };
+        let usage = Usage {
+            completion_tokens: generation.tokens.len(),
+            kept_visual_tokens: kept_visual,
+            prompt_rows,
+            ..p.usage
+        };
+        generation.stats.auto = p.auto.clone();
+        let logprobs = self.output.take_logprobs();
+        Ok(Response {
+            token_ends: char_offsets(&self.output.text, &self.output.token_ends),
+            kept_patches,
+            text: std::mem::take(&mut self.output.text),
+            finish_reason: self.finish.unwrap_or(FinishReason::Cancelled),
+            usage,
+            timings: Timings {
+                preprocess_s: p
+                    .prepared_in
+                    .saturating_sub(p.vision + p.select)
+                    .as_secs_f64(),
+                vision_s: p.vision.as_secs_f64(),
+                prune_select_s: p.select.as_secs_f64(),
+                prefill_s: generation.prefill.as_secs_f64(),
+                time_to_first_token_s: ttft.as_secs_f64(),
+                decode_s: generation.decode.as_secs_f64(),
+                decode_tokens_per_s: generation.decode_tokens_per_sec(),
+                cache_saved_s: p.saved.as_secs_f64(),
+            },
+            cache: CacheUse {
+                image_hits: p.image_hits,
+                prefix_rows: self.prefix_rows,
+            },
+            token_ids: generation.tokens,
+            decode: generation.stats,
+            logprobs,
+        })
+    }
+}

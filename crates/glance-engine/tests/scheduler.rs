@@ -1,0 +1,152 @@
+//! One scheduler for every request: plain, pruned (token-level and FastV), speculative (ViSpec,
+//! EAGLE, cost-aware `auto`) and block-diffusion requests decode side by side in shared target
+//! passes, joining at different steps with their prompts prefilled in chunks, and each gets
+//! exactly the tokens, text and finish reason it gets alone — greedy and seeded.
+
+use glance_core::SamplingParams;
+use glance_engine::{
+    DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Request, Response, Sequence,
+};
+use glance_prune::{Budget, Policy, PruneSpec};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+fn model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(name)
+}
+
+fn world(index: u64) -> ImageInput {
+    let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
+    ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()))
+}
+
+fn ask(text: &str, images: Vec<ImageInput>, n: usize, decode: DecodeSpec) -> Request {
+    Request {
+        max_new_tokens: n,
+        decode,
+        ..Request::chat(text, images)
+    }
+}
+
+fn pruned(mut r: Request, policy: Policy, keep: f64) -> Request {
+    r.prune = Some(PruneSpec::new(policy, Budget::Ratio(keep)));
+    r
+}
+
+/// Runs `requests` through one scheduler: one joins per step, prompts prefilled `chunk` rows at
+/// a time. Returns each answer with its streamed text, and the most sequences that decoded in
+/// one step.
+fn scheduled(engine: &Engine, requests: &[Request], chunk: usize) -> (Vec<(Response, String)>, usize) {
+    let streamed: Vec<Arc<Mutex<String>>> = requests.iter().map(|_| Default::default()).collect();
+    let mut waiting: Vec<(usize, Sequence<'_>)> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let out = streamed[i].clone();
+            let sink = Box::new(move |e: Event| {
+                if let Event::Text(t) = e {
+                    out.lock().unwrap().push_str(t);
+                }
+                Flow::Continue
+            });
+            (i, engine.sequence(engine.prepare(r).unwrap(), sink).unwrap())
+        })
+        .rev()
+        .collect();
+    let mut running: Vec<(usize, Sequence<'_>)> = Vec::new();
+    let mut done: Vec<Option<Response>> = requests.iter().map(|_| None).collect();
+    let mut widest = 0;
+    while !waiting.is_empty() || !running.is_empty() {
+        if let Some(next) = waiting.pop() {
+            running.push(next);
+        }
+        let (ids, mut seqs): (Vec<usize>, Vec<Sequence<'_>>) = running.drain(..).unzip();
+        widest = widest.max(seqs.iter().filter(|s| s.is_decoding()).count());
+        engine.step(&mut seqs, chunk);
+        for (i, s) in ids.into_iter().zip(seqs) {
+            if s.is_done() {
+                done[i] = Some(s.into_response().unwrap());
+            } else {
+                running.push((i, s));
+            }
+        }
+    }
+    let out = done
+        .into_iter()
+        .zip(streamed)
+        .map(|(r, s)| (r.unwrap(), s.lock().unwrap().clone()))
+        .collect();
+    (out, widest)
+}
+
+fn check_against_solo(engine: &Engine, requests: &[Request], chunk: usize, at_once: usize) {
+    let (got, widest) = scheduled(engine, requests, chunk);
+    assert!(widest >= at_once, "at most {widest} sequences decoded in one step");
+    for (r, (g, streamed)) in requests.iter().zip(got) {
+        let solo = engine.generate(r, &mut |_| Flow::Continue).unwrap();
+        let what = format!("{} / {:?}", r.decode, r.prune.as_ref().map(|p| p.policy));
+        assert_eq!(g.token_ids, solo.token_ids, "{what}");
+        assert_eq!(g.text, solo.text, "{what}");
+        assert_eq!(streamed, solo.text, "{what}");
+        assert_eq!(g.finish_reason, solo.finish_reason, "{what}");
+        assert_eq!(g.decode.strategy, solo.decode.strategy, "{what}");
+        assert_eq!(g.usage, solo.usage, "{what}");
+        assert_eq!(g.kept_patches, solo.kept_patches, "{what}");
+    }
+}
+
+#[test]
+fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
+    let e = Engine::load(&model("glance-tiny"), EngineOptions::default()).unwrap();
+    let describe = "Describe the image.";
+    let mut sampled = ask(describe, vec![world(3)], 24, DecodeSpec::Vispec);
+    sampled.sampling = SamplingParams {
+        top_p: 0.9,
+        ..SamplingParams::sampled(0.7, 5)
+    };
+    let mut stopped = ask(describe, vec![world(4)], 30, DecodeSpec::Eagle);
+    stopped.stop = vec![" and".into()];
+    let requests = vec![
+        ask(describe, vec![world(0)], 32, DecodeSpec::Vispec),
+        ask(describe, vec![world(1)], 24, DecodeSpec::Ar),
+        ask("What is one plus one?", vec![], 12, DecodeSpec::Eagle),
+        pruned(
+            ask(describe, vec![world(2)], 28, DecodeSpec::Vispec),
+            Policy::Adaptive,
+            0.125,
+        ),
+        sampled,
+        pruned(
+            ask(describe, vec![world(5)], 20, DecodeSpec::Ar),
+            Policy::FastV,
+            0.25,
+        ),
+        stopped,
+        ask(describe, vec![world(6), world(7)], 16, DecodeSpec::Auto),
+        ask(describe, vec![world(0)], 20, DecodeSpec::Eagle),
+    ];
+    check_against_solo(&e, &requests, 48, 4);
+}
+
+#[test]
+fn block_diffusion_requests_share_passes_with_plain_ones() {
+    let e = Engine::load(&model("glance-tiny-dvlm"), EngineOptions::default()).unwrap();
+    let describe = "Describe the image.";
+    let mut sampled = ask(describe, vec![world(2)], 20, DecodeSpec::DiffusionLinear);
+    sampled.sampling = SamplingParams::sampled(0.8, 9);
+    let requests = vec![
+        ask(describe, vec![world(0)], 32, DecodeSpec::DiffusionLinear),
+        ask(describe, vec![world(1)], 24, DecodeSpec::DiffusionQuadratic),
+        ask(describe, vec![world(2)], 16, DecodeSpec::Ar),
+        ask(describe, vec![world(3)], 24, DecodeSpec::DiffusionThreshold),
+        sampled,
+        pruned(
+            ask(describe, vec![world(4)], 24, DecodeSpec::DiffusionLinear),
+            Policy::Adaptive,
+            0.25,
+        ),
+    ];
+    check_against_solo(&e, &requests, 64, 3);
+}
