@@ -1,5 +1,5 @@
-//! The continuous-batching worker: one thread owns every batched sequence and loops
-//! `admit new jobs → Engine::step (≤ one prefill chunk, then one batched decode step) → answer
+//! The scheduling worker: one thread owns every running sequence, of any strategy, and loops
+//! `admit new jobs → Engine::step (≤ one prefill chunk, then one shared target pass) → answer
 //! the finished ones`. Jobs arrive already prepared (template, tokens, images encoded) by the
 //! request's own blocking task, so the vision tower never stalls the running decodes.
 
@@ -74,10 +74,14 @@ fn run(engine: &Engine, metrics: &Metrics, jobs: &Receiver<Job>, chunk: usize) {
         while let Ok(job) = jobs.try_recv() {
             admit(engine, job, &mut seqs, &mut metas);
         }
-        let decoding = seqs.iter().filter(|s| s.is_decoding()).count();
+        let decoding: Vec<&'static str> = seqs
+            .iter()
+            .filter(|s| s.is_decoding())
+            .map(|s| s.strategy())
+            .collect();
         engine.step(&mut seqs, chunk);
-        if decoding > 0 {
-            metrics.batch_step(decoding);
+        if !decoding.is_empty() {
+            metrics.batch_step(&decoding);
         }
         for j in (0..seqs.len()).rev() {
             if seqs[j].is_done() {
@@ -86,7 +90,7 @@ fn run(engine: &Engine, metrics: &Metrics, jobs: &Receiver<Job>, chunk: usize) {
                 let first = seq.first_token_at();
                 let end = conclude(
                     metrics,
-                    seq.into_response(),
+                    engine.response(seq),
                     meta.index,
                     meta.arrived,
                     first,

@@ -79,6 +79,8 @@ struct Counters {
     accepted_by_position: Vec<u64>,
     /// Requests by the strategy that decoded them and whether `auto` chose it.
     by_strategy: std::collections::BTreeMap<(String, &'static str), u64>,
+    /// Sequences decoded in scheduler steps, by strategy.
+    batch_by_strategy: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Every metric of one server.
@@ -183,10 +185,16 @@ impl Metrics {
         self.e2e.lock().expect("not poisoned").observe(e2e_s);
     }
 
-    /// Counts one batched decode step of `rows` sequences.
-    pub fn batch_step(&self, rows: usize) {
+    /// Counts one scheduler step that decoded sequences of these `strategies` (one entry per
+    /// sequence).
+    pub fn batch_step(&self, strategies: &[&'static str]) {
         self.batch_steps.fetch_add(1, Ordering::Relaxed);
-        self.batch_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        self.batch_rows
+            .fetch_add(strategies.len() as u64, Ordering::Relaxed);
+        let mut c = self.counters.lock().expect("not poisoned");
+        for s in strategies {
+            *c.batch_by_strategy.entry(s).or_default() += 1;
+        }
     }
 
     /// The exposition text.
@@ -259,13 +267,13 @@ impl Metrics {
         );
         gauge(
             "glance_batch_decode_steps_total",
-            "Batched decode steps (continuous batching).",
+            "Scheduler steps that decoded at least one sequence (one shared target pass each).",
             "counter",
             get(&self.batch_steps),
         );
         gauge(
             "glance_batch_decode_rows_total",
-            "Sequences decoded in those steps (rows / steps = mean batch size).",
+            "Sequences decoded in those steps (sequences / steps = mean batch size).",
             "counter",
             get(&self.batch_rows),
         );
@@ -310,6 +318,30 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "glance_decode_strategy_total{{{m},strategy=\"{strategy}\",chosen_by=\"{by}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP glance_batch_decode_rows_by_strategy_total Sequences decoded in scheduler \
+             steps, by the strategy each runs (their sum is glance_batch_decode_rows_total).\n\
+             # TYPE glance_batch_decode_rows_by_strategy_total counter"
+        );
+        for (strategy, n) in &c.batch_by_strategy {
+            let _ = writeln!(
+                out,
+                "glance_batch_decode_rows_by_strategy_total{{{m},strategy=\"{strategy}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP glance_batch_decode_rows_by_strategy_total Sequences decoded in scheduler \
+             steps, by the strategy each runs (their sum is glance_batch_decode_rows_total).\n\
+             # TYPE glance_batch_decode_rows_by_strategy_total counter"
+        );
+        for (strategy, n) in &c.batch_by_strategy {
+            let _ = writeln!(
+                out,
+                "glance_batch_decode_rows_by_strategy_total{{{m},strategy=\"{strategy}\"}} {n}"
             );
         }
         drop(c);

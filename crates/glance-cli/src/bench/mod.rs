@@ -6,6 +6,7 @@ mod diffusion;
 mod machine;
 mod prune;
 mod serve;
+mod serve_mix;
 mod spec;
 mod tally;
 

@@ -55,17 +55,22 @@ pub struct ServeBenchArgs {
     /// The real model as its real-shape twin.
     #[command(flatten)]
     pub twin: crate::args::TwinArgs,
+    /// Request kinds (ar, vispec, eagle, prune, diffusion, auto), comma-separated: measure each
+    /// kind alone and all of them mixed, batching on, on the real model only (`diffusion` needs a
+    /// converted model such as models/glance-tiny-dvlm).
+    #[arg(long, value_delimiter = ',')]
+    pub mix: Vec<String>,
     /// Where to write the JSON results (the plots go beside it).
     #[arg(long, default_value = "bench-results/serve.json")]
     pub json: PathBuf,
 }
 
 /// One request as its client saw it.
-struct Sample {
-    ttft: f64,
+pub(super) struct Sample {
+    pub ttft: f64,
     /// Time per output token after the first (`None` for a one-token answer).
-    tpot: Option<f64>,
-    tokens: usize,
+    pub tpot: Option<f64>,
+    pub tokens: usize,
 }
 
 /// Most concurrent clients of one wave (`--clients`).
@@ -117,6 +122,14 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
         .map_or("model".into(), |n| n.to_string_lossy().into_owned());
     if let Some(shape) = &args.twin.twin {
         name += &format!(" (twin {shape})");
+    }
+    if !args.mix.is_empty() {
+        let images = if args.no_image {
+            vec![String::new()]
+        } else {
+            world_images(*args.clients.iter().max().expect("non-empty"))?
+        };
+        return super::serve_mix::run(&args, &name, Arc::new(engine), &images);
     }
     models.push((name, Arc::new(engine)));
     if args.shape != "none" {
@@ -208,7 +221,7 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn server_config(args: &ServeBenchArgs, batching: bool) -> ServerConfig {
+pub(super) fn server_config(args: &ServeBenchArgs, batching: bool) -> ServerConfig {
     let most = *args.clients.iter().max().expect("non-empty");
     ServerConfig {
         model_name: "bench".into(),
@@ -281,7 +294,7 @@ fn wave(
                 let image = &images[c % images.len()];
                 scope.spawn(move || {
                     (0..requests)
-                        .map(|r| stream_once(addr, image, c * requests + r, max_tokens))
+                        .map(|r| stream_once(addr, image, c * requests + r, max_tokens, &Value::Null))
                         .collect::<Result<Vec<_>>>()
                 })
             })
@@ -298,8 +311,15 @@ fn wave(
     Ok(all)
 }
 
-/// One streaming chat request over a fresh connection, timed at each SSE event.
-fn stream_once(addr: SocketAddr, image: &str, n: usize, max_tokens: usize) -> Result<Sample> {
+/// One streaming chat request over a fresh connection, timed at each SSE event; `glance` holds
+/// the request's glance options (or is null).
+pub(super) fn stream_once(
+    addr: SocketAddr,
+    image: &str,
+    n: usize,
+    max_tokens: usize,
+    glance: &Value,
+) -> Result<Sample> {
     let questions = [
         "Describe the image.",
         "What is in the image?",
@@ -309,12 +329,15 @@ fn stream_once(addr: SocketAddr, image: &str, n: usize, max_tokens: usize) -> Re
     if !image.is_empty() {
         content.insert(0, json!({"type": "image_url", "image_url": {"url": image}}));
     }
-    let body = json!({
+    let mut body = json!({
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true},
-    })
-    .to_string();
+    });
+    if !glance.is_null() {
+        body["glance"] = glance.clone();
+    }
+    let body = body.to_string();
     let start = Instant::now();
     let mut conn = TcpStream::connect(addr)?;
     conn.set_read_timeout(Some(Duration::from_secs(600)))?;
@@ -368,7 +391,7 @@ fn stream_once(addr: SocketAddr, image: &str, n: usize, max_tokens: usize) -> Re
 }
 
 /// The `p`-th percentile (nearest rank); 0 for no samples.
-fn pct(xs: &[f64], p: f64) -> f64 {
+pub(super) fn pct(xs: &[f64], p: f64) -> f64 {
     if xs.is_empty() {
         return 0.0;
     }

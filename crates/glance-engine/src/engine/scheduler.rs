@@ -285,7 +285,12 @@ impl Engine {
         while !seqs[0].is_done() {
             self.step(&mut seqs, usize::MAX);
         }
-        seqs.pop().expect("one sequence").into_response()
+        // A non-finite failure names the layer (of the vision tower, the projector or the
+        // decoder) whose output first is not finite.
+        seqs.pop()
+            .expect("one sequence")
+            .into_response()
+            .map_err(|e| self.pool.install(|| self.explain_non_finite(e, &request.prompt)))
     }
 
     /// One scheduling step: up to `prefill_chunk` prompt rows of the first sequence still
@@ -298,7 +303,6 @@ impl Engine {
                 .find(|s| matches!(s.phase, Phase::Prefill { .. }))
             {
                 if let Err(e) = self.prefill_unit(s, prefill_chunk.max(1)) {
-                    let e = self.explain(e, s);
                     s.fail(e);
                 }
             }
@@ -306,17 +310,25 @@ impl Engine {
         })
     }
 
-    /// Names the first layer whose output is not finite, for a non-finite failure of `s`.
-    fn explain(&self, e: Error, s: &Sequence<'_>) -> Error {
-        match &s.prepared.source {
+    /// The answer of a finished sequence ([`Sequence::into_response`]), a non-finite failure
+    /// naming the first decoder layer (or the prompt rows) whose output is not finite.
+    pub fn response(&self, s: Sequence<'_>) -> Result<Response> {
+        let source = match &s.prepared.source {
             Source::Plain {
                 rows, positions, ..
-            } => self.explain_non_finite_rows(e, rows, positions),
-            Source::Pruned { pruned, .. } => match pruned.plan.rows() {
-                Ok(rows) => self.explain_non_finite_rows(e, &rows, &pruned.plan.positions()),
-                Err(_) => e,
-            },
-        }
+            } => Some((rows.clone(), positions.clone())),
+            Source::Pruned { pruned, .. } => pruned
+                .plan
+                .rows()
+                .ok()
+                .map(|rows| (rows, pruned.plan.positions())),
+        };
+        s.into_response().map_err(|e| match source {
+            Some((rows, positions)) => self
+                .pool
+                .install(|| self.explain_non_finite_rows(e, &rows, &positions)),
+            None => e,
+        })
     }
 
     /// Prefills the next unit of `s`: a chunk of a plain prompt, or a pruned prompt whole; when
@@ -422,10 +434,7 @@ impl Engine {
             match state.next_pass(text, &mut |id| output.push(id)) {
                 Ok(Some(pass)) => passes.push((i, pass)),
                 Ok(None) => s.conclude(),
-                Err(e) => {
-                    let e = self.explain(e, s);
-                    s.fail(e);
-                }
+                Err(e) => s.fail(e),
             }
         }
         if passes.is_empty() {
@@ -461,7 +470,6 @@ impl Engine {
             };
             let output = &mut s.output;
             if let Err(e) = state.absorb(text, out, &mut |id| output.push(id)) {
-                let e = self.explain(e, s);
                 s.fail(e);
             }
         }
@@ -507,7 +515,8 @@ impl Sequence<'_> {
         self.generation = Some(generation);
     }
 
-    /// The answer, once [`Sequence::is_done`]. Time to first token is wall time from
+    /// The answer, once [`Sequence::is_done`] (errors as they happened: [`Engine::response`]
+    /// explains a non-finite one). Time to first token is wall time from
     /// [`Engine::prepare`] (scheduled with other requests, it includes their steps);
     /// `prefill_s` is the compute of this prompt's prefill.
     pub fn into_response(mut self) -> Result<Response> {

@@ -268,6 +268,6 @@ impl SampleSource {
         let emb = text.embed_tokens(&answer)?;
         hidden.push(emb.narrow(0, 0, 1)?.zeros_like()?);
         let rows = Tensor::cat(&[&prompt, &emb], 0)?;
-        Ok((Tensor::cat(&rows, 0)?, Tensor::cat(&hidden, 0)?, answer))
+        Ok((rows, Tensor::cat(&hidden, 0)?, answer))
     }
 }
