@@ -156,6 +156,8 @@ fn world(a: WorldArgs) -> Result<()> {
         }
         t
     };
+    // Before the start-up line: from then on, Ctrl-C checkpoints.
+    crate::signals::checkpoint_on_signals();
     let c = &trainer.state.config;
     let gemm_threads = (threads / c.workers).max(1);
     crate::threads::set(gemm_threads);

@@ -69,6 +69,8 @@ pub fn run(a: DraftArgs) -> Result<()> {
         |t| t.state.step,
         || Ok(DraftTrainer::new(build_config(&a)?, &out)?),
     )?;
+    // Before the start-up line: from then on, Ctrl-C checkpoints.
+    crate::signals::checkpoint_on_signals();
     let c = &trainer.state.config;
     let n: usize = trainer
         .params()

@@ -43,6 +43,10 @@ pub struct Located {
 /// an existing path; a shipped model (installed on first use); a directory under the glance
 /// home's `models/`; a Hugging Face repo id in the HF cache ([`hub::cache_dir`]). No `--model`
 /// is the shipped [`shipped::DEFAULT_MODEL`].
+///
+/// This is the one place a `--model` argument becomes a source; every command (run, eval, serve,
+/// quantize, the trainers' `--from`) goes through it, and the server's model name is
+/// [`Located::name`].
 pub fn locate(model: Option<&str>, revision: Option<&str>) -> Result<Located> {
     let model = model.unwrap_or(shipped::DEFAULT_MODEL);
     if revision.is_some() && !hub::is_repo_id(model) {
@@ -51,6 +55,11 @@ pub fn locate(model: Option<&str>, revision: Option<&str>) -> Result<Located> {
         )));
     }
     let path = Path::new(model);
+    // GGUF: a `.gguf` file (llama.cpp's LLaVA layout: the text model here, the vision tower in
+    // `--mmproj FILE`) is resolved by the GGUF branch at this point, before directories: a
+    // `Source` variant of its own, `dir` holding the file and `name` its stem, so that the
+    // loader (`ModelArgs::engine` in crates/glance-cli/src/args.rs) can pick the GGUF reader by
+    // the source rather than by sniffing the path again.
     if revision.is_none() && path.exists() {
         let name = hub::repo_of_snapshot(path).unwrap_or_else(|| dir_name(path));
         return Ok(Located {
