@@ -223,7 +223,14 @@ impl DecodeState for ArState {
             return Ok(None);
         }
         let (next, pos) = (self.next, self.pos);
-        if let Some(reason) = emit(next, &mut self.tokens, pos, self.max, &self.config, on_token)? {
+        if let Some(reason) = emit(
+            next,
+            &mut self.tokens,
+            pos,
+            self.max,
+            &self.config,
+            on_token,
+        )? {
             self.ended = Some(reason);
             return Ok(None);
         }

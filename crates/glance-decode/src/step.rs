@@ -110,7 +110,10 @@ pub fn shared_pass(
     for (p, _) in jobs.iter() {
         p.check()?;
     }
-    let ids: Vec<TokenId> = jobs.iter().flat_map(|(p, _)| p.ids.iter().copied()).collect();
+    let ids: Vec<TokenId> = jobs
+        .iter()
+        .flat_map(|(p, _)| p.ids.iter().copied())
+        .collect();
     // (n, hidden)
     let xs = model.embed_tokens(&ids)?;
     let mut groups: Vec<RowGroup<'_>> = jobs

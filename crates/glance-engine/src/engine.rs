@@ -20,9 +20,7 @@ use crate::cache::{
     tensor_bytes, CachedEncoding, ContentHasher, EncodingCache, ImageKey, PrefixCache,
 };
 use crate::options::{thread_pool, EngineOptions};
-use crate::request::{
-    ImageInput, KeptPatches, Message, Part, Prompt, Request,
-};
+use crate::request::{ImageInput, KeptPatches, Message, Part, Prompt, Request};
 use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_decode::{

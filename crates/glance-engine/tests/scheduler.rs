@@ -38,7 +38,11 @@ fn pruned(mut r: Request, policy: Policy, keep: f64) -> Request {
 /// Runs `requests` through one scheduler: one joins per step, prompts prefilled `chunk` rows at
 /// a time. Returns each answer with its streamed text, and the most sequences that decoded in
 /// one step.
-fn scheduled(engine: &Engine, requests: &[Request], chunk: usize) -> (Vec<(Response, String)>, usize) {
+fn scheduled(
+    engine: &Engine,
+    requests: &[Request],
+    chunk: usize,
+) -> (Vec<(Response, String)>, usize) {
     let streamed: Vec<Arc<Mutex<String>>> = requests.iter().map(|_| Default::default()).collect();
     let mut waiting: Vec<(usize, Sequence<'_>)> = requests
         .iter()
@@ -51,7 +55,10 @@ fn scheduled(engine: &Engine, requests: &[Request], chunk: usize) -> (Vec<(Respo
                 }
                 Flow::Continue
             });
-            (i, engine.sequence(engine.prepare(r).unwrap(), sink).unwrap())
+            (
+                i,
+                engine.sequence(engine.prepare(r).unwrap(), sink).unwrap(),
+            )
         })
         .rev()
         .collect();
@@ -83,7 +90,10 @@ fn scheduled(engine: &Engine, requests: &[Request], chunk: usize) -> (Vec<(Respo
 
 fn check_against_solo(engine: &Engine, requests: &[Request], chunk: usize, at_once: usize) {
     let (got, widest) = scheduled(engine, requests, chunk);
-    assert!(widest >= at_once, "at most {widest} sequences decoded in one step");
+    assert!(
+        widest >= at_once,
+        "at most {widest} sequences decoded in one step"
+    );
     for (r, (g, streamed)) in requests.iter().zip(got) {
         let solo = engine.generate(r, &mut |_| Flow::Continue).unwrap();
         let what = format!("{} / {:?}", r.decode, r.prune.as_ref().map(|p| p.policy));

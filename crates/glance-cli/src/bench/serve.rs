@@ -55,6 +55,10 @@ pub struct ServeBenchArgs {
     /// The real model as its real-shape twin.
     #[command(flatten)]
     pub twin: crate::args::TwinArgs,
+    /// How the real model's text decoder weights are held: f32, bf16, f16, q8 or q4 (as `glance
+    /// run --weights`).
+    #[arg(long, value_parser = crate::args::parse_weights, default_value = "f32")]
+    pub weights: glance_engine::WeightFormat,
     /// Request kinds (ar, vispec, eagle, prune, diffusion, auto), comma-separated: measure each
     /// kind alone and all of them mixed, batching on, on the real model only (`diffusion` needs a
     /// converted model such as models/glance-tiny-dvlm).
@@ -114,7 +118,10 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
         ..EngineOptions::default().with_threads(args.threads)
     };
     let mut models: Vec<(String, Arc<Engine>)> = Vec::new();
-    let twin = options.clone().with_twin(args.twin.twin.clone());
+    let twin = options
+        .clone()
+        .with_weights(args.weights)
+        .with_twin(args.twin.twin.clone());
     let engine =
         Engine::load(&tiny, twin).with_context(|| format!("loading {}", tiny.display()))?;
     let mut name = tiny
@@ -122,6 +129,9 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
         .map_or("model".into(), |n| n.to_string_lossy().into_owned());
     if let Some(shape) = &args.twin.twin {
         name += &format!(" (twin {shape})");
+    }
+    if args.weights != glance_engine::WeightFormat::F32 {
+        name += &format!(" {}", args.weights.name());
     }
     if !args.mix.is_empty() {
         let images = if args.no_image {
@@ -294,7 +304,9 @@ fn wave(
                 let image = &images[c % images.len()];
                 scope.spawn(move || {
                     (0..requests)
-                        .map(|r| stream_once(addr, image, c * requests + r, max_tokens, &Value::Null))
+                        .map(|r| {
+                            stream_once(addr, image, c * requests + r, max_tokens, &Value::Null)
+                        })
                         .collect::<Result<Vec<_>>>()
                 })
             })

@@ -6,7 +6,7 @@
 //! and the batch composition: the mean number of sequences of each strategy per scheduler step
 //! (from the server's `/metrics`).
 
-use super::serve::{pct, stream_once, ServeBenchArgs, Sample};
+use super::serve::{pct, stream_once, Sample, ServeBenchArgs};
 use anyhow::{bail, Context, Result};
 use glance_engine::{DecodeSpec, Engine};
 use serde_json::{json, Value};
@@ -56,7 +56,10 @@ impl Kind {
             .find(|k| k.name() == s.trim())
             .with_context(|| {
                 let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
-                format!("--mix: unknown request kind `{s}` (known: {})", known.join(", "))
+                format!(
+                    "--mix: unknown request kind `{s}` (known: {})",
+                    known.join(", ")
+                )
             })
     }
 
@@ -79,15 +82,26 @@ impl Kind {
     }
 }
 
-pub fn run(args: &ServeBenchArgs, name: &str, engine: Arc<Engine>, images: &[String]) -> Result<()> {
-    let kinds: Vec<Kind> = args.mix.iter().map(|s| Kind::parse(s)).collect::<Result<_>>()?;
+pub fn run(
+    args: &ServeBenchArgs,
+    name: &str,
+    engine: Arc<Engine>,
+    images: &[String],
+) -> Result<()> {
+    let kinds: Vec<Kind> = args
+        .mix
+        .iter()
+        .map(|s| Kind::parse(s))
+        .collect::<Result<_>>()?;
     for k in &kinds {
         engine.check_decode(k.decode()).with_context(|| {
             format!("--mix {}: {name} cannot run this kind of request", k.name())
         })?;
     }
-    let mut workloads: Vec<(String, Vec<Kind>)> =
-        kinds.iter().map(|k| (k.name().to_string(), vec![*k])).collect();
+    let mut workloads: Vec<(String, Vec<Kind>)> = kinds
+        .iter()
+        .map(|k| (k.name().to_string(), vec![*k]))
+        .collect();
     if kinds.len() > 1 {
         workloads.push(("mixed".into(), kinds.clone()));
     }
@@ -102,8 +116,16 @@ pub fn run(args: &ServeBenchArgs, name: &str, engine: Arc<Engine>, images: &[Str
     }
     println!(
         "{:<10} {:>7} {:<10} {:>6} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}  sequences per step",
-        "workload", "clients", "kind", "tokens", "tok/s", "× 1 cli", "TTFT p50", "TTFT p99",
-        "TPOT p50", "TPOT p99"
+        "workload",
+        "clients",
+        "kind",
+        "tokens",
+        "tok/s",
+        "× 1 cli",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99"
     );
     let mut report = Vec::new();
     // Each kind's rate with one client sending it alone: what every row of that kind is
@@ -219,9 +241,14 @@ fn wave(
 fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>> {
     let mut conn = TcpStream::connect(addr)?;
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(conn, "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+    write!(
+        conn,
+        "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )?;
     let mut text = String::new();
-    BufReader::new(conn).take(4 << 20).read_to_string(&mut text)?;
+    BufReader::new(conn)
+        .take(4 << 20)
+        .read_to_string(&mut text)?;
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((key, value)) = line.rsplit_once(' ') else {
@@ -233,7 +260,11 @@ fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>> {
         if key.starts_with("glance_batch_decode_steps_total") {
             out.insert("steps".to_string(), v);
         } else if key.starts_with("glance_batch_decode_rows_by_strategy_total") {
-            if let Some(s) = key.split("strategy=\"").nth(1).and_then(|s| s.split('"').next()) {
+            if let Some(s) = key
+                .split("strategy=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+            {
                 out.insert(s.to_string(), v);
             }
         }
@@ -242,8 +273,12 @@ fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>> {
 }
 
 /// Mean sequences of each strategy per scheduler step between two scrapes.
-fn composition(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
-    let delta = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+fn composition(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    let delta =
+        |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
     let steps = delta("steps");
     after
         .keys()

@@ -417,9 +417,7 @@ impl DecodeStrategy for BlockDiffusion {
             DiffusionMode::Linear | DiffusionMode::Quadratic => {
                 let quadratic = self.mode == DiffusionMode::Quadratic;
                 let block = match &self.cost {
-                    Some(cost) if !quadratic => {
-                        BlockSize::cost_aware(&self.settings, cost.clone())
-                    }
+                    Some(cost) if !quadratic => BlockSize::cost_aware(&self.settings, cost.clone()),
                     _ => BlockSize::new(&self.settings),
                 };
                 Box::new(selfspec::SelfSpecState::new(common, quadratic, block))
@@ -500,7 +498,14 @@ impl Common {
 
     /// Emits `t`, predicted by the row at `pos`; `true` when the generation ends with it.
     pub fn emit(&mut self, t: TokenId, pos: u32, on_token: TokenSink<'_>) -> Result<bool> {
-        let r = crate::autoregressive::emit(t, &mut self.tokens, pos, self.max, &self.config, on_token)?;
+        let r = crate::autoregressive::emit(
+            t,
+            &mut self.tokens,
+            pos,
+            self.max,
+            &self.config,
+            on_token,
+        )?;
         if r.is_some() {
             self.ended = r;
         }

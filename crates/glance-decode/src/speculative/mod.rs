@@ -274,7 +274,14 @@ struct SpecState {
 
 impl SpecState {
     fn emit(&mut self, t: TokenId, pos: u32, on_token: TokenSink<'_>) -> Result<bool> {
-        let r = crate::autoregressive::emit(t, &mut self.tokens, pos, self.max, &self.config, on_token)?;
+        let r = crate::autoregressive::emit(
+            t,
+            &mut self.tokens,
+            pos,
+            self.max,
+            &self.config,
+            on_token,
+        )?;
         if r.is_some() {
             self.ended = r;
         }
@@ -282,7 +289,12 @@ impl SpecState {
     }
 
     /// Steps 1 and 2: the draft's pending rows and the tree, `depth` deep.
-    fn draft_tree(&mut self, model: &dyn CausalLm, depth: usize, settings: &TreeSettings) -> Result<(DraftTree, Instant)> {
+    fn draft_tree(
+        &mut self,
+        model: &dyn CausalLm,
+        depth: usize,
+        settings: &TreeSettings,
+    ) -> Result<(DraftTree, Instant)> {
         let clock = Instant::now();
         let mut round_clock = Instant::now();
         // The draft starts (its prompt rows) if it has not; the pending rows with real hidden
@@ -308,9 +320,12 @@ impl SpecState {
             rows = Tensor::cat(&[&p.rows, &rows], 0)?;
             positions = [p.positions.as_slice(), &positions].concat();
         }
-        let out = self
-            .draft
-            .forward(&rows, &positions, &AttnMask::causal(), &mut self.draft_cache)?;
+        let out = self.draft.forward(
+            &rows,
+            &positions,
+            &AttnMask::causal(),
+            &mut self.draft_cache,
+        )?;
         if first.is_some() {
             // The prompt's rows are the start's too.
             round_clock = Instant::now();
@@ -419,7 +434,9 @@ impl DecodeState for SpecState {
 
     fn absorb(&mut self, _: &dyn CausalLm, out: PassOutput, on_token: TokenSink<'_>) -> Result<()> {
         let Some(open) = self.round.take() else {
-            return Err(Error::Input("speculative decoding: outputs without a pass".into()));
+            return Err(Error::Input(
+                "speculative decoding: outputs without a pass".into(),
+            ));
         };
         let Open {
             tree,

@@ -92,7 +92,9 @@ impl Prepared {
 
 enum Phase {
     /// `done` of the prompt rows are in the cache.
-    Prefill { done: usize },
+    Prefill {
+        done: usize,
+    },
     /// Decoding, one target pass a step.
     Decode(Box<dyn DecodeState>),
     Done,
@@ -150,7 +152,8 @@ impl Engine {
                         .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
                         .map(|s| s.source.clone())
                         .collect();
-                    let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
+                    let pruned =
+                        glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
                     let positions = pruned.plan.positions();
                     glance_decode::check_prompt(self.model.text(), positions.len(), &positions)?;
                     let select = pruned.stats.select_time;
@@ -229,7 +232,10 @@ impl Engine {
         let mut prepared = prepared;
         let (cache, done, hidden, prefix_rows) = match &prepared.source {
             Source::Plain {
-                prefix: Some(PrefixPlan { hit: Some(entry), .. }),
+                prefix:
+                    Some(PrefixPlan {
+                        hit: Some(entry), ..
+                    }),
                 ..
             } => {
                 prepared.saved += entry.state.elapsed;
@@ -290,7 +296,10 @@ impl Engine {
         seqs.pop()
             .expect("one sequence")
             .into_response()
-            .map_err(|e| self.pool.install(|| self.explain_non_finite(e, &request.prompt)))
+            .map_err(|e| {
+                self.pool
+                    .install(|| self.explain_non_finite(e, &request.prompt))
+            })
     }
 
     /// One scheduling step: up to `prefill_chunk` prompt rows of the first sequence still
@@ -346,11 +355,7 @@ impl Engine {
                 attach_images(&mut state, &pruned.plan);
                 let side = self.model.config().vision.grid();
                 let patches = kept_patches(images, side, &state.positions);
-                s.kept = Some((
-                    state.prompt_len(),
-                    pruned.stats.kept_visual_tokens,
-                    patches,
-                ));
+                s.kept = Some((state.prompt_len(), pruned.stats.kept_visual_tokens, patches));
                 s.prefill = state.elapsed;
                 state
             }
@@ -406,10 +411,7 @@ impl Engine {
             }
         };
         let sampler = s.sampler.take().expect("the strategy starts once");
-        let decoding = s
-            .prepared
-            .strategy
-            .start(text, state, sampler, &s.config)?;
+        let decoding = s.prepared.strategy.start(text, state, sampler, &s.config)?;
         s.phase = Phase::Decode(decoding);
         Ok(())
     }
@@ -417,7 +419,8 @@ impl Engine {
     /// Puts a prompt's prefix in the prefix cache: its keys and values, final hidden states and
     /// positions, and what they cost.
     fn record_prefix(&self, key: &PrefixKey, state: Prefilled) {
-        let bytes = tensor_bytes(&state.hidden) + cache_bytes(self.model.config(), state.prompt_len());
+        let bytes =
+            tensor_bytes(&state.hidden) + cache_bytes(self.model.config(), state.prompt_len());
         self.prefixes
             .insert(key.clone(), Arc::new(CachedPrefix { state }), bytes);
     }
@@ -524,7 +527,9 @@ impl Sequence<'_> {
             return Err(e);
         }
         let Some(mut generation) = self.generation.take() else {
-            return Err(Error::Input("the request ended before it was answered".into()));
+            return Err(Error::Input(
+                "the request ended before it was answered".into(),
+            ));
         };
         let p = &self.prepared;
         let first = self.output.first_token.unwrap_or_else(Instant::now);

@@ -106,38 +106,6 @@ impl Attention {
     }
 }
 
-impl Attention {
-    /// Continuous batching: `x` `(n, hidden)` holds one new row per sequence, row `r` at
-    /// `positions[r]` and appended to `caches[r]`'s layer `layer`. The projections run as one
-    /// batch of rows; each row attends over its own cache only. Returns `(n, hidden)`.
-    fn forward_rows(
-        &self,
-        x: &Tensor,
-        step: &Step,
-        caches: &mut [&mut KvCache],
-        layer: usize,
-        window: Option<usize>,
-    ) -> candle_core::Result<Tensor> {
-        let hd = self.head_dim;
-        // The rows side by side as one "sequence" for RoPE, which rotates each row by its own
-        // position.
-        let (q, k, v) = self.qkv(x, step, Linear::forward_rows)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        // (1, kv_heads, s_r, hd) per sequence: its keys and values, the new row last.
-        let mut kv = Vec::with_capacity(caches.len());
-        for (r, cache) in caches.iter_mut().enumerate() {
-            let kr = k.narrow(2, r, 1)?;
-            let vr = v.narrow(2, r, 1)?;
-            kv.push(cache.layer_mut(layer).append(&kr, &vr)?);
-        }
-        // (n, heads * hd): each row over its own cache, bit for bit the plain decode step's
-        // attention (the two kernels share their steps).
-        let att = glance_nn::attend_rows::attend_rows(&q, &kv, window, scale)?;
-        // (n, heads * hd) -> (n, hidden)
-        self.o.forward_rows(&att)
-    }
-}
-
 /// Which keys and values the new rows attend over, after their own are computed.
 pub(crate) enum Keys<'a> {
     /// Appended to a layer cache: cached rows, then the new ones.
@@ -261,26 +229,6 @@ impl Layer {
             self.mlp.forward(&post)?
         };
         Ok(((x + h)?, att))
-    }
-}
-
-impl Layer {
-    /// [`Attention::forward_rows`] inside the block: norms, MLP and residuals run on all `n`
-    /// rows `(n, hidden)` at once.
-    fn forward_rows(
-        &self,
-        x: &Tensor,
-        step: &Step,
-        caches: &mut [&mut KvCache],
-        layer: usize,
-    ) -> candle_core::Result<Tensor> {
-        let h = self.input_norm.forward(x)?;
-        let att = self
-            .attn
-            .forward_rows(&h, step, caches, layer, self.window)?;
-        let x = (x + att)?;
-        let h = self.mlp.forward_rows(&self.post_norm.forward(&x)?)?;
-        x + h
     }
 }
 
@@ -507,49 +455,6 @@ impl TextModel {
             layers,
             Kernels::Default(probe),
         )
-    }
-
-    /// One decode step of several sequences (continuous batching): row `r` of `rows`
-    /// `(n, hidden)` is sequence `r`'s new token at `positions[r]`, appended to `caches[r]`.
-    /// The linear and MLP layers run once on all rows; attention runs per row over its own cache.
-    /// Returns the final (normed) hidden states `(n, hidden)`; for each sequence, what
-    /// [`CausalLm::forward`] of its row alone returns (up to float summation order).
-    pub fn forward_batch(
-        &self,
-        rows: &Tensor,
-        positions: &[u32],
-        caches: &mut [&mut KvCache],
-    ) -> Result<Tensor> {
-        let n = rows.dim(0)?;
-        if positions.len() != n || caches.len() != n {
-            return Err(Error::Input(format!(
-                "a batch of {n} rows needs one position and one cache per row, got {} and {}",
-                positions.len(),
-                caches.len()
-            )));
-        }
-        let max = self.config.max_position_embeddings;
-        for (p, c) in positions.iter().zip(caches.iter()) {
-            if *p as usize >= max || c.len() + 1 > max {
-                return Err(Error::PromptTooLong {
-                    len: (c.len() + 1).max(*p as usize + 1),
-                    max,
-                });
-            }
-        }
-        // (n,) u32
-        let pos = Tensor::new(positions, &self.device)?;
-        let step = Step {
-            rope: &self.rope,
-            positions: &pos,
-            mode: self.mode,
-            batch_invariant: true,
-        };
-        let mut x = rows.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward_rows(&x, &step, caches, i)?;
-        }
-        Ok(self.norm.forward(&x)?)
     }
 
     /// The logits of rows of different sequences `(n, hidden)` → `(n, vocab)`, the LM head read

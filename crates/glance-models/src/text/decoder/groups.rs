@@ -51,7 +51,10 @@ impl TextModel {
                 });
             }
         }
-        let positions: Vec<u32> = groups.iter().flat_map(|g| g.positions.iter().copied()).collect();
+        let positions: Vec<u32> = groups
+            .iter()
+            .flat_map(|g| g.positions.iter().copied())
+            .collect();
         // (n,) u32
         let pos = Tensor::new(positions.as_slice(), &self.device)?;
         let step = Step {
@@ -106,7 +109,8 @@ impl Attention {
         let scale = 1.0 / (hd as f64).sqrt();
         // (1, heads | kv_heads, n, hd), RoPE applied row by row.
         let (q, k, v) = self.qkv(x, step, Linear::forward_rows)?;
-        let single = |g: &RowGroup<'_>| g.positions.len() == 1 && matches!(g.mask, AttnMask::Causal);
+        let single =
+            |g: &RowGroup<'_>| g.positions.len() == 1 && matches!(g.mask, AttnMask::Causal);
         // Per group, its output rows `(t, heads * hd)`.
         let mut outs: Vec<Option<Tensor>> = vec![None; groups.len()];
         // One-row causal groups: one call of the batched decode-attention kernel.
@@ -130,7 +134,9 @@ impl Attention {
             // (1, heads, s, hd)
             let qs = q.index_select(&idx, 2)?.contiguous()?;
             // (s, heads * hd)
-            Some(glance_nn::attend_rows::attend_rows(&qs, &kv, window, scale)?)
+            Some(glance_nn::attend_rows::attend_rows(
+                &qs, &kv, window, scale,
+            )?)
         };
         let mut s = 0;
         for (gi, g) in groups.iter_mut().enumerate() {
@@ -145,7 +151,10 @@ impl Attention {
             let (kg, vg) = (k.narrow(2, r, t)?, v.narrow(2, r, t)?);
             let qg = q.narrow(2, r, t)?.contiguous()?;
             // (1, kv_heads, s, hd): cached rows, then the group's.
-            let (all_k, all_v) = g.cache.layer_mut(layer).append(&kg.contiguous()?, &vg.contiguous()?)?;
+            let (all_k, all_v) = g
+                .cache
+                .layer_mut(layer)
+                .append(&kg.contiguous()?, &vg.contiguous()?)?;
             let kv_len = all_k.dim(2)?;
             let key = (window, kv_len);
             let cache = &mut masks[gi];
@@ -154,7 +163,10 @@ impl Attention {
                 cache.push((key, m));
             }
             // (t, kv_len) additive, or None
-            let m = cache.iter().find(|(k, _)| *k == key).and_then(|(_, m)| m.as_ref());
+            let m = cache
+                .iter()
+                .find(|(k, _)| *k == key)
+                .and_then(|(_, m)| m.as_ref());
             let out = if g.invariant {
                 attention_batch_invariant(&qg, &all_k, &all_v, m, scale)?
             } else {
