@@ -632,3 +632,125 @@ fn a_speculative_default_without_a_draft_head_fails_at_start() {
     ]);
     assert_fails_with(&o, "draft head");
 }
+
+/// Requests of every kind — plain, ViSpec, EAGLE, pruned, pruned ViSpec, `auto` — sent at once
+/// share the scheduler's steps, and each gets the answer it gets alone.
+#[test]
+fn mixed_kinds_under_load_answer_as_they_do_alone() {
+    let server = Server::start(&["--max-batch", "8", "--prefill-chunk", "32"]);
+    let prune = json!({"policy": "adaptive", "keep": 0.125});
+    let cases: Vec<(&str, Value, usize)> = vec![
+        ("astronaut.png", json!({"decode": "ar"}), 40),
+        ("camera_gray.png", json!({"decode": "vispec"}), 48),
+        ("coffee_palette.png", json!({"decode": "eagle"}), 44),
+        ("astronaut.png", json!({"decode": "ar", "prune": prune}), 36),
+        (
+            "camera_gray.png",
+            json!({"decode": "vispec", "prune": prune}),
+            40,
+        ),
+        ("coffee_palette.png", json!({"decode": "auto"}), 32),
+        ("astronaut.png", json!({"decode": "vispec"}), 30),
+    ];
+    let request = |(img, glance, n): &(&str, Value, usize)| {
+        let mut b = body(
+            &image_url(img),
+            "Describe the image in detail.",
+            json!({"max_tokens": n, "temperature": 0}),
+        );
+        b["model"] = json!("glance-tiny");
+        b["glance"] = glance.clone();
+        b
+    };
+    let alone: Vec<Value> = cases
+        .iter()
+        .map(|c| {
+            let (status, v) = server.chat(&request(c));
+            assert_eq!(status, 200, "{v}");
+            v["choices"][0]["message"]["content"].clone()
+        })
+        .collect();
+    let steps = |server: &Server| {
+        server.metric("glance_batch_decode_steps_total{model_name=\"glance-tiny\"}")
+    };
+    let rows = |server: &Server| {
+        server.metric("glance_batch_decode_rows_total{model_name=\"glance-tiny\"}")
+    };
+    let (steps0, rows0) = (steps(&server), rows(&server));
+    let got: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|c| {
+                let b = request(c);
+                let server = &server;
+                scope.spawn(move || server.chat(&b))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (status, v)) in got.iter().enumerate() {
+        assert_eq!(*status, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["message"]["content"], alone[i],
+            "request {i}: {}",
+            cases[i].1
+        );
+    }
+    let (steps1, rows1) = (steps(&server), rows(&server));
+    assert!(
+        rows1 - rows0 > steps1 - steps0,
+        "no step decoded two requests: {} rows in {} steps",
+        rows1 - rows0,
+        steps1 - steps0
+    );
+    for strategy in ["vispec", "eagle", "ar"] {
+        let n = server.metric(&format!(
+            "glance_batch_decode_rows_by_strategy_total{{model_name=\"glance-tiny\",strategy=\"{strategy}\"}}"
+        ));
+        assert!(n > 0.0, "no {strategy} sequence was scheduled");
+    }
+}
+
+#[test]
+fn bench_serve_mix_reports_each_kind_and_the_batch_composition() {
+    let out = scratch("bench-serve-mix").join("mix.json");
+    let o = glance(&[
+        "bench",
+        "serve",
+        "--mix",
+        "ar,vispec,prune",
+        "--clients",
+        "1,3",
+        "--requests",
+        "1",
+        "--max-tokens",
+        "6",
+        "--threads",
+        "1",
+        "--json",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("sequences per step"), "{}", stdout(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    // Each kind alone at 1 and 3 clients, then the mix at 1 client (ar) and 3 (one of each).
+    assert_eq!(rows.len(), 3 * 2 + 1 + 3, "{v}");
+    for r in rows {
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        let per_step = r["sequences_per_step"].as_object().unwrap();
+        assert!(!per_step.is_empty(), "{r}");
+    }
+    let mixed = rows
+        .iter()
+        .find(|r| r["workload"] == "mixed" && r["clients"] == 3)
+        .unwrap();
+    let per_step = mixed["sequences_per_step"].as_object().unwrap();
+    assert!(
+        per_step.contains_key("vispec") && per_step.contains_key("ar"),
+        "{mixed}"
+    );
+    // A kind the model cannot run is refused before anything is measured.
+    let o = glance(&["bench", "serve", "--mix", "ar,diffusion", "--json", s(&out)]);
+    assert_fails_with(&o, "diffusion");
+}
