@@ -121,7 +121,7 @@ pub fn shared_pass(
         .map(|(p, cache)| RowGroup {
             positions: &p.positions,
             mask: &p.mask,
-            cache: &mut **cache,
+            cache,
             invariant: p.invariant,
         })
         .collect();

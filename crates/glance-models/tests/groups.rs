@@ -181,9 +181,9 @@ fn shared_logits_are_each_rows_own() {
             .forward(&x, &[0, 1, 2, 3, 4, 5], &AttnMask::causal(), &mut cache)
             .unwrap();
         let all = rows(&CausalLm::logits_rows(&m, &h).unwrap());
-        for r in 0..6 {
+        for (r, row) in all.iter().enumerate() {
             let one = rows(&m.logits(&h.narrow(0, r, 1).unwrap()).unwrap());
-            assert_eq!(all[r], one[0], "{format:?} row {r}");
+            assert_eq!(row, &one[0], "{format:?} row {r}");
         }
     }
 }

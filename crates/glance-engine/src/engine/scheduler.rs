@@ -287,7 +287,7 @@ impl Engine {
         on_event: &mut (dyn FnMut(Event) -> Flow + Send),
     ) -> Result<Response> {
         let prepared = self.prepare(request)?;
-        let mut seqs = vec![self.sequence(prepared, Box::new(|e| on_event(e)))?];
+        let mut seqs = vec![self.sequence(prepared, Box::new(on_event))?];
         while !seqs[0].is_done() {
             self.step(&mut seqs, usize::MAX);
         }
