@@ -21,7 +21,7 @@ mod options;
 mod request;
 
 pub use cache::ImageKey;
-pub use engine::scheduler::{Prepared, Sequence};
+pub use engine::scheduler::{Prepared, Sequence, SharedPrefill};
 pub use engine::{CacheStats, Engine};
 pub use options::{
     cores, max_threads, resolve_threads, thread_pool, EngineOptions, TwinShape, WeightFormat,

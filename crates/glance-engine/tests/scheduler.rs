@@ -160,3 +160,72 @@ fn block_diffusion_requests_share_passes_with_plain_ones() {
     ];
     check_against_solo(&e, &requests, 64, 3);
 }
+
+/// The choices of one request (`n > 1`) prefill their prompt once: the first computes it, the
+/// others start from forks of it, and each answers as it does alone with its own seed; pruned
+/// and speculative choices too. A first choice that never runs fails the others clearly.
+#[test]
+fn choices_share_one_prefill_and_answer_as_alone() {
+    use glance_engine::SharedPrefill;
+    let e = Engine::load(&model("glance-tiny"), EngineOptions::single_request()).unwrap();
+    for (decode, prune) in [
+        (DecodeSpec::Ar, None),
+        (DecodeSpec::Vispec, Some(Policy::Adaptive)),
+    ] {
+        let choices: Vec<Request> = (0..3)
+            .map(|i| {
+                let mut r = ask("Describe the image.", vec![world(1)], 24, decode);
+                if let Some(p) = prune {
+                    r = pruned(r, p, 0.25);
+                }
+                r.sampling = SamplingParams::sampled(0.9, 40 + i);
+                r
+            })
+            .collect();
+        let share = SharedPrefill::new();
+        let mut seqs: Vec<Sequence<'_>> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let p = e.prepare(r).unwrap().share(&share, i == 0);
+                e.sequence(p, Box::new(|_| Flow::Continue)).unwrap()
+            })
+            .collect();
+        while seqs.iter().any(|s| !s.is_done()) {
+            e.step(&mut seqs, 64);
+        }
+        let got: Vec<Response> = seqs
+            .into_iter()
+            .map(|s| s.into_response().unwrap())
+            .collect();
+        for (i, (r, g)) in choices.iter().zip(&got).enumerate() {
+            let solo = e.generate(r, &mut |_| Flow::Continue).unwrap();
+            assert_eq!(g.token_ids, solo.token_ids, "{decode} choice {i}");
+            assert_eq!(g.usage, solo.usage, "{decode} choice {i}");
+            let rows = g.usage.prompt_rows;
+            assert_eq!(
+                g.cache.prefix_rows,
+                if i == 0 { 0 } else { rows },
+                "choice {i}"
+            );
+        }
+        assert!(
+            got.windows(2).any(|w| w[0].token_ids != w[1].token_ids),
+            "{decode}: three seeds gave one answer"
+        );
+    }
+    // The first choice is dropped before it runs: the others fail, saying why.
+    let share = SharedPrefill::new();
+    let r = ask("Describe the image.", vec![world(1)], 8, DecodeSpec::Ar);
+    let lead = e.prepare(&r).unwrap().share(&share, true);
+    let mut seqs = vec![e
+        .sequence(
+            e.prepare(&r).unwrap().share(&share, false),
+            Box::new(|_| Flow::Continue),
+        )
+        .unwrap()];
+    drop(lead);
+    e.step(&mut seqs, 64);
+    let err = seqs.pop().unwrap().into_response().unwrap_err().to_string();
+    assert!(err.contains("first choice"), "{err}");
+}

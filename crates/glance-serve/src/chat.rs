@@ -22,7 +22,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_core::Stream;
-use glance_engine::{Event, FinishReason, Flow, Request, TokenLogprob};
+use glance_engine::{Event, FinishReason, Flow, Prepared, Request, SharedPrefill, TokenLogprob};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -152,26 +152,20 @@ fn dispatch(
 ) {
     if app.batcher.is_some() {
         let slot = Arc::new(slot);
+        // The choices share one prefill: the first computes it, the others fork it.
+        let share = (requests.len() > 1).then(SharedPrefill::new);
         for (index, request) in requests.into_iter().enumerate() {
-            let (app, tx, slot) = (app.clone(), tx.clone(), slot.clone());
+            let (app, tx, slot, share) = (app.clone(), tx.clone(), slot.clone(), share.clone());
             // Prepared here (images encoded off the batching thread), then decoded in the batch.
-            tokio::task::spawn_blocking(move || match app.engine.prepare(&request) {
-                // The client left while its images were encoded: nothing to decode.
-                Ok(_) if tx.is_closed() => app.metrics.outcome(Outcome::Cancelled),
-                Ok(prepared) => {
-                    let batcher = app.batcher.as_ref().expect("checked");
-                    batcher.submit(Job {
-                        prepared,
-                        index,
-                        tx,
-                        arrived,
-                        slot,
-                    });
+            tokio::task::spawn_blocking(move || {
+                let prepared = app.engine.prepare(&request).map(|p| match &share {
+                    Some(share) => p.share(share, index == 0),
+                    None => p,
+                });
+                if let (Some(share), Err(e), 0) = (&share, &prepared, index) {
+                    share.fail(&e.to_string());
                 }
-                Err(e) => {
-                    drop(slot);
-                    let _ = tx.send(Msg::Failed(e.into()));
-                }
+                dispatch_prepared(&app, prepared, index, tx, arrived, slot)
             });
         }
         return;
@@ -194,6 +188,35 @@ fn dispatch(
             let _ = tx.send(end);
         }
     });
+}
+
+/// Hands a prepared choice to the scheduling worker, or answers its preparation's error.
+fn dispatch_prepared(
+    app: &App,
+    prepared: glance_core::Result<Prepared>,
+    index: usize,
+    tx: mpsc::UnboundedSender<Msg>,
+    arrived: Instant,
+    slot: Arc<Slot>,
+) {
+    match prepared {
+        // The client left while its images were encoded: nothing to decode.
+        Ok(_) if tx.is_closed() => app.metrics.outcome(Outcome::Cancelled),
+        Ok(prepared) => {
+            let batcher = app.batcher.as_ref().expect("batching is on");
+            batcher.submit(Job {
+                prepared,
+                index,
+                tx,
+                arrived,
+                slot,
+            });
+        }
+        Err(e) => {
+            drop(slot);
+            let _ = tx.send(Msg::Failed(e.into()));
+        }
+    }
 }
 
 /// Runs choice `index`'s generation on the current (blocking) thread, streaming its text through

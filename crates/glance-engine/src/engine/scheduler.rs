@@ -30,7 +30,7 @@ use glance_decode::{
 };
 use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_nn::{AttnMask, CausalLm, KvCache};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The prompt prefix through its last image token, shared through the engine's prefix cache:
@@ -40,6 +40,59 @@ struct PrefixPlan {
     /// Rows in the prefix.
     split: usize,
     hit: Option<Arc<CachedPrefix>>,
+}
+
+/// One prompt prefilled once for the choices of a request (`n > 1`): the leading choice's
+/// sequence prefills it and publishes it here; the others wait, then start their strategies
+/// from forks of it (each with its own cache, sampler and output).
+#[derive(Clone, Default)]
+pub struct SharedPrefill(Arc<Mutex<Option<std::result::Result<Arc<Shared>, String>>>>);
+
+/// What a leading choice publishes: its prompt's prefill and what its prefill reports.
+struct Shared {
+    state: Prefilled,
+    kept: Option<(usize, usize, Vec<KeptPatches>)>,
+}
+
+impl SharedPrefill {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The leading choice could not be prefilled (or never started): every follower fails with
+    /// `why` (a first failure stays).
+    pub fn fail(&self, why: &str) {
+        let mut cell = self.0.lock().expect("not poisoned");
+        if cell.is_none() {
+            *cell = Some(Err(why.to_string()));
+        }
+    }
+
+    fn publish(&self, shared: Shared) {
+        let mut cell = self.0.lock().expect("not poisoned");
+        if cell.is_none() {
+            *cell = Some(Ok(Arc::new(shared)));
+        }
+    }
+
+    fn get(&self) -> Option<std::result::Result<Arc<Shared>, String>> {
+        self.0.lock().expect("not poisoned").clone()
+    }
+}
+
+/// A prepared request's part in a [`SharedPrefill`].
+enum Role {
+    /// Prefills the prompt and publishes it; fails the followers if dropped before that.
+    Lead(SharedPrefill),
+    Follow(SharedPrefill),
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Role::Lead(share) = self {
+            share.fail("the request's first choice ended before its prompt was prefilled");
+        }
+    }
 }
 
 /// How the prompt is prefilled.
@@ -81,12 +134,25 @@ pub struct Prepared {
     saved: Duration,
     started: Instant,
     prepared_in: Duration,
+    share: Option<Role>,
 }
 
 impl Prepared {
     /// The strategy the request runs (`auto` resolved).
     pub fn strategy(&self) -> &'static str {
         self.strategy.name()
+    }
+
+    /// Makes this request's sequence prefill its prompt once for `share` (`lead`), or start from
+    /// the leading sequence's prefill instead of its own. The choices of one request have the
+    /// same prompt; only their sampling differs.
+    pub fn share(mut self, share: &SharedPrefill, lead: bool) -> Self {
+        self.share = Some(if lead {
+            Role::Lead(share.clone())
+        } else {
+            Role::Follow(share.clone())
+        });
+        self
     }
 }
 
@@ -95,6 +161,8 @@ enum Phase {
     Prefill {
         done: usize,
     },
+    /// Waiting for the leading choice's prefill.
+    Follow(SharedPrefill),
     /// Decoding, one target pass a step.
     Decode(Box<dyn DecodeState>),
     Done,
@@ -187,6 +255,7 @@ impl Engine {
                 saved,
                 started,
                 prepared_in: started.elapsed(),
+                share: None,
             })
         })
     }
@@ -262,13 +331,17 @@ impl Engine {
             self.processor.text.stream_decoder(),
             prepared.stop.clone(),
         );
+        let phase = match &prepared.share {
+            Some(Role::Follow(share)) => Phase::Follow(share.clone()),
+            _ => Phase::Prefill { done },
+        };
         Ok(Sequence {
             prepared,
             output,
             sampler: Some(sampler),
             config,
             cache,
-            phase: Phase::Prefill { done },
+            phase,
             hidden,
             prefill: Duration::ZERO,
             generation: None,
@@ -312,6 +385,14 @@ impl Engine {
                 .find(|s| matches!(s.phase, Phase::Prefill { .. }))
             {
                 if let Err(e) = self.prefill_unit(s, prefill_chunk.max(1)) {
+                    if let Some(Role::Lead(share)) = &s.prepared.share {
+                        share.fail(&e.to_string());
+                    }
+                    s.fail(e);
+                }
+            }
+            for s in seqs.iter_mut() {
+                if let Err(e) = self.follow(s) {
                     s.fail(e);
                 }
             }
@@ -410,10 +491,44 @@ impl Engine {
                 }
             }
         };
+        if let Some(Role::Lead(share)) = &s.prepared.share {
+            share.publish(Shared {
+                state: fork(&state)?,
+                kept: s.kept.clone(),
+            });
+        }
+        self.start(s, state)
+    }
+
+    /// Starts the strategy of `s` on its prefilled prompt.
+    fn start(&self, s: &mut Sequence<'_>, state: Prefilled) -> Result<()> {
         let sampler = s.sampler.take().expect("the strategy starts once");
-        let decoding = s.prepared.strategy.start(text, state, sampler, &s.config)?;
+        let decoding = s
+            .prepared
+            .strategy
+            .start(self.model.text(), state, sampler, &s.config)?;
         s.phase = Phase::Decode(decoding);
         Ok(())
+    }
+
+    /// A follower whose leading choice has published its prefill starts from a fork of it.
+    fn follow(&self, s: &mut Sequence<'_>) -> Result<()> {
+        let Phase::Follow(share) = &s.phase else {
+            return Ok(());
+        };
+        match share.get() {
+            None => Ok(()),
+            Some(Err(why)) => Err(Error::Input(why)),
+            Some(Ok(shared)) => {
+                s.kept = shared.kept.clone();
+                // Every prompt row came from the leading choice.
+                s.prefix_rows = shared.state.prompt_len();
+                s.prepared.saved += shared.state.elapsed;
+                let mut state = fork(&shared.state)?;
+                state.elapsed = Duration::ZERO;
+                self.start(s, state)
+            }
+        }
     }
 
     /// Puts a prompt's prefix in the prefix cache: its keys and values, final hidden states and
@@ -574,4 +689,16 @@ impl Sequence<'_> {
             logprobs,
         })
     }
+}
+
+/// A prefill state another sequence can continue from (the cache forked, the tensors shared).
+fn fork(state: &Prefilled) -> Result<Prefilled> {
+    Ok(Prefilled {
+        cache: state.cache.fork()?,
+        inputs: state.inputs.clone(),
+        hidden: state.hidden.clone(),
+        positions: state.positions.clone(),
+        images: state.images.clone(),
+        elapsed: state.elapsed,
+    })
 }
