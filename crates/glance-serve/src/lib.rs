@@ -57,7 +57,8 @@ pub struct ServerConfig {
     pub image_sources: ImageSources,
     /// What a request does not say.
     pub defaults: Defaults,
-    /// Continuous batching of plain autoregressive requests (off: each request decodes alone).
+    /// One scheduler steps every running request in shared target passes (off: each request
+    /// decodes alone, one after the other in its slot).
     pub batching: bool,
     /// With batching: most prompt rows prefilled between two decode steps of the batch.
     pub prefill_chunk: usize,
