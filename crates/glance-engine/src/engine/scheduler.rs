@@ -402,8 +402,11 @@ impl Engine {
 
     /// The answer of a finished sequence ([`Sequence::into_response`]), a non-finite failure
     /// naming the first decoder layer (or the prompt rows) whose output is not finite.
-    pub fn response(&self, s: Sequence<'_>) -> Result<Response> {
-        let source = match &s.prepared.source {
+    pub fn response(&self, mut s: Sequence<'_>) -> Result<Response> {
+        let Some(e) = s.error.take() else {
+            return s.into_response();
+        };
+        let rows = match &s.prepared.source {
             Source::Plain {
                 rows, positions, ..
             } => Some((rows.clone(), positions.clone())),
@@ -413,7 +416,7 @@ impl Engine {
                 .ok()
                 .map(|rows| (rows, pruned.plan.positions())),
         };
-        s.into_response().map_err(|e| match source {
+        Err(match rows {
             Some((rows, positions)) => self
                 .pool
                 .install(|| self.explain_non_finite_rows(e, &rows, &positions)),
@@ -431,8 +434,7 @@ impl Engine {
         let text = self.model.text();
         let state = match &s.prepared.source {
             Source::Pruned { pruned, images } => {
-                let state = glance_prune::prefill(&self.model, pruned)?;
-                let mut state = state;
+                let mut state = glance_prune::prefill(&self.model, pruned)?;
                 attach_images(&mut state, &pruned.plan);
                 let side = self.model.config().vision.grid();
                 let patches = kept_patches(images, side, &state.positions);
