@@ -1,11 +1,10 @@
 //! Every command of the README and of the docs pages a user copies from (auto, models, weights,
-//! serve) runs: their `sh` blocks, in order, in one scratch directory, with the built `glance`
+//! serve, speculative, diffusion) runs: their `sh` blocks, in order, in one scratch directory, with the built `glance`
 //! first on `PATH` and a fresh glance home; `python` blocks too where the `openai` package is
 //! installed (the run says when it is not; in CI, where `.ci/python-deps` installs it, a missing
 //! package fails). Lines starting with `cargo` are CI's own commands (`.ci/run` runs
-//! `cargo test --release --workspace` and `cargo install --path crates/glance-cli`). The flag
-//! synopses of docs/speculative.md and docs/diffusion.md (with `[…]` and hour-long training runs)
-//! are not run.
+//! `cargo test --release --workspace` and `cargo install --path crates/glance-cli`). Flag
+//! synopses (with `[…]`) are `text` blocks, not commands; training examples run a few steps.
 #![cfg(unix)]
 
 mod common;
@@ -15,12 +14,14 @@ use std::path::Path;
 use std::process::Command;
 
 /// The pages whose examples run, in order (later pages use files earlier ones wrote).
-const PAGES: [&str; 5] = [
+const PAGES: [&str; 7] = [
     "README.md",
     "docs/auto.md",
     "docs/models.md",
     "docs/weights.md",
     "docs/serve.md",
+    "docs/speculative.md",
+    "docs/diffusion.md",
 ];
 
 /// The fenced blocks of `text` with their info string.
