@@ -46,6 +46,10 @@ pub struct ServeBenchArgs {
     /// Text-only prompts (a short prefill: the decode steps dominate).
     #[arg(long)]
     pub no_image: bool,
+    /// Every answer runs to `--max-tokens` (`ignore_eos`): decode throughput, not answer length,
+    /// decides the figures.
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// With batching: most prompt rows prefilled between two decode steps.
     #[arg(long, default_value_t = 64)]
     pub prefill_chunk: usize,
@@ -180,11 +184,12 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
                 "127.0.0.1:0",
             )?;
             // One warm-up request (thread pools, allocator).
-            wave(server.addr, &images, 1, 1, args.max_tokens)?;
+            let ask = (args.max_tokens, args.ignore_eos);
+            wave(server.addr, &images, 1, 1, ask)?;
             let mut single = None;
             for &c in &args.clients {
                 let start = Instant::now();
-                let samples = wave(server.addr, &images, c, args.requests, args.max_tokens)?;
+                let samples = wave(server.addr, &images, c, args.requests, ask)?;
                 let wall = start.elapsed().as_secs_f64();
                 let tokens: usize = samples.iter().map(|s| s.tokens).sum();
                 let rate = tokens as f64 / wall;
@@ -223,6 +228,7 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
     }
     let out = json!({
         "bench": "serve", "threads": models[0].1.threads(), "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos,
         "requests_per_client": args.requests, "rows": report,
     });
     super::write_json(&args.json, &out)?;
@@ -296,7 +302,7 @@ fn wave(
     images: &[String],
     clients: usize,
     requests: usize,
-    max_tokens: usize,
+    ask: (usize, bool),
 ) -> Result<Vec<Sample>> {
     let results: Vec<Result<Vec<Sample>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..clients)
@@ -304,9 +310,7 @@ fn wave(
                 let image = &images[c % images.len()];
                 scope.spawn(move || {
                     (0..requests)
-                        .map(|r| {
-                            stream_once(addr, image, c * requests + r, max_tokens, &Value::Null)
-                        })
+                        .map(|r| stream_once(addr, image, c * requests + r, ask, &Value::Null))
                         .collect::<Result<Vec<_>>>()
                 })
             })
@@ -329,7 +333,7 @@ pub(super) fn stream_once(
     addr: SocketAddr,
     image: &str,
     n: usize,
-    max_tokens: usize,
+    (max_tokens, ignore_eos): (usize, bool),
     glance: &Value,
 ) -> Result<Sample> {
     let questions = [
@@ -343,7 +347,7 @@ pub(super) fn stream_once(
     }
     let mut body = json!({
         "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens, "temperature": 0, "stream": true,
+        "max_tokens": max_tokens, "ignore_eos": ignore_eos, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true},
     });
     if !glance.is_null() {

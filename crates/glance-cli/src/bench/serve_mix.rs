@@ -110,9 +110,10 @@ pub fn run(
         super::serve::server_config(args, true),
         "127.0.0.1:0",
     )?;
+    let ask = (args.max_tokens, args.ignore_eos);
     // One warm-up request of each kind (thread pools, allocator, the cost model of `auto`).
     for k in &kinds {
-        stream_once(server.addr, &images[0], 0, args.max_tokens, &k.options())?;
+        stream_once(server.addr, &images[0], 0, ask, &k.options())?;
     }
     println!(
         "{:<10} {:>7} {:<10} {:>6} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}  sequences per step",
@@ -135,7 +136,7 @@ pub fn run(
         for &c in &args.clients {
             let before = scrape(server.addr)?;
             let start = Instant::now();
-            let samples = wave(server.addr, images, mix, c, args.requests, args.max_tokens)?;
+            let samples = wave(server.addr, images, mix, c, args.requests, ask)?;
             let wall = start.elapsed().as_secs_f64();
             let after = scrape(server.addr)?;
             let composition = composition(&before, &after);
@@ -192,7 +193,8 @@ pub fn run(
     server.shutdown()?;
     let out = json!({
         "bench": "serve-mix", "model": name, "threads": engine.threads(),
-        "max_tokens": args.max_tokens, "requests_per_client": args.requests,
+        "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos,
+        "requests_per_client": args.requests,
         "kinds": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(), "rows": report,
     });
     super::write_json(&args.json, &out)?;
@@ -207,7 +209,7 @@ fn wave(
     mix: &[Kind],
     clients: usize,
     requests: usize,
-    max_tokens: usize,
+    ask: (usize, bool),
 ) -> Result<Vec<(Kind, Sample)>> {
     let results: Vec<Result<Vec<(Kind, Sample)>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..clients)
@@ -218,7 +220,7 @@ fn wave(
                     let options = kind.options();
                     (0..requests)
                         .map(|r| {
-                            stream_once(addr, image, c * requests + r, max_tokens, &options)
+                            stream_once(addr, image, c * requests + r, ask, &options)
                                 .map(|s| (kind, s))
                         })
                         .collect::<Result<Vec<_>>>()

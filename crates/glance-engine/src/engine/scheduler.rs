@@ -25,9 +25,10 @@ use crate::request::{
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_decode::{
-    DecodeState, DecodeStrategy, GenerateConfig, Generation, Pass, Prefilled, PrefilledImage,
-    Sampler,
+    DecodeState, DecodeStrategy, GenerateConfig, Generation, Pass, PassOutput, Prefilled,
+    PrefilledImage, Sampler,
 };
+use rayon::prelude::*;
 use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_nn::{AttnMask, CausalLm, KvCache};
 use std::sync::{Arc, Mutex};
@@ -545,16 +546,25 @@ impl Engine {
     /// One target pass over the rows every decoding sequence asks for.
     fn decode_step(&self, seqs: &mut [Sequence<'_>]) {
         let text = self.model.text();
+        // Each sequence's own work for the pass (drafting) — independent of the others, so
+        // the sequences run it in parallel on the engine's pool.
+        let asked: Vec<Option<Result<Option<Pass>>>> = seqs
+            .par_iter_mut()
+            .map(|s| {
+                let Phase::Decode(state) = &mut s.phase else {
+                    return None;
+                };
+                let output = &mut s.output;
+                Some(state.next_pass(text, &mut |id| output.push(id)))
+            })
+            .collect();
         let mut passes: Vec<(usize, Pass)> = Vec::new();
-        for (i, s) in seqs.iter_mut().enumerate() {
-            let Phase::Decode(state) = &mut s.phase else {
-                continue;
-            };
-            let output = &mut s.output;
-            match state.next_pass(text, &mut |id| output.push(id)) {
-                Ok(Some(pass)) => passes.push((i, pass)),
-                Ok(None) => s.conclude(),
-                Err(e) => s.fail(e),
+        for (i, asked) in asked.into_iter().enumerate() {
+            match asked {
+                None => {}
+                Some(Ok(Some(pass))) => passes.push((i, pass)),
+                Some(Ok(None)) => seqs[i].conclude(),
+                Some(Err(e)) => seqs[i].fail(e),
             }
         }
         if passes.is_empty() {
@@ -583,14 +593,26 @@ impl Engine {
                 return;
             }
         };
+        let mut outs: Vec<Option<PassOutput>> = (0..seqs.len()).map(|_| None).collect();
         for ((i, _), out) in passes.iter().zip(outputs) {
-            let s = &mut seqs[*i];
-            let Phase::Decode(state) = &mut s.phase else {
-                continue;
-            };
-            let output = &mut s.output;
-            if let Err(e) = state.absorb(text, out, &mut |id| output.push(id)) {
-                s.fail(e);
+            outs[*i] = Some(out);
+        }
+        // Verification, the cache's rows, the emitted tokens: each sequence's own, in parallel.
+        let failed: Vec<Option<Error>> = seqs
+            .par_iter_mut()
+            .zip(outs)
+            .map(|(s, out)| {
+                let out = out?;
+                let Phase::Decode(state) = &mut s.phase else {
+                    return None;
+                };
+                let output = &mut s.output;
+                state.absorb(text, out, &mut |id| output.push(id)).err()
+            })
+            .collect();
+        for (i, e) in failed.into_iter().enumerate() {
+            if let Some(e) = e {
+                seqs[i].fail(e);
             }
         }
     }
