@@ -17,6 +17,10 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// Each inverse frequency divided by its own factor, `(head_dim / 2)` of them: how a GGUF
+    /// file carries scaled RoPE (its `rope_freqs.weight` tensor; for Llama 3.1 the same
+    /// frequencies as [`RopeScaling::Llama3`], written as divisors).
+    Factors(Vec<f32>),
 }
 
 /// Inverse frequencies of one head dimension; cos / sin are made per call for the given positions.
@@ -75,6 +79,17 @@ impl RotaryEmbedding {
                     } else {
                         scaled
                     };
+                }
+            }
+            Some(RopeScaling::Factors(factors)) => {
+                if factors.len() != half {
+                    candle_core::bail!(
+                        "rope frequency factors: {} given for head_dim {head_dim} ({half} needed)",
+                        factors.len()
+                    );
+                }
+                for (f, d) in inv.iter_mut().zip(factors) {
+                    *f /= *d;
                 }
             }
         }
