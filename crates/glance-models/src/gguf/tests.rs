@@ -447,3 +447,106 @@ fn k_quants_are_dequantized_then_quantized_with_a_note() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// GPT-2's byte → character map (printable bytes stand for themselves, the rest are moved to
+/// U+0100 and up), as byte-level BPE vocabularies spell their tokens.
+fn byte_chars() -> Vec<char> {
+    let keep =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            if keep(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_gpt2_vocabulary_tokenizes_byte_level() {
+    let d = scratch("gpt2");
+    let mut tokens: Vec<String> = byte_chars().iter().map(|c| c.to_string()).collect();
+    for t in ["hi", "Ġh", "Ġhi", "<|endoftext|>"] {
+        tokens.push(t.to_string());
+    }
+    let mut types = vec![1i32; tokens.len()];
+    *types.last_mut().unwrap() = 3;
+    let strings = |v: &[String]| Value::Array(v.iter().map(|s| Value::String(s.clone())).collect());
+    let merges: Vec<String> = ["Ġ h", "h i", "Ġh i"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let eos = tokens.len() as u32 - 1;
+    for pre in ["qwen2", "default"] {
+        let parts = Parts {
+            metadata: vec![
+                ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+                ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
+                ("tokenizer.ggml.tokens".into(), strings(&tokens)),
+                (
+                    "tokenizer.ggml.token_type".into(),
+                    Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+                ),
+                ("tokenizer.ggml.merges".into(), strings(&merges)),
+                ("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)),
+            ],
+            tensors: vec![],
+        };
+        let path = d.join(format!("{pre}.gguf"));
+        write_parts(&parts, &path);
+        let t = tokenizer::text_processor(&GgufFile::open(&path).unwrap()).unwrap();
+        let ids = t.encode_raw("hi hi<|endoftext|>").unwrap();
+        let id = |s: &str| tokens.iter().position(|t| t == s).unwrap() as u32;
+        assert_eq!(ids, [id("hi"), id("Ġhi"), eos], "{pre}");
+        assert_eq!(t.decode(&ids, true).unwrap(), "hi hi");
+        assert!(t.is_eos(eos));
+        // Bytes outside ASCII travel as their byte-level characters.
+        let e = t.encode_plain("é").unwrap();
+        assert_eq!(t.decode(&e, false).unwrap(), "é");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Newer mmproj converters name CLIP's fc1 `ffn_up` and fc2 `ffn_down` (the legacy converter
+/// the other way round): both load to the same tower.
+#[test]
+fn either_mlp_naming_of_the_mmproj_loads_the_same_tower() {
+    let d = scratch("fc-names");
+    let mut parts = read_parts(&gguf("llama-gqa", "mmproj-f32.gguf"));
+    for (name, _) in parts.tensors.iter_mut() {
+        *name = if name.contains(".ffn_down.") {
+            name.replace(".ffn_down.", ".ffn_up.")
+        } else {
+            name.replace(".ffn_up.", ".ffn_down.")
+        };
+    }
+    let swapped = d.join("mmproj.gguf");
+    write_parts(&parts, &swapped);
+    let text = gguf("llama-gqa", "text-f16.gguf");
+    let a = open(
+        &text,
+        Some(&gguf("llama-gqa", "mmproj-f32.gguf")),
+        &Device::Cpu,
+        None,
+    )
+    .unwrap();
+    let b = open(&text, Some(&swapped), &Device::Cpu, None).unwrap();
+    let s = a.config().vision.image_size;
+    let pixels = Tensor::randn(0f32, 1.0, (3, s, s), &Device::Cpu).unwrap();
+    let fa = a.model.encode_image(&pixels).unwrap().features;
+    let fb = b.model.encode_image(&pixels).unwrap().features;
+    let diff: f32 = (fa - fb)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap();
+    assert_eq!(diff, 0.0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
