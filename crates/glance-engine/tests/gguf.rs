@@ -164,3 +164,72 @@ fn quantized_gguf_loads_in_its_own_format() {
         "{notes:?}"
     );
 }
+
+/// llama.cpp's conversions of the original LLaVA checkpoints have no `<image>` token: glance adds
+/// one after the vocabulary (a zero row in the embeddings and LM head, masked), and the answers
+/// are those of the directory, whose `<image>` is a real token.
+#[test]
+fn a_vocabulary_without_an_image_token_gets_one() {
+    use candle_core::quantized::gguf_file::{self, Value};
+    let gguf = root().join("gguf").join("mistral");
+    let mut f = std::fs::File::open(gguf.join("text-q8_0.gguf")).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let tensors: Vec<(String, candle_core::quantized::QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|n| {
+            let t = content
+                .tensor(&mut f, n, &candle_core::Device::Cpu)
+                .unwrap();
+            (n.clone(), t)
+        })
+        .collect();
+    let mut metadata = content.metadata.clone();
+    let Some(Value::Array(tokens)) = metadata.get_mut("tokenizer.ggml.tokens") else {
+        panic!("no tokens")
+    };
+    let n = tokens.len();
+    for t in tokens.iter_mut() {
+        if matches!(t, Value::String(s) if s == "<image>") {
+            *t = Value::String("<unused-image>".into());
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("glance-gguf-noimage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("text.gguf");
+    let meta: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts: Vec<(&str, &candle_core::quantized::QTensor)> =
+        tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut std::fs::File::create(&text).unwrap(), &meta, &ts).unwrap();
+
+    let options = || EngineOptions::single_request().with_threads(Some(1));
+    let reference = Engine::load(
+        &root().join("models/mistral"),
+        options().with_weights(WeightFormat::Q8),
+    )
+    .unwrap();
+    let (engine, notes) =
+        Engine::load_gguf(&text, Some(&gguf.join("mmproj-f32.gguf")), options(), None).unwrap();
+    assert!(
+        notes.iter().any(|m| m.contains(&format!("id {n}"))),
+        "{notes:?}"
+    );
+    assert_eq!(engine.processor().text.token_id("<image>"), Some(n as u32));
+    assert_eq!(engine.model().config().text.vocab_size, n + 1);
+    assert_eq!(
+        engine.model().text().decodable_vocab(),
+        n,
+        "the placeholder is never produced"
+    );
+    for r in requests() {
+        let want = reference.prompt_logits(&r.prompt).unwrap();
+        let got = engine.prompt_logits(&r.prompt).unwrap();
+        let got = got.narrow(1, 0, want.dim(1).unwrap()).unwrap();
+        let d = max_diff(&want, &got);
+        assert!(d < LOGIT_TOLERANCE, "logits differ by {d}");
+        let x = reference.generate(&r, &mut |_| Flow::Continue).unwrap();
+        let y = engine.generate(&r, &mut |_| Flow::Continue).unwrap();
+        assert_eq!(x.token_ids, y.token_ids);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

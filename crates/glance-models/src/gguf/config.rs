@@ -6,6 +6,9 @@
 //! What GGUF does not say, and what glance assumes:
 //! * Mistral is stored as `llama`; a `llama.attention.sliding_window` key makes it Mistral.
 //! * The image placeholder is the vocabulary's `<image>` token (llava-hf's tokenizers have it).
+//!   A vocabulary without one (llama.cpp's conversions of the original LLaVA checkpoints) gets
+//!   `<image>` added after its last token, with a zero row in the embeddings and LM head that
+//!   nothing reads: its rows are replaced by image features, and its logit is masked.
 //! * Vision features: `clip.vision.feature_layer` (hidden-state indices) when present, else the
 //!   output of the last stored layer (llama.cpp's LLaVA-1.5 mmproj stores the tower without its
 //!   last layer); [CLS] dropped unless `glance.vision_feature_select_strategy` is `full`.
@@ -48,7 +51,8 @@ pub fn text_arch(text: &GgufFile) -> Result<&str> {
 
 /// The `text_config` object a text GGUF stands for, and its RoPE frequency divisors
 /// (`rope_freqs.weight`) if it has them.
-fn text_config(text: &GgufFile, arch: &str) -> Result<(Json, Option<Vec<f32>>)> {
+/// `extra_rows`: rows the embeddings and LM head gain at load (an added image placeholder).
+fn text_config(text: &GgufFile, arch: &str, extra_rows: usize) -> Result<(Json, Option<Vec<f32>>)> {
     let k = |s: &str| format!("{arch}.{s}");
     let hidden = text.size(&k("embedding_length"))?;
     let heads = text.size(&k("attention.head_count"))?;
@@ -81,7 +85,7 @@ fn text_config(text: &GgufFile, arch: &str) -> Result<(Json, Option<Vec<f32>>)> 
         .ok_or_else(|| Error::MissingTensor {
             name: format!("token_embd.weight (in {})", text.path.display()),
         })?;
-    let vocab = embed.shape.first().copied().unwrap_or(0);
+    let vocab = embed.shape.first().copied().unwrap_or(0) + extra_rows;
     let window = text.size_opt(&k("attention.sliding_window"))?;
     let model_type = match (arch, window) {
         ("llama", Some(_)) => "mistral",
@@ -209,14 +213,16 @@ fn vision_parts(mm: &GgufFile) -> Result<VisionParts> {
 }
 
 /// The LLaVA configuration of a text GGUF and its mmproj, and the image pre-processing.
-/// `image_token_id` is the vocabulary's placeholder (`<image>`).
+/// `image_token_id` is the vocabulary's placeholder (`<image>`); `extra_rows` the embedding rows
+/// added for it when the vocabulary had none.
 pub fn llava_config(
     text: &GgufFile,
     mm: &GgufFile,
     image_token_id: u32,
+    extra_rows: usize,
 ) -> Result<(LlavaConfig, PreprocessorConfig)> {
     let arch = text_arch(text)?;
-    let (text_config, factors) = text_config(text, arch)?;
+    let (text_config, factors) = text_config(text, arch, extra_rows)?;
     let v = vision_parts(mm)?;
     let name = || format!("{} + {}", text.path.display(), mm.path.display());
     let config = json!({

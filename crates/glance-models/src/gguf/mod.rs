@@ -122,15 +122,27 @@ pub fn open(
         }
     };
 
-    let text_processor = tokenizer::text_processor(&text_file)?;
-    let image_token_id = text_processor.token_id("<image>").ok_or_else(|| {
-        Error::Config(format!(
-            "{}: the vocabulary has no `<image>` token, so prompts cannot place images (glance \
-             reads GGUF conversions of llava-hf checkpoints, whose tokenizers add it)",
-            text.display()
-        ))
-    })?;
-    let (config, pre) = config::llava_config(&text_file, &mm_file, image_token_id)?;
+    let mut text_processor = tokenizer::text_processor(&text_file, None)?;
+    // (image token id, rows added to the embeddings and LM head, ids that can be produced)
+    let (image_token_id, extra_rows, decodable) = match text_processor.token_id("<image>") {
+        Some(id) => (id, 0, None),
+        None => {
+            // The original LLaVA checkpoints' vocabularies have no placeholder: add one after
+            // the last token, with a row nothing reads, and never produce it.
+            let n = text_processor.vocab_size();
+            let rows = text_file
+                .tensors
+                .get("token_embd.weight")
+                .and_then(|t| t.shape.first().copied())
+                .unwrap_or(0);
+            text_processor = tokenizer::text_processor(&text_file, Some("<image>"))?;
+            notes.push(format!(
+                "the vocabulary has no `<image>` token: added as id {n} for image placeholders"
+            ));
+            (n as u32, (n + 1).saturating_sub(rows), Some(n))
+        }
+    };
+    let (config, pre) = config::llava_config(&text_file, &mm_file, image_token_id, extra_rows)?;
     let files = ProcessorFiles {
         source: format!("{} + {}", text.display(), mm_file.path.display()),
         preprocessor: "the mmproj's clip.vision metadata",
@@ -147,6 +159,7 @@ pub fn open(
         &arch,
         &config,
         format,
+        extra_rows,
     ));
     let converted = weights.converted_types();
     if !converted.is_empty() {
@@ -174,8 +187,12 @@ pub fn open(
     if device.is_cpu() {
         load = load.with_source(Arc::new(GgufSource(weights)));
     }
-    let model = Llava::from_var_builder_as(&vb, config, &WeightLayout::hub(), Mode::Infer, &load)
-        .map_err(|e| name_missing(e, &text_file.path, &mm_file.path))?;
+    let mut model =
+        Llava::from_var_builder_as(&vb, config, &WeightLayout::hub(), Mode::Infer, &load)
+            .map_err(|e| name_missing(e, &text_file.path, &mm_file.path))?;
+    if let Some(n) = decodable {
+        model.limit_vocab(n);
+    }
     Ok(GgufModel {
         model,
         processor,

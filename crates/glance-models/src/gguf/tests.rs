@@ -77,7 +77,7 @@ fn the_tokenizer_from_metadata_matches_the_directory() {
     for model in ["llama-gqa", "mistral", "qwen2"] {
         let dir = TextProcessor::from_dir(&fixtures().join("models").join(model)).unwrap();
         let file = GgufFile::open(&gguf(model, "text-f16.gguf")).unwrap();
-        let ours = tokenizer::text_processor(&file).unwrap();
+        let ours = tokenizer::text_processor(&file, None).unwrap();
         assert_eq!(dir.vocab_size(), ours.vocab_size(), "{model}");
         assert_eq!(dir.id_limit(), ours.id_limit());
         assert_eq!(dir.eos_token_ids(), ours.eos_token_ids());
@@ -498,7 +498,7 @@ fn a_gpt2_vocabulary_tokenizes_byte_level() {
         };
         let path = d.join(format!("{pre}.gguf"));
         write_parts(&parts, &path);
-        let t = tokenizer::text_processor(&GgufFile::open(&path).unwrap()).unwrap();
+        let t = tokenizer::text_processor(&GgufFile::open(&path).unwrap(), None).unwrap();
         let ids = t.encode_raw("hi hi<|endoftext|>").unwrap();
         let id = |s: &str| tokens.iter().position(|t| t == s).unwrap() as u32;
         assert_eq!(ids, [id("hi"), id("Ġhi"), eos], "{pre}");

@@ -35,7 +35,9 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 
 /// The text processor of a GGUF text model: tokenizer, special tokens, chat template
 /// (`tokenizer.chat_template`), end-of-generation ids (`eos_token_id`, `eot_token_id`).
-pub fn text_processor(file: &GgufFile) -> Result<TextProcessor> {
+/// `placeholder`: a special token to add after the vocabulary (id = the number of tokens), for
+/// a model whose vocabulary has no image placeholder.
+pub fn text_processor(file: &GgufFile, placeholder: Option<&str>) -> Result<TextProcessor> {
     let bad = |what: String| Error::Tokenizer(format!("{}: {what}", file.path.display()));
     let model = file.str_opt("tokenizer.ggml.model")?.ok_or_else(|| {
         bad("no tokenizer (metadata `tokenizer.ggml.model` is missing)".to_string())
@@ -96,6 +98,12 @@ pub fn text_processor(file: &GgufFile) -> Result<TextProcessor> {
                 "rstrip": false, "normalized": false, "special": *ty != USER_DEFINED}),
             );
         }
+    }
+    if let Some(p) = placeholder {
+        added.push(
+            json!({"id": tokens.len(), "content": p, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+        );
     }
     let post = post_processor(
         text(bos).filter(|_| add_bos),

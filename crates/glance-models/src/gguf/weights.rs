@@ -237,6 +237,9 @@ struct Entry {
     gguf: String,
     stored: StoredTensor,
     unpermute_heads: Option<usize>,
+    /// Zero rows appended (the embeddings and LM head of a vocabulary given an image
+    /// placeholder at load).
+    pad_rows: usize,
 }
 
 /// The tensors of a text GGUF and its mmproj under Hugging Face names.
@@ -249,13 +252,15 @@ pub struct GgufWeights {
 
 impl GgufWeights {
     /// Maps the tensors of `text` (architecture `arch`) and `mm` (the same file when the text
-    /// GGUF carries the vision tower itself). Unknown names are left out.
+    /// GGUF carries the vision tower itself). Unknown names are left out. `pad_rows` zero rows
+    /// are appended to the token embeddings and the LM head.
     pub fn new(
         text: Arc<GgufFile>,
         mm: Arc<GgufFile>,
         arch: &str,
         config: &LlavaConfig,
         format: WeightFormat,
+        pad_rows: usize,
     ) -> Self {
         let c = &config.text;
         let mut entries = HashMap::new();
@@ -278,6 +283,7 @@ impl GgufWeights {
                     _ => None,
                 }
                 .filter(|_| name.starts_with("blk."));
+                let padded = i == 0 && (name == "token_embd.weight" || name == "output.weight");
                 entries.insert(
                     hf,
                     Entry {
@@ -285,6 +291,7 @@ impl GgufWeights {
                         gguf: name.clone(),
                         stored: stored.clone(),
                         unpermute_heads,
+                        pad_rows: if padded { pad_rows } else { 0 },
                     },
                 );
             }
@@ -321,8 +328,25 @@ impl GgufWeights {
         v
     }
 
+    /// The bytes of `e` with Q/K rows in Hugging Face order and its zero rows appended, and its
+    /// row-major shape.
+    fn bytes(&self, e: &Entry) -> Result<(Cow<'_, [u8]>, Vec<usize>)> {
+        let mut bytes = self.ordered_bytes(e)?;
+        let mut shape = e.stored.shape.clone();
+        if e.pad_rows > 0 {
+            let rows = shape.first().copied().unwrap_or(0).max(1);
+            let row_bytes = e.stored.len / rows;
+            let mut owned = bytes.into_owned();
+            // Zero bytes are zero values in every GGML type (a zero scale for block types).
+            owned.resize(owned.len() + e.pad_rows * row_bytes, 0);
+            bytes = Cow::Owned(owned);
+            shape[0] += e.pad_rows;
+        }
+        Ok((bytes, shape))
+    }
+
     /// The bytes of `e` with Q/K rows in Hugging Face order.
-    fn bytes(&self, e: &Entry) -> Result<Cow<'_, [u8]>> {
+    fn ordered_bytes(&self, e: &Entry) -> Result<Cow<'_, [u8]>> {
         let file = &self.files[e.file];
         let raw = file.bytes(&e.stored);
         let Some(heads) = e.unpermute_heads else {
@@ -355,11 +379,11 @@ impl GgufWeights {
 
     /// `name` dequantized to f32, in its row-major shape.
     fn dequantize(&self, e: &Entry) -> Result<Tensor> {
-        let bytes = self.bytes(e)?;
+        let (bytes, shape) = self.bytes(e)?;
         let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
             e.stored.dtype,
             &bytes,
-            e.stored.shape.clone(),
+            shape,
             &Device::Cpu,
         )?;
         Ok(q.dequantize(&Device::Cpu)?)
@@ -384,16 +408,16 @@ impl GgufWeights {
                 _ => return None,
             };
             return match self.bytes(e).ok()? {
-                Cow::Borrowed(_) => {
+                (Cow::Borrowed(_), shape) => {
                     let file = &self.files[e.file];
                     let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.map.clone();
                     Some(RawTensor {
                         dtype,
-                        shape: e.stored.shape.clone(),
+                        shape,
                         bytes: SharedBytes::new(owner, e.stored.start, e.stored.len)?,
                     })
                 }
-                Cow::Owned(b) => owned(dtype, e.stored.shape.clone(), b),
+                (Cow::Owned(b), shape) => owned(dtype, shape, b),
             };
         }
         // `{matrix}.q8` / `.q4` / `.scales` of a Q8_0 / Q4_0 matrix, in the loaded format only.
@@ -404,10 +428,10 @@ impl GgufWeights {
             (GgmlDType::Q4_0, WeightFormat::Q4) => (18, 16),
             _ => return None,
         };
-        let [rows, cols] = e.stored.shape[..] else {
+        let (bytes, shape) = self.bytes(e).ok()?;
+        let [rows, cols] = shape[..] else {
             return None;
         };
-        let bytes = self.bytes(e).ok()?;
         // Each block: f16 scale, then its values (Q8_0: 32 i8; Q4_0: 16 bytes of nibbles).
         let blocks = bytes.chunks_exact(block_bytes);
         match part {
