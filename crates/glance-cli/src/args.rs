@@ -46,8 +46,8 @@ pub struct ModelArgs {
     /// How the text decoder's linear weights are held: f32, bf16 or f16 (kept as stored when the
     /// checkpoint has that dtype), q8 (8-bit, blocks of 32) or q4 (4-bit Q4_0). The vision tower
     /// and projector use f32 with f32, else a 16-bit float. Default: the format a `glance
-    /// quantize` directory records, else f32; a directory written by quantize loads in its own
-    /// format only.
+    /// quantize` directory records, or that of a GGUF model's weights, else f32; a directory
+    /// written by quantize loads in its own format only (a GGUF one converts, saying so).
     #[arg(long, value_parser = parse_weights)]
     pub weights: Option<glance_engine::WeightFormat>,
     #[command(flatten)]
