@@ -14,6 +14,7 @@
 mod auto;
 pub(crate) mod batch;
 mod finite;
+mod gguf;
 
 use crate::cache::{
     tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, EncodingCache, ImageKey,
@@ -138,43 +139,6 @@ impl Engine {
         engine.dir = Some(dir.to_path_buf());
         engine.load_time = start.elapsed();
         Ok(engine)
-    }
-
-    /// Loads a GGUF model in llama.cpp's LLaVA layout: a text GGUF and its mmproj (`None`: found
-    /// as [`glance_models::gguf::open`] says). The text decoder's weights are held in `format`,
-    /// or (`None`) in the file's own format; `options.weights` is set to the one used. Returns
-    /// the engine and the lines the load has for the user (weights converted, an mmproj found
-    /// beside the model).
-    pub fn load_gguf(
-        text: &Path,
-        mmproj: Option<&Path>,
-        options: EngineOptions,
-        format: Option<glance_nn::WeightFormat>,
-    ) -> Result<(Self, Vec<String>)> {
-        if options.twin.is_some() {
-            return Err(Error::InvalidParam(
-                "--twin builds from a model directory; it does not apply to a GGUF model".into(),
-            ));
-        }
-        let threads = options.validate()?;
-        let pool = thread_pool(threads)?;
-        let start = Instant::now();
-        let loaded =
-            pool.install(|| glance_models::gguf::open(text, mmproj, &Device::Cpu, format))?;
-        let glance_models::gguf::GgufModel {
-            mut model,
-            processor,
-            format,
-            notes,
-            ..
-        } = loaded;
-        // Ids the tokenizer cannot decode are never produced, by any strategy.
-        model.limit_vocab(processor.text.id_limit());
-        let options = options.with_weights(format);
-        let mut engine =
-            Self::assemble(Arc::new(model), Arc::new(processor), options, pool, threads);
-        engine.load_time = start.elapsed();
-        Ok((engine, notes))
     }
 
     /// An engine over a model already in memory (e.g. the weights being trained). Unlike
