@@ -28,9 +28,15 @@ pub struct ModelArgs {
     /// tokenizer.json, …), a shipped model (glance-tiny, glance-tiny-dvlm), a directory under
     /// the glance home's models/, or a Hugging Face repo id (org/name) in the local HF cache
     /// ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). `glance models` lists
-    /// them. Default: glance-tiny, embedded in this binary.
-    #[arg(long, value_name = "DIR|NAME|ORG/NAME")]
+    /// them. Or a GGUF text model (a `.gguf` file, llama.cpp's LLaVA layout) with its
+    /// CLIP/projector GGUF beside it or named by --mmproj. Default: glance-tiny, embedded in this
+    /// binary.
+    #[arg(long, value_name = "DIR|NAME|ORG/NAME|FILE.gguf")]
     pub model: Option<String>,
+    /// The CLIP/projector GGUF ("mmproj") of a GGUF --model. Default: the one `*mmproj*.gguf`
+    /// file in the model's folder, if there is exactly one.
+    #[arg(long, value_name = "FILE.gguf", requires = "model")]
+    pub mmproj: Option<PathBuf>,
     /// The revision of a Hugging Face repo id: a branch, tag or commit hash [default: main].
     #[arg(long, requires = "model")]
     pub revision: Option<String>,
@@ -40,8 +46,8 @@ pub struct ModelArgs {
     /// How the text decoder's linear weights are held: f32, bf16 or f16 (kept as stored when the
     /// checkpoint has that dtype), q8 (8-bit, blocks of 32) or q4 (4-bit Q4_0). The vision tower
     /// and projector use f32 with f32, else a 16-bit float. Default: the format a `glance
-    /// quantize` directory records, else f32; a directory written by quantize loads in its own
-    /// format only.
+    /// quantize` directory records, or that of a GGUF model's weights, else f32; a directory
+    /// written by quantize loads in its own format only (a GGUF one converts, saying so).
     #[arg(long, value_parser = parse_weights)]
     pub weights: Option<glance_engine::WeightFormat>,
     #[command(flatten)]
@@ -86,6 +92,15 @@ impl ModelArgs {
     pub fn engine(&self, options: EngineOptions) -> Result<(PathBuf, Engine)> {
         glance_engine::resolve_threads(self.threads).context("--threads")?;
         let dir = self.dir()?;
+        if glance_models::gguf::is_gguf(&dir) && !dir.is_dir() {
+            return self.gguf_engine(&dir, options);
+        }
+        if self.mmproj.is_some() {
+            bail!(
+                "--mmproj goes with a GGUF --model (a .gguf file), not {}",
+                dir.display()
+            );
+        }
         let weights = match self.weights {
             Some(w) => w,
             None => glance_models::checkpoint::recorded_format(&dir)
@@ -99,6 +114,24 @@ impl ModelArgs {
         let engine = Engine::load(&dir, options)
             .with_context(|| format!("loading the model in {}", dir.display()))?;
         Ok((dir, engine))
+    }
+}
+
+impl ModelArgs {
+    /// A GGUF text model and its mmproj; the weights in --weights, else in the file's format.
+    /// What the load converts (and an mmproj found beside the model) is printed to stderr.
+    fn gguf_engine(&self, text: &Path, options: EngineOptions) -> Result<(PathBuf, Engine)> {
+        if self.twin.twin.is_some() {
+            bail!("--twin builds from a model directory; it does not apply to a GGUF model");
+        }
+        let options = options.with_threads(self.threads);
+        let (engine, notes) =
+            Engine::load_gguf(text, self.mmproj.as_deref(), options, self.weights)
+                .with_context(|| format!("loading the GGUF model {}", text.display()))?;
+        for note in notes {
+            eprintln!("glance: {note}");
+        }
+        Ok((text.to_path_buf(), engine))
     }
 }
 

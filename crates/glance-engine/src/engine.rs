@@ -13,6 +13,7 @@
 
 mod auto;
 mod finite;
+mod gguf;
 mod output;
 pub(crate) mod scheduler;
 

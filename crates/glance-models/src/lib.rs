@@ -2,6 +2,7 @@
 //!
 //! * [`checkpoint`]: a model directory (config, single or sharded safetensors) → a `VarBuilder`;
 //! * [`text`]: the Llama-family decoders (Llama, Mistral, Qwen2) behind [`glance_nn::CausalLm`];
+//! * [`gguf`]: llama.cpp's LLaVA layout (text GGUF + mmproj GGUF) → the same model;
 //! * [`llava`]: `LlavaForConditionalGeneration` — CLIP vision tower, projector, text decoder;
 //! * [`processing`]: image pre-processing, tokenizer, chat template;
 //! * [`presets`]: the model shapes benchmarks build with random weights;
@@ -12,6 +13,7 @@
 
 pub mod checkpoint;
 pub mod draft;
+pub mod gguf;
 pub mod llava;
 pub mod presets;
 pub mod processing;

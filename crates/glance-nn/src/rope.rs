@@ -17,6 +17,10 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// Each inverse frequency divided by its own factor, `(head_dim / 2)` of them: how a GGUF
+    /// file carries scaled RoPE (its `rope_freqs.weight` tensor; for Llama 3.1 the same
+    /// frequencies as [`RopeScaling::Llama3`], written as divisors).
+    Factors(Vec<f32>),
 }
 
 /// Inverse frequencies of one head dimension; cos / sin are made per call for the given positions.
@@ -75,6 +79,17 @@ impl RotaryEmbedding {
                     } else {
                         scaled
                     };
+                }
+            }
+            Some(RopeScaling::Factors(factors)) => {
+                if factors.len() != half {
+                    candle_core::bail!(
+                        "rope frequency factors: {} given for head_dim {head_dim} ({half} needed)",
+                        factors.len()
+                    );
+                }
+                for (f, d) in inv.iter_mut().zip(factors) {
+                    *f /= *d;
                 }
             }
         }
@@ -145,6 +160,48 @@ mod tests {
         assert_eq!(base[0], scaled[0]); // wavelength 2π < 16: untouched
         let last = base.len() - 1;
         assert!((scaled[last] - base[last] / 8.0).abs() < 1e-9); // longest wavelength: divided by factor
+        Ok(())
+    }
+
+    #[test]
+    fn frequency_factors_reproduce_llama3_scaling() -> Result<()> {
+        let dev = Device::Cpu;
+        let (factor, lo, hi, old) = (8.0f32, 1.0f32, 4.0f32, 64.0f32);
+        let inv = |s: Option<&RopeScaling>| -> Result<Vec<f32>> {
+            RotaryEmbedding::new(32, 10000.0, s, Mode::Infer, &dev)?
+                .inv_freq
+                .flatten_all()?
+                .to_vec1()
+        };
+        // The divisors llama.cpp's converter writes to `rope_freqs.weight` for Llama 3.1.
+        let factors: Vec<f32> = inv(None)?
+            .iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f32::consts::PI / f;
+                if wavelen < old / hi {
+                    1.0
+                } else if wavelen > old / lo {
+                    factor
+                } else {
+                    let smooth = (old / wavelen - lo) / (hi - lo);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                }
+            })
+            .collect();
+        let llama3 = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        };
+        let a = inv(Some(&llama3))?;
+        let b = inv(Some(&RopeScaling::Factors(factors)))?;
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= x.abs() * 1e-6, "{x} vs {y}");
+        }
+        assert_ne!(a, inv(None)?);
+        let short = RopeScaling::Factors(vec![1.0; 3]);
+        assert!(RotaryEmbedding::new(32, 10000.0, Some(&short), Mode::Infer, &dev).is_err());
         Ok(())
     }
 }

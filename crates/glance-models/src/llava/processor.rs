@@ -32,6 +32,16 @@ pub struct PreparedPrompt {
     pub image_tokens: usize,
 }
 
+/// Where a processor's parts came from, for errors: the model, and the names of its
+/// pre-processing, tokenizer and configuration sources.
+#[derive(Debug, Clone)]
+pub struct ProcessorFiles {
+    pub source: String,
+    pub preprocessor: &'static str,
+    pub tokenizer: &'static str,
+    pub config: &'static str,
+}
+
 /// Tokenizer + image processor of one LLaVA checkpoint.
 pub struct LlavaProcessor {
     pub text: TextProcessor,
@@ -45,21 +55,53 @@ impl LlavaProcessor {
     pub fn from_dir(dir: &Path, config: &LlavaConfig) -> Result<Self> {
         let text = TextProcessor::from_dir(dir)?;
         let pre = PreprocessorConfig::from_file(&required_file(dir, "preprocessor_config.json")?)?;
+        // The placeholder is an added token (`<image>`); processor_config.json names it when
+        // present.
+        let named: Option<String> = {
+            let p = dir.join("processor_config.json");
+            if p.is_file() {
+                crate::checkpoint::read_json::<serde_json::Value>(&p)?
+                    .get("image_token")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_string)
+            } else {
+                None
+            }
+        };
+        let files = ProcessorFiles {
+            source: dir.display().to_string(),
+            preprocessor: "preprocessor_config.json",
+            tokenizer: "tokenizer.json",
+            config: "config.json",
+        };
+        Self::from_parts(text, pre, config, named, &files)
+    }
+
+    /// The processor of `config` from its parts: the text processor, the image pre-processing
+    /// and the image token's text when the model names it. Checks that they fit each other
+    /// (`files` names the sources in errors).
+    pub fn from_parts(
+        text: TextProcessor,
+        pre: PreprocessorConfig,
+        config: &LlavaConfig,
+        named: Option<String>,
+        files: &ProcessorFiles,
+    ) -> Result<Self> {
         let image = ImageProcessor::new(pre)?;
         let (h, w) = image.config.output_size();
         let s = config.vision.image_size;
         if (h, w) != (s, s) {
             return Err(Error::Config(format!(
-                "preprocessor_config.json produces {h}x{w} pixels but the vision tower takes {s}x{s}"
+                "{}: {} produces {h}x{w} pixels but the vision tower takes {s}x{s}",
+                files.source, files.preprocessor
             )));
         }
-        // Another model's tokenizer.json loads fine and then "finds 0 placeholders": say that the
-        // tokenizer and config.json disagree instead.
+        // Another model's tokenizer loads fine and then "finds 0 placeholders": say that the
+        // tokenizer and config disagree instead.
         let disagree = |what: String| {
             Error::Config(format!(
-                "{}: tokenizer.json and config.json disagree: {what} (is the tokenizer from \
-                 another model?)",
-                dir.display()
+                "{}: {} and {} disagree: {what} (is the tokenizer from another model?)",
+                files.source, files.tokenizer, files.config
             ))
         };
         let tokenizer_vocab = text.vocab_size();
@@ -75,19 +117,7 @@ impl LlavaProcessor {
                 "image_token_index {id} is not in the tokenizer's {tokenizer_vocab}-token vocabulary"
             ))
         })?;
-        // The placeholder is an added token (`<image>`); processor_config.json names it when
-        // present. A plain vocabulary entry (a word piece, a `<0x01>` byte) is not a placeholder.
-        let named: Option<String> = {
-            let p = dir.join("processor_config.json");
-            if p.is_file() {
-                crate::checkpoint::read_json::<serde_json::Value>(&p)?
-                    .get("image_token")
-                    .and_then(serde_json::Value::as_str)
-                    .map(str::to_string)
-            } else {
-                None
-            }
-        };
+        // A plain vocabulary entry (a word piece, a `<0x01>` byte) is not a placeholder.
         let is_added = text
             .tokenizer()
             .get_added_tokens_decoder()

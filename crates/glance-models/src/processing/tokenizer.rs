@@ -63,6 +63,18 @@ impl std::fmt::Debug for TextProcessor {
     }
 }
 
+/// What [`TextProcessor::from_parts`] takes beside the tokenizer.
+#[derive(Debug, Clone, Default)]
+pub struct TextParts {
+    /// `bos_token`, `eos_token`, `pad_token`, `unk_token`, in that order.
+    pub specials: [Option<String>; 4],
+    /// The chat template's source and where it came from (named in errors).
+    pub chat_template: Option<(String, PathBuf)>,
+    /// Ids that end generation beside `eos_token`'s (`generation_config.json`'s `eos_token_id`).
+    pub extra_eos_ids: Vec<u32>,
+    pub clean_up_tokenization_spaces: bool,
+}
+
 const SPECIAL_KEYS: [&str; 4] = ["bos_token", "eos_token", "pad_token", "unk_token"];
 
 impl TextProcessor {
@@ -91,26 +103,13 @@ impl TextProcessor {
         for (slot, key) in specials.iter_mut().zip(SPECIAL_KEYS) {
             *slot = token_content(config.get(key)).or_else(|| token_content(special_map.get(key)));
         }
-        let [bos_token, eos_token, pad_token, unk_token] = specials;
         let clean_up_tokenization_spaces = config
             .get("clean_up_tokenization_spaces")
             .and_then(Json::as_bool)
             .unwrap_or(false);
+        let chat_template = find_chat_template(dir, &config)?;
 
-        let (chat_template, chat_template_file) = match find_chat_template(dir, &config)? {
-            Some((source, file)) => {
-                let template = ChatTemplate::new(source).map_err(|e| {
-                    Error::Template(format!("{}: {}", file.display(), strip_prefix(e)))
-                })?;
-                (Some(template), Some(file))
-            }
-            None => (None, None),
-        };
-
-        let mut eos_ids = Vec::new();
-        if let Some(id) = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t)) {
-            eos_ids.push(id);
-        }
+        let mut extra_eos_ids = Vec::new();
         let gen_path = dir.join("generation_config.json");
         if let Some(gen) = read_json_opt(&gen_path)? {
             let ids = match gen.get("eos_token_id") {
@@ -129,8 +128,45 @@ impl TextProcessor {
                     ))
                 })?],
             };
-            eos_ids.extend(ids);
+            extra_eos_ids.extend(ids);
         }
+        Self::from_parts(
+            tokenizer,
+            TextParts {
+                specials,
+                chat_template,
+                extra_eos_ids,
+                clean_up_tokenization_spaces,
+            },
+        )
+    }
+
+    /// A text processor from a tokenizer and the settings a model directory's other files (or
+    /// a GGUF file's metadata) give. The chat template is compiled here; a template that does
+    /// not compile is an [`Error::Template`] naming its source.
+    pub fn from_parts(tokenizer: Tokenizer, parts: TextParts) -> Result<Self> {
+        let TextParts {
+            specials,
+            chat_template,
+            extra_eos_ids,
+            clean_up_tokenization_spaces,
+        } = parts;
+        let [bos_token, eos_token, pad_token, unk_token] = specials;
+        let (chat_template, chat_template_file) = match chat_template {
+            Some((source, file)) => {
+                let template = ChatTemplate::new(source).map_err(|e| {
+                    Error::Template(format!("{}: {}", file.display(), strip_prefix(e)))
+                })?;
+                (Some(template), Some(file))
+            }
+            None => (None, None),
+        };
+
+        let mut eos_ids = Vec::new();
+        if let Some(id) = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t)) {
+            eos_ids.push(id);
+        }
+        eos_ids.extend(extra_eos_ids);
         let mut seen = std::collections::HashSet::new();
         eos_ids.retain(|id| seen.insert(*id));
         let byte_fallback = tokenizer
@@ -161,7 +197,7 @@ impl TextProcessor {
 
     /// Parses a `tokenizer.json`, turning its truncation and padding off. Guards against a panic
     /// inside `tokenizers` on odd input: a model directory is user input.
-    fn tokenizer_from_bytes(bytes: &[u8]) -> std::result::Result<Tokenizer, String> {
+    pub(crate) fn tokenizer_from_bytes(bytes: &[u8]) -> std::result::Result<Tokenizer, String> {
         let parsed = std::panic::catch_unwind(|| Tokenizer::from_bytes(bytes))
             .map_err(|_| "the tokenizers library panicked while parsing the file".to_string())?;
         let mut tokenizer = parsed.map_err(|e| e.to_string())?;

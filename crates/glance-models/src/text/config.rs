@@ -180,6 +180,19 @@ impl TextConfig {
         match &self.rope_scaling {
             None => {}
             Some(RopeScaling::Linear { factor }) => positive("factor", *factor)?,
+            Some(RopeScaling::Factors(factors)) => {
+                if factors.len() != self.head_dim / 2 {
+                    return Err(Error::Config(format!(
+                        "text_config rope frequency factors: {} given, head_dim {} needs {}",
+                        factors.len(),
+                        self.head_dim,
+                        self.head_dim / 2
+                    )));
+                }
+                for &f in factors {
+                    positive("frequency factor", f64::from(f))?;
+                }
+            }
             Some(RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
