@@ -334,7 +334,9 @@ pub struct Usage {
 /// Where the time went, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Timings {
-    /// Prompt rendering and tokenisation, image decoding and pre-processing.
+    /// Everything before the first token that is not one of the three below: prompt rendering
+    /// and tokenisation, image decoding and pre-processing, setting up the request, and under
+    /// load the scheduler's steps of other requests before this one's prefill.
     pub preprocess_s: f64,
     /// Vision tower and projector (0 when every image came from the encoding cache).
     pub vision_s: f64,

@@ -134,7 +134,6 @@ pub struct Prepared {
     select: Duration,
     saved: Duration,
     started: Instant,
-    prepared_in: Duration,
     share: Option<Role>,
 }
 
@@ -255,7 +254,6 @@ impl Engine {
                 select,
                 saved,
                 started,
-                prepared_in: started.elapsed(),
                 share: None,
             })
         })
@@ -692,9 +690,8 @@ impl Sequence<'_> {
             finish_reason: self.finish.unwrap_or(FinishReason::Cancelled),
             usage,
             timings: Timings {
-                preprocess_s: p
-                    .prepared_in
-                    .saturating_sub(p.vision + p.select)
+                preprocess_s: ttft
+                    .saturating_sub(p.vision + p.select + generation.prefill)
                     .as_secs_f64(),
                 vision_s: p.vision.as_secs_f64(),
                 prune_select_s: p.select.as_secs_f64(),
