@@ -14,9 +14,11 @@
 mod auto;
 pub(crate) mod batch;
 mod finite;
+pub mod model;
+mod qwen;
 
 use crate::cache::{
-    tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, EncodingCache, ImageKey,
+    tensor_bytes, CachedEncoding, CachedPrefix, ContentHasher, Encoding, EncodingCache, ImageKey,
     PrefixCache, PrefixKey,
 };
 use crate::options::{thread_pool, EngineOptions};
@@ -32,10 +34,13 @@ use glance_decode::{
     LogprobSink, Prefilled, PrefilledImage, Sampler, Speculative, StopStrings,
 };
 use glance_models::draft::{DraftConfig, DraftHead};
+use glance_models::family::Family;
 use glance_models::llava::{
     ImageEncoding, Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
     SegmentKind,
 };
+pub use model::{Model, ModelConfig, Processor, TextRef};
+
 use glance_models::processing::chat::{ChatMessage, ContentPart};
 use glance_models::processing::image::decode_image_with_limit;
 use glance_nn::{AttnMask, CausalLm, DraftLm};
@@ -54,11 +59,11 @@ pub struct CacheStats {
     pub prefix_bytes: usize,
 }
 
-/// A loaded LLaVA checkpoint ready to answer requests.
+/// A loaded vision-language checkpoint (LLaVA, Qwen2-VL, Qwen2.5-VL) ready to answer requests.
 pub struct Engine {
     dir: Option<PathBuf>,
-    model: Arc<Llava>,
-    processor: Arc<LlavaProcessor>,
+    model: Model,
+    processor: Processor,
     pool: rayon::ThreadPool,
     threads: usize,
     options: EngineOptions,
@@ -115,11 +120,15 @@ struct Encoded {
 }
 
 impl Engine {
-    /// Loads a Hugging Face LLaVA directory (config, weights, tokenizer, pre-processor).
+    /// Loads a Hugging Face checkpoint directory (config, weights, tokenizer, pre-processor) of
+    /// any family glance runs ([`Family`], from `config.json`).
     pub fn load(dir: &Path, options: EngineOptions) -> Result<Self> {
         let threads = options.validate()?;
         let pool = thread_pool(threads)?;
         let start = Instant::now();
+        if Family::of_dir(dir)? != Family::Llava {
+            return Self::load_qwen(dir, options, pool, threads, start);
+        }
         let (model, processor) = pool.install(|| -> Result<_> {
             let config = LlavaConfig::from_dir(dir)?;
             let processor = LlavaProcessor::from_dir(dir, &config)?;
@@ -133,8 +142,13 @@ impl Engine {
             model.limit_vocab(processor.text.id_limit());
             Ok((model, processor))
         })?;
-        let mut engine =
-            Self::assemble(Arc::new(model), Arc::new(processor), options, pool, threads);
+        let mut engine = Self::assemble(
+            Model::Llava(Arc::new(model)),
+            Processor::llava_processor(Arc::new(processor)),
+            options,
+            pool,
+            threads,
+        );
         engine.dir = Some(dir.to_path_buf());
         engine.load_time = start.elapsed();
         Ok(engine)
@@ -150,12 +164,18 @@ impl Engine {
     ) -> Result<Self> {
         let threads = options.validate()?;
         let pool = thread_pool(threads)?;
-        Ok(Self::assemble(model, processor, options, pool, threads))
+        Ok(Self::assemble(
+            Model::Llava(model),
+            Processor::llava_processor(processor),
+            options,
+            pool,
+            threads,
+        ))
     }
 
     fn assemble(
-        model: Arc<Llava>,
-        processor: Arc<LlavaProcessor>,
+        model: Model,
+        processor: Processor,
         options: EngineOptions,
         pool: rayon::ThreadPool,
         threads: usize,
@@ -178,11 +198,14 @@ impl Engine {
         }
     }
 
-    pub fn model(&self) -> &Llava {
+    /// The model ([`Model::llava`] for LLaVA-only tools).
+    pub fn model(&self) -> &Model {
         &self.model
     }
 
-    pub fn processor(&self) -> &LlavaProcessor {
+    /// The processors: `processor().text` is the tokenizer ([`Processor::llava`] for LLaVA-only
+    /// tools).
+    pub fn processor(&self) -> &Processor {
         &self.processor
     }
 
@@ -332,19 +355,14 @@ impl Engine {
     /// The block-diffusion settings of `request` (its own, else the engine's, else the defaults
     /// with the model's block size) and the model's mask token; an unconverted model is refused.
     fn diffusion_settings(&self, request: &Request) -> Result<(DiffusionSettings, u32)> {
-        let bd = self
-            .model
-            .config()
-            .block_diffusion
-            .as_ref()
-            .ok_or_else(|| {
-                Error::InvalidParam(format!(
-                    "--decode {}: this model is not converted for block diffusion (its \
+        let bd = self.model.config().block_diffusion.ok_or_else(|| {
+            Error::InvalidParam(format!(
+                "--decode {}: this model is not converted for block diffusion (its \
                      config.json has no `block_diffusion` entry); convert it with `glance train \
                      diffusion --from DIR`",
-                    request.decode
-                ))
-            })?;
+                request.decode
+            ))
+        })?;
         let settings = match (&request.diffusion, &self.options.diffusion) {
             (Some(s), _) | (None, Some(s)) => s.clone(),
             (None, None) => DiffusionSettings {
@@ -436,12 +454,11 @@ impl Engine {
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
             let text = self.model.text();
             let mut cache = text.new_cache();
-            let hidden = text.forward(
-                &plan.rows()?,
-                &plan.positions(),
-                &AttnMask::causal(),
-                &mut cache,
-            )?;
+            let rows = plan.rows()?;
+            let hidden = match plan.mrope_positions() {
+                Some(pos) => text.forward_mrope(&rows, &pos, &AttnMask::causal(), &mut cache)?,
+                None => text.forward(&rows, &plan.positions(), &AttnMask::causal(), &mut cache)?,
+            };
             text.raw_logits(&hidden)
         })?;
         if !finite::all_finite(&logits)? {
@@ -541,7 +558,18 @@ impl Engine {
                 prefix_cost,
             });
         };
-        let encodings: Vec<&ImageEncoding> = encoded.iter().map(|e| &e.entry.encoding).collect();
+        let model = match &self.model {
+            Model::Llava(m) => m,
+            Model::Qwen2Vl(_) => {
+                return Err(Error::InvalidParam(
+                    "visual-token pruning is not supported on Qwen2-VL models yet".into(),
+                ))
+            }
+        };
+        let encodings: Vec<&ImageEncoding> = encoded
+            .iter()
+            .filter_map(|e| e.entry.encoding.llava())
+            .collect();
         let query = self.processor.query_ids(query)?;
         let images: Vec<std::ops::Range<usize>> = plan
             .segments
@@ -549,10 +577,10 @@ impl Engine {
             .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
             .map(|s| s.source.clone())
             .collect();
-        let pruned = glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
-        let mut state = glance_prune::prefill(&self.model, &pruned)?;
+        let pruned = glance_prune::transform(model, plan, &encodings, &query, spec)?;
+        let mut state = glance_prune::prefill(model, &pruned)?;
         attach_images(&mut state, &pruned.plan);
-        let side = self.model.config().vision.grid();
+        let side = model.config().vision.grid();
         Ok(PrefillOutcome {
             kept_patches: kept_patches(&images, side, &state.positions),
             state,
@@ -693,6 +721,9 @@ impl Engine {
     ) -> Result<Rendered<'a>> {
         let images = prompt.images();
         crate::messages::check_image_count(images.len(), self.options.max_images)?;
+        if let Some(qwen) = self.processor.qwen() {
+            return self.render_qwen(qwen, prompt, images, continue_final, want_query);
+        }
         let (prompt, query) = match prompt {
             Prompt::Raw { text, images } => (
                 self.processor
@@ -708,7 +739,7 @@ impl Engine {
                     String::new()
                 };
                 let prepared = if continue_final {
-                    self.processor.prepare_continuation(&chat)?
+                    self.processor.llava()?.prepare_continuation(&chat)?
                 } else {
                     self.processor.prepare_chat(&chat)?
                 };
@@ -767,14 +798,8 @@ impl Engine {
                 img.as_ref()
             }
         };
-        let pixels = self.processor.image.preprocess_tensor(img, &Device::Cpu)?;
-        let preprocess = start.elapsed();
-        let start = Instant::now();
-        let encoding = self.model.encode_image(&pixels)?;
-        let vision = start.elapsed();
-        let bytes = tensor_bytes(&encoding.features)
-            + tensor_bytes(&encoding.vision_hidden)
-            + encoding.cls_attention.as_ref().map_or(0, tensor_bytes);
+        let (encoding, preprocess, vision) = self.model.encode(&self.processor, img, start)?;
+        let bytes = encoding.bytes();
         let entry = Arc::new(CachedEncoding {
             encoding,
             preprocess,
@@ -789,8 +814,8 @@ impl Engine {
     }
 
     fn plan(&self, ids: &[u32], encoded: &[Encoded]) -> Result<PromptPlan> {
-        let features: Vec<&Tensor> = encoded.iter().map(|e| &e.entry.encoding.features).collect();
-        self.model.plan(ids, &features)
+        let encodings: Vec<&Encoding> = encoded.iter().map(|e| &e.entry.encoding).collect();
+        self.model.plan(ids, &encodings)
     }
 
     /// The unpruned prefill. With the prefix cache on and images in the prompt, the prompt is
@@ -804,11 +829,19 @@ impl Engine {
         let text = self.model.text();
         let rows = plan.rows()?;
         let positions = plan.positions();
+        // M-RoPE models: three parts per row (the scalar positions are the temporal parts).
+        let mrope = plan.mrope_positions();
         let image_id = self.model.config().image_token_id;
         let split = plan.ids.iter().rposition(|&i| i == image_id).map(|i| i + 1);
         let split = match split {
             Some(p) if self.prefixes.enabled() && p < plan.ids.len() => p,
-            _ => return Ok((glance_decode::prefill(text, &rows, &positions)?, None)),
+            _ => {
+                let state = match &mrope {
+                    Some(m) => glance_decode::prefill_mrope(text, &rows, m)?,
+                    None => glance_decode::prefill(text, &rows, &positions)?,
+                };
+                return Ok((state, None));
+            }
         };
         glance_decode::check_prompt(text, rows.dim(0)?, &positions)?;
         let key = PrefixKey {
@@ -822,8 +855,11 @@ impl Engine {
             }
             None => {
                 // (split, hidden): the prompt through its last image token.
-                let head =
-                    glance_decode::prefill(text, &rows.narrow(0, 0, split)?, &positions[..split])?;
+                let head_rows = rows.narrow(0, 0, split)?;
+                let head = match &mrope {
+                    Some(m) => glance_decode::prefill_mrope(text, &head_rows, &m[..split])?,
+                    None => glance_decode::prefill(text, &head_rows, &positions[..split])?,
+                };
                 let bytes = tensor_bytes(&head.hidden) + cache_bytes(self.model.config(), split);
                 let entry = Arc::new(CachedPrefix { state: head });
                 self.prefixes.insert(key, entry.clone(), bytes);
@@ -835,7 +871,11 @@ impl Engine {
         let mut cache = head.cache.fork()?;
         let tail = rows.narrow(0, split, rows.dim(0)? - split)?;
         // (t - split, hidden)
-        let hidden = text.forward(&tail, &positions[split..], &AttnMask::causal(), &mut cache)?;
+        let causal = AttnMask::causal();
+        let hidden = match &mrope {
+            Some(m) => text.forward_mrope(&tail, &m[split..], &causal, &mut cache)?,
+            None => text.forward(&tail, &positions[split..], &causal, &mut cache)?,
+        };
         let elapsed = start.elapsed()
             + if reused.is_none() {
                 head.elapsed
@@ -872,7 +912,7 @@ fn take_logprob(sink: &LogprobSink, i: usize, id: u32) -> Result<glance_decode::
 
 /// KV-cache bytes of a prefill of `rows` rows (f32 keys and values in every layer; buffers hold
 /// at least 128 rows).
-fn cache_bytes(c: &LlavaConfig, rows: usize) -> usize {
+fn cache_bytes(c: ModelConfig<'_>, rows: usize) -> usize {
     let t = &c.text;
     let capacity = rows.max(128);
     2 * t.num_layers * capacity * t.num_kv_heads * t.head_dim * 4

@@ -116,7 +116,8 @@ impl Engine {
 
     /// `Some` when `request` can join a batch, with `auto`'s reason if it chose `ar`.
     fn batch_reason(&self, request: &Request) -> Option<Option<String>> {
-        if request.prune.as_ref().is_some_and(|p| !p.is_noop()) {
+        // M-RoPE prompts (Qwen2-VL) prefill with 3-D positions: one request at a time.
+        if self.model.uses_mrope() || request.prune.as_ref().is_some_and(|p| !p.is_noop()) {
             return None;
         }
         match request.decode {

@@ -297,6 +297,31 @@ impl QwenVlProcessor {
         self.tokenize(text, tokens, PromptFormat::Chat)
     }
 
+    /// A conversation whose last message is continued rather than answered (as
+    /// [`crate::llava::LlavaProcessor::prepare_continuation`]).
+    pub fn prepare_continuation(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+    ) -> Result<PreparedPrompt> {
+        let last = messages.last().map(ChatMessage::text).unwrap_or_default();
+        let last = last.trim_end();
+        if last.is_empty() {
+            return Err(Error::Input(
+                "the final message to continue has no text".into(),
+            ));
+        }
+        let full = self.text.apply_chat_template(messages, false)?;
+        let end = full.rfind(last).map(|i| i + last.len()).ok_or_else(|| {
+            Error::Template(
+                "the chat template does not render the final message's text as given, so it \
+                 cannot be continued"
+                    .into(),
+            )
+        })?;
+        self.tokenize(full[..end].to_string(), tokens, PromptFormat::Chat)
+    }
+
     /// `prompt` as one user turn (images first) in `Chat` format, or as given (`<|image_pad|>`
     /// where each image goes, usually inside `<|vision_start|>…<|vision_end|>`) in `Raw`.
     pub fn prepare(

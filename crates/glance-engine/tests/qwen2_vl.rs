@@ -1,0 +1,142 @@
+//! Qwen2-VL / Qwen2.5-VL through the whole request path (image file bytes → header size →
+//! `smart_resize` token counts → chat template → pre-process → vision tower → plan with M-RoPE
+//! positions → prefill → decoding strategy) against transformers' fixtures
+//! (`fixtures/qwen2_vl/`, `scripts/make_qwen_fixtures.py`): the prompt's logits, visual token
+//! counts and greedy tokens, with and without the caches; requests the family cannot serve yet
+//! are refused by name.
+
+use candle_core::{Device, Tensor};
+use glance_engine::{
+    Budget, DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Message, Part, Policy, Prompt,
+    PruneSpec, Request, Role,
+};
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen2_vl")
+}
+
+fn manifest() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join("manifest.json")).unwrap()).unwrap()
+}
+
+/// The case's conversation with each image part as the image file's bytes.
+fn prompt(case: &Value) -> Prompt {
+    let messages = case["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let role = match m["role"].as_str().unwrap() {
+                "system" => Role::System,
+                "assistant" => Role::Assistant,
+                _ => Role::User,
+            };
+            let content = m["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| match p["type"].as_str().unwrap() {
+                    "image" => {
+                        let path = root().join("images").join(p["image"].as_str().unwrap());
+                        Part::Image(ImageInput::bytes(std::fs::read(path).unwrap()))
+                    }
+                    _ => Part::Text(p["text"].as_str().unwrap().to_string()),
+                })
+                .collect();
+            Message { role, content }
+        })
+        .collect();
+    Prompt::Chat(messages)
+}
+
+fn tensors(case: &Value) -> std::collections::HashMap<String, Tensor> {
+    candle_core::safetensors::load(root().join(case["tensors"].as_str().unwrap()), &Device::Cpu)
+        .unwrap()
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+#[test]
+fn prompt_logits_tokens_and_greedy_answers_equal_transformers() {
+    let m = manifest();
+    for options in [EngineOptions::single_request(), EngineOptions::default()] {
+        let mut engines = std::collections::HashMap::new();
+        for c in m["cases"].as_array().unwrap() {
+            let name = c["name"].as_str().unwrap();
+            let model = c["model"].as_str().unwrap().to_string();
+            let e = engines
+                .entry(model.clone())
+                .or_insert_with(|| Engine::load(&root().join(&model), options.clone()).unwrap());
+            let t = tensors(c);
+            let p = prompt(c);
+            let logits = e.prompt_logits(&p).unwrap();
+            let d = max_abs(&logits, &t["logits"]);
+            assert!(d <= 1e-4, "{name}: logits differ by {d}");
+            let want: Vec<u32> = t["greedy_ids"]
+                .to_vec1::<i64>()
+                .unwrap()
+                .into_iter()
+                .map(|x| x as u32)
+                .collect();
+            // Twice: the second time through the image and prefix caches (when on).
+            for _ in 0..2 {
+                let r = Request {
+                    max_new_tokens: want.len(),
+                    ignore_eos: true,
+                    decode: DecodeSpec::Ar,
+                    ..Request::new(p.clone())
+                };
+                let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+                assert_eq!(got.token_ids, want, "{name}: greedy tokens");
+                assert_eq!(
+                    got.usage.visual_tokens,
+                    c["n_image_tokens"].as_u64().unwrap() as usize,
+                    "{name}: visual tokens"
+                );
+                assert_eq!(
+                    got.usage.prompt_tokens,
+                    c["seq_len"].as_u64().unwrap() as usize
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn pruning_and_video_are_refused_by_name() {
+    let m = manifest();
+    let c = &m["cases"][0];
+    let e = Engine::load(
+        &root().join(c["model"].as_str().unwrap()),
+        EngineOptions::single_request(),
+    )
+    .unwrap();
+    let r = Request {
+        prune: Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.5))),
+        max_new_tokens: 2,
+        ..Request::new(prompt(c))
+    };
+    let err = e
+        .generate(&r, &mut |_| Flow::Continue)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Qwen2-VL"), "{err}");
+    let raw = Prompt::Raw {
+        text: "<|vision_start|><|video_pad|><|vision_end|>What happens?".into(),
+        images: Vec::new(),
+    };
+    let err = e.prompt_logits(&raw).unwrap_err().to_string();
+    assert!(err.contains("video"), "{err}");
+}
