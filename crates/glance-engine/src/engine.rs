@@ -560,11 +560,7 @@ impl Engine {
         };
         let model = match &self.model {
             Model::Llava(m) => m,
-            Model::Qwen2Vl(_) => {
-                return Err(Error::InvalidParam(
-                    "visual-token pruning is not supported on Qwen2-VL models yet".into(),
-                ))
-            }
+            Model::Qwen2Vl(m) => return self.prefill_pruned_qwen(m, plan, encoded, query, spec),
         };
         let encodings: Vec<&ImageEncoding> = encoded
             .iter()

@@ -115,9 +115,10 @@ fn prompt_logits_tokens_and_greedy_answers_equal_transformers() {
 }
 
 #[test]
-fn pruning_and_video_are_refused_by_name() {
+fn pruned_answers_report_kept_tokens_and_fastv_and_video_are_refused() {
     let m = manifest();
-    let c = &m["cases"][0];
+    let c = &m["cases"][1]; // two images
+    assert_eq!(c["images"].as_array().unwrap().len(), 2);
     let e = Engine::load(
         &root().join(c["model"].as_str().unwrap()),
         EngineOptions::single_request(),
@@ -125,6 +126,30 @@ fn pruning_and_video_are_refused_by_name() {
     .unwrap();
     let r = Request {
         prune: Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.5))),
+        max_new_tokens: 4,
+        ignore_eos: true,
+        ..Request::new(prompt(c))
+    };
+    let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+    assert_eq!(got.token_ids.len(), 4);
+    let grids: Vec<Vec<usize>> = serde_json::from_value(c["image_grid_thw"].clone()).unwrap();
+    let mut kept = 0;
+    for (k, g) in got.kept_patches.iter().zip(&grids) {
+        let (rows, cols) = (g[1] / 2, g[2] / 2);
+        assert_eq!((k.rows, k.cols), (rows, cols));
+        assert_eq!(k.kept.len(), Budget::Ratio(0.5).resolve(rows * cols));
+        assert!(k.kept.windows(2).all(|w| w[0] < w[1]));
+        assert!(k.kept.iter().all(|&i| (i as usize) < rows * cols));
+        kept += k.kept.len();
+    }
+    assert_eq!(got.kept_patches.len(), 2);
+    assert_eq!(got.usage.kept_visual_tokens, kept);
+    assert_eq!(
+        got.usage.prompt_rows,
+        got.usage.prompt_tokens - (got.usage.visual_tokens - kept)
+    );
+    let r = Request {
+        prune: Some(PruneSpec::new(Policy::FastV, Budget::Ratio(0.5))),
         max_new_tokens: 2,
         ..Request::new(prompt(c))
     };
@@ -132,7 +157,7 @@ fn pruning_and_video_are_refused_by_name() {
         .generate(&r, &mut |_| Flow::Continue)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("Qwen2-VL"), "{err}");
+    assert!(err.contains("M-RoPE"), "{err}");
     let raw = Prompt::Raw {
         text: "<|vision_start|><|video_pad|><|vision_end|>What happens?".into(),
         images: Vec::new(),

@@ -3,19 +3,72 @@
 //! before any pixel is decoded.
 
 use super::model::{Model, Processor};
-use super::{to_chat, Engine, Rendered};
+use super::{attach_images, to_chat, Encoded, Engine, PrefillOutcome, Rendered};
+use crate::cache::Encoding;
 use crate::options::EngineOptions;
+use crate::request::KeptPatches;
 use crate::request::{ImageInput, Prompt};
 use candle_core::Device;
 use glance_core::{Error, Result};
 use glance_models::llava::PromptFormat;
+use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_models::processing::chat::ChatMessage;
+use glance_models::qwen2_vl::QwenImageEncoding;
 use glance_models::qwen2_vl::{Qwen2Vl, Qwen2VlConfig, QwenVlProcessor};
+use glance_prune::PruneSpec;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant;
 
 impl Engine {
+    /// The pruned prefill of a Qwen2-VL plan: kept tokens at their own 3-D positions; the kept
+    /// patches are reported on each image's merged grid.
+    pub(super) fn prefill_pruned_qwen(
+        &self,
+        model: &Qwen2Vl,
+        plan: PromptPlan,
+        encoded: &[Encoded],
+        query: &str,
+        spec: &PruneSpec,
+    ) -> Result<PrefillOutcome> {
+        let encodings: Vec<&QwenImageEncoding> = encoded
+            .iter()
+            .filter_map(|e| match &e.entry.encoding {
+                Encoding::Qwen2Vl(q) => Some(q),
+                Encoding::Llava(_) => None,
+            })
+            .collect();
+        let query = self.processor.query_ids(query)?;
+        let pruned = glance_prune::transform_qwen(model, plan, &encodings, &query, spec)?;
+        let mut state = glance_prune::prefill_qwen(model, &pruned)?;
+        attach_images(&mut state, &pruned.plan);
+        // Each image's kept tokens, as (row, col) on its merged grid from their 3-D positions.
+        let mut kept_patches = Vec::new();
+        for seg in &pruned.plan.segments {
+            let SegmentKind::Image { index } = seg.kind else {
+                continue;
+            };
+            let (rows, cols) = encodings[index].grid.tokens_hw();
+            let mut kept: Vec<u32> = seg
+                .mrope
+                .iter()
+                .flatten()
+                .map(|p| (p[1] - p[0]) * cols as u32 + (p[2] - p[0]))
+                .collect();
+            kept.sort_unstable();
+            kept_patches.push(KeptPatches { rows, cols, kept });
+        }
+        Ok(PrefillOutcome {
+            state,
+            kept_visual: Some(pruned.stats.kept_visual_tokens),
+            kept_patches,
+            select: pruned.stats.select_time,
+            prefix_rows: 0,
+            prefix_cost: Duration::ZERO,
+        })
+    }
+
     /// [`Engine::load`] of a Qwen2-VL / Qwen2.5-VL checkpoint.
     pub(super) fn load_qwen(
         dir: &Path,
