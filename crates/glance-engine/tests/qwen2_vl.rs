@@ -165,3 +165,74 @@ fn pruned_answers_report_kept_tokens_and_fastv_and_video_are_refused() {
     let err = e.prompt_logits(&raw).unwrap_err().to_string();
     assert!(err.contains("video"), "{err}");
 }
+
+/// A draft head shaped for the target in `dir` (its text config: nested in transformers 5's
+/// layout, the whole config in the published one), random weights.
+fn random_head(
+    dir: &std::path::Path,
+    adaptor: Option<usize>,
+    injection: bool,
+    seed: u64,
+) -> glance_models::draft::DraftHead {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let text = config.get("text_config").cloned().unwrap_or(config);
+    let config = glance_models::draft::DraftConfig::for_target(&text, adaptor, injection).unwrap();
+    glance_models::draft::DraftHead::from_var_builder(
+        &glance_models::random::random_var_builder(seed, &Device::Cpu),
+        config,
+        glance_nn::Mode::Infer,
+    )
+    .unwrap()
+}
+
+/// Speculative decoding is lossless on M-RoPE prompts: greedy ViSpec and EAGLE output (untrained
+/// heads, tree and chain, with and without pruning) is autoregressive decoding's, token for token.
+#[test]
+fn greedy_speculative_output_equals_autoregressive() {
+    let m = manifest();
+    for (name, facts) in m["models"].as_object().unwrap() {
+        let dir = root().join(facts["dir"].as_str().unwrap());
+        let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+        e.set_draft(std::sync::Arc::new(random_head(&dir, Some(4), true, 1)));
+        e.set_draft(std::sync::Arc::new(random_head(&dir, None, false, 2)));
+        let case = m["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["model"] == facts["dir"] && c["images"].as_array().unwrap().len() == 2)
+            .unwrap();
+        for prune in [
+            None,
+            Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.5))),
+        ] {
+            let ar = Request {
+                max_new_tokens: 16,
+                ignore_eos: true,
+                decode: DecodeSpec::Ar,
+                prune: prune.clone(),
+                ..Request::new(prompt(case))
+            };
+            let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
+            for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+                for tree in [
+                    glance_decode::TreeSettings::default(),
+                    glance_decode::TreeSettings::chain(4),
+                ] {
+                    let r = Request {
+                        decode: spec,
+                        tree: Some(tree.clone()),
+                        ..ar.clone()
+                    };
+                    let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+                    assert_eq!(
+                        got.token_ids, want.token_ids,
+                        "{name} {spec} {tree:?} prune {prune:?}"
+                    );
+                    assert_eq!(got.decode.strategy, spec.name());
+                    assert!(got.decode.counters["drafts"] >= 1);
+                }
+            }
+        }
+    }
+}
