@@ -3,10 +3,12 @@
 //! binary gives transformers' logits and greedy answer.
 
 mod common;
+mod serve_common;
 
 use candle_core::{Device, Tensor};
 use common::{fixture, glance, s, scratch, stderr, stdout};
-use serde_json::Value;
+use serde_json::{json, Value};
+use serve_common::{data_url, Server};
 
 fn case(name: &str) -> Value {
     let m: Value =
@@ -76,4 +78,50 @@ fn run_answers_a_qwen2_5_vl_question_as_transformers() {
         stdout(&o).trim_end_matches('\n'),
         c["greedy_text"].as_str().unwrap()
     );
+}
+
+/// The server answers a two-image Qwen2.5-VL conversation as transformers does, streamed or not
+/// (batching on: M-RoPE prompts take the single-request path), and with `--weights q8`.
+#[test]
+fn serve_answers_a_two_image_qwen2_5_vl_chat_as_transformers() {
+    let c = case("qwen2_5-vl-two-images");
+    let url = |name: &str| {
+        let bytes = std::fs::read(fixture(&format!("qwen2_vl/images/{name}"))).unwrap();
+        data_url(&bytes, "image/png")
+    };
+    let content: Vec<Value> = c["messages"][0]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| match p["type"].as_str().unwrap() {
+            "image" => json!({"type": "image_url",
+                "image_url": {"url": url(p["image"].as_str().unwrap())}}),
+            _ => p.clone(),
+        })
+        .collect();
+    let body = json!({"model": "qwen2_5-vl", "temperature": 0, "max_tokens": 10,
+        "messages": [{"role": "user", "content": content}]});
+    let model = fixture("qwen2_vl/models/qwen2_5-vl");
+    let server = Server::start(&["--model", s(&model)]);
+    let (status, v) = server.chat(&body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        c["greedy_text"].as_str().unwrap(),
+        "{v}"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], c["seq_len"]);
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let (status, events) = server.chat_stream(&stream);
+    assert_eq!(status, 200, "{events:?}");
+    assert_eq!(
+        serve_common::stream_text(&events),
+        c["greedy_text"].as_str().unwrap()
+    );
+    drop(server);
+    let server = Server::start(&["--model", s(&model), "--weights", "q8"]);
+    let (status, v) = server.chat(&body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 10);
 }
