@@ -236,3 +236,51 @@ fn greedy_speculative_output_equals_autoregressive() {
         }
     }
 }
+
+/// Block diffusion's self-speculative modes are lossless on M-RoPE prompts: a Qwen2-VL copy
+/// marked as converted (`block_diffusion` in its config.json; the weights are the causal ones,
+/// which is all the lossless contract needs) decodes, linear and quadratic, exactly as
+/// autoregressive decoding.
+#[test]
+fn block_diffusion_self_speculation_equals_autoregressive() {
+    let m = manifest();
+    for (name, facts) in m["models"].as_object().unwrap() {
+        let src = root().join(facts["dir"].as_str().unwrap());
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("qwen-dvlm-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let p = entry.unwrap().path();
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        // <|endoftext|>, never in the fixtures' prompts, stands in for the trained mask token.
+        let mask = facts["tokenizer_len"].as_u64().unwrap() - 6;
+        config["block_diffusion"] = serde_json::json!({"mask_token_id": mask, "block_size": 4});
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+        let case = m["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["model"] == facts["dir"])
+            .unwrap();
+        let ar = Request {
+            max_new_tokens: 12,
+            ignore_eos: true,
+            decode: DecodeSpec::Ar,
+            ..Request::new(prompt(case))
+        };
+        let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
+        for spec in [DecodeSpec::DiffusionLinear, DecodeSpec::DiffusionQuadratic] {
+            let r = Request {
+                decode: spec,
+                ..ar.clone()
+            };
+            let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+            assert_eq!(got.token_ids, want.token_ids, "{name} {spec}");
+            assert_eq!(got.decode.strategy, spec.name());
+        }
+    }
+}

@@ -120,7 +120,7 @@ impl Model {
             Model::Qwen2Vl(m) => ModelConfig {
                 image_token_id: m.config().image_token_id,
                 text: &m.config().text,
-                block_diffusion: None,
+                block_diffusion: m.config().block_diffusion.as_ref(),
             },
         }
     }

@@ -4,6 +4,7 @@
 //! `rope_parameters`.
 
 use crate::checkpoint::read_json;
+use crate::llava::BlockDiffusionConfig;
 use crate::text::{size_in_range, TextConfig};
 use glance_core::{Error, Result};
 use glance_nn::Activation;
@@ -67,6 +68,9 @@ pub struct Qwen2VlConfig {
     pub video_token_id: u32,
     pub vision_start_token_id: u32,
     pub vision_end_token_id: u32,
+    /// Set on a model converted for block-diffusion decoding (glance's own `block_diffusion`
+    /// key, as [`crate::llava::LlavaConfig::block_diffusion`]).
+    pub block_diffusion: Option<BlockDiffusionConfig>,
 }
 
 #[derive(Deserialize, Default)]
@@ -156,7 +160,24 @@ impl Qwen2VlConfig {
                     .ok_or_else(|| Error::Config(format!("`{k}` must be a token id, got {x}"))),
             }
         };
+        let block_diffusion: Option<BlockDiffusionConfig> = match v.get("block_diffusion") {
+            None | Some(Value::Null) => None,
+            Some(b) => Some(
+                serde_json::from_value(b.clone())
+                    .map_err(|e| Error::Config(format!("block_diffusion: {e}")))?,
+            ),
+        };
+        if let Some(bd) = &block_diffusion {
+            if bd.mask_token_id as usize >= text.vocab_size || bd.block_size == 0 {
+                return Err(Error::Config(format!(
+                    "block_diffusion: mask_token_id {} must be in the text vocabulary ({}) and \
+                     block_size ({}) at least 1",
+                    bd.mask_token_id, text.vocab_size, bd.block_size
+                )));
+            }
+        }
         let config = Self {
+            block_diffusion,
             version,
             vision,
             image_token_id: id("image_token_id", 151655)?,
