@@ -125,3 +125,64 @@ fn serve_answers_a_two_image_qwen2_5_vl_chat_as_transformers() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 10);
 }
+
+/// `glance train draft --target` trains a ViSpec head on a Qwen2.5-VL target's own answers (a few
+/// steps), and speculative decoding with it gives exactly the autoregressive answer.
+#[test]
+fn a_draft_head_trained_on_qwen2_5_vl_decodes_losslessly() {
+    let model = fixture("qwen2_vl/models/qwen2_5-vl");
+    let out = scratch("qwen-draft");
+    let o = glance(&[
+        "train",
+        "draft",
+        "--target",
+        s(&model),
+        "--out",
+        s(&out),
+        "--steps",
+        "20",
+        "--batch",
+        "2",
+        "--force",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let head = out.join("head");
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(head.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "glance_draft");
+    let (astronaut, strip) = (
+        fixture("qwen2_vl/images/astronaut.png"),
+        fixture("qwen2_vl/images/strip.png"),
+    );
+    let answer = |decode: &str| -> Value {
+        let mut args = vec![
+            "run",
+            "--model",
+            s(&model),
+            "--image",
+            s(&astronaut),
+            "--image",
+            s(&strip),
+            "--prompt",
+            "Describe the picture in detail.",
+            "--max-new-tokens",
+            "24",
+            "--decode",
+            decode,
+            "--json",
+        ];
+        if decode != "ar" {
+            args.extend(["--draft", s(&head)]);
+        }
+        let o = glance(&args);
+        assert!(o.status.success(), "{decode}: {}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let ar = answer("ar");
+    for decode in ["vispec", "auto"] {
+        let got = answer(decode);
+        assert_eq!(got["token_ids"], ar["token_ids"], "{decode}");
+    }
+    let spec = answer("vispec");
+    assert!(spec["decode"]["counters"]["drafts"].as_u64().unwrap() >= 1);
+}
