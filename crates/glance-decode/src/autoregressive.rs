@@ -146,8 +146,9 @@ pub fn prefill<M: CausalLm + ?Sized>(
 }
 
 /// [`prefill`] of prompt rows with three-part (M-RoPE) positions `(temporal, height, width)`,
-/// as Qwen2-VL places image rows. The state's scalar positions are the temporal parts: equal to
-/// the row's position on text rows, so decoding continues after the last (text) row as usual.
+/// as Qwen2-VL places image rows. The state's scalar position of a row is its largest part: the
+/// position itself on text rows, and on a prompt ending with image tokens one below where
+/// transformers continues (its largest position + 1), so decoding continues as usual.
 pub fn prefill_mrope<M: CausalLm + ?Sized>(
     model: &M,
     prompt: &Tensor,
@@ -163,7 +164,7 @@ pub fn prefill_mrope<M: CausalLm + ?Sized>(
         cache,
         inputs: prompt.clone(),
         hidden,
-        positions: positions.iter().map(|p| p[0]).collect(),
+        positions: positions.iter().map(|p| p[0].max(p[1]).max(p[2])).collect(),
         images: Vec::new(),
         elapsed: start.elapsed(),
     })

@@ -825,7 +825,7 @@ impl Engine {
         let text = self.model.text();
         let rows = plan.rows()?;
         let positions = plan.positions();
-        // M-RoPE models: three parts per row (the scalar positions are the temporal parts).
+        // M-RoPE models: three parts per row (the scalar positions are their largest parts).
         let mrope = plan.mrope_positions();
         let image_id = self.model.config().image_token_id;
         let split = plan.ids.iter().rposition(|&i| i == image_id).map(|i| i + 1);

@@ -242,6 +242,16 @@ fn greedy_generation_matches_transformers_and_cached_equals_recomputed() {
         };
         let text = model.text();
         let state = prefill_mrope(text, &rows, &pos).unwrap();
+        // A prompt cut right after its last image token continues where transformers places
+        // the next row: the position the token after the image has in the whole prompt.
+        let e = input_ids
+            .iter()
+            .rposition(|&i| i == model.config().image_token_id)
+            .unwrap();
+        let cut = model.plan(&input_ids[..=e], &refs).unwrap();
+        let head =
+            prefill_mrope(text, &cut.rows().unwrap(), &cut.mrope_positions().unwrap()).unwrap();
+        assert_eq!(head.last_pos() + 1, pos[e + 1][0], "{}", c.name);
         let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
         let got = Autoregressive
             .decode(text, state, sampler, &cfg, &mut |_| Ok(false))

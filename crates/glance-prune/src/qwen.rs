@@ -14,7 +14,7 @@ use candle_core::Tensor;
 use glance_core::{Error, Result};
 use glance_decode::Prefilled;
 use glance_models::llava::{PromptPlan, SegmentKind};
-use glance_models::qwen2_vl::{Qwen2Vl, QwenImageEncoding};
+use glance_models::qwen2_vl::{largest_part, Qwen2Vl, QwenImageEncoding};
 use glance_nn::CausalLm;
 use std::time::{Duration, Instant};
 
@@ -109,7 +109,7 @@ pub fn transform_qwen(
                 let kept = select(pruner.as_ref(), &input, k)?;
                 let kept_pos: Vec<[u32; 3]> = kept.index.iter().map(|&i| mrope[i]).collect();
                 seg.rows = kept.rows;
-                seg.positions = kept_pos.iter().map(|p| p[0]).collect();
+                seg.positions = kept_pos.iter().map(largest_part).collect();
                 seg.mrope = Some(kept_pos);
                 kept_total += kept.index.len();
             }

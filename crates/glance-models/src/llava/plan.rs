@@ -29,7 +29,7 @@ pub struct Segment {
     /// `(rows, text_hidden)`.
     pub rows: Tensor,
     /// Position id of each row (`rows.dim(0)` of them). With M-RoPE (`mrope` set), each row's
-    /// temporal part: its position on text rows.
+    /// largest part (`qwen2_vl::largest_part`): its position on text rows.
     pub positions: Vec<u32>,
     /// M-RoPE models (Qwen2-VL): each row's `(temporal, height, width)` position. Image rows
     /// turn at their place in the image grid; pruning keeps a kept row's own three parts.

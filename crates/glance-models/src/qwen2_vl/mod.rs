@@ -19,6 +19,8 @@ pub mod processor;
 mod vision;
 
 pub use config::{Qwen2VlConfig, QwenVisionConfig, QwenVlVersion};
-pub use model::{rope_index, ImageGrid, Qwen2Vl, QwenImageEncoding, QwenWeightLayout};
+pub use model::{
+    largest_part, rope_index, ImageGrid, Qwen2Vl, QwenImageEncoding, QwenWeightLayout,
+};
 pub use processor::{smart_resize, QwenImageProcessor, QwenPixels, QwenVlProcessor, IMAGE_PAD};
 pub use vision::{QwenVision, QwenVisionOutput};

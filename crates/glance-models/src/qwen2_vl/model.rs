@@ -134,6 +134,14 @@ pub fn rope_index(
     Ok((out, delta))
 }
 
+/// The scalar position glance keeps for a row with M-RoPE position `p`: its largest part. On text
+/// rows that is the position itself; on an image's last row it is `start + max(rows, cols) - 1`,
+/// so decoding after a prompt that ends with image tokens continues where transformers does
+/// (`rope_deltas`: the largest position + 1). Different images' rows and text rows never share one.
+pub fn largest_part(p: &[u32; 3]) -> u32 {
+    p[0].max(p[1]).max(p[2])
+}
+
 /// One encoded image.
 #[derive(Debug, Clone)]
 pub struct QwenImageEncoding {
@@ -229,7 +237,7 @@ impl Qwen2Vl {
 
     /// The plan of a prompt: `ids` with each image's placeholder expanded to its token count and
     /// `images` in prompt order. Every row carries its M-RoPE position ([`rope_index`]); the
-    /// scalar positions are the temporal parts.
+    /// scalar positions are each row's largest part ([`largest_part`]).
     pub fn plan(&self, ids: &[u32], images: &[&QwenImageEncoding]) -> Result<PromptPlan> {
         let image_id = self.config.image_token_id;
         if ids.contains(&self.config.video_token_id) {
@@ -260,7 +268,7 @@ impl Qwen2Vl {
                 segments.push(Segment {
                     kind: SegmentKind::Image { index: next },
                     rows: e.features.clone(),
-                    positions: m.iter().map(|p| p[0]).collect(),
+                    positions: m.iter().map(largest_part).collect(),
                     mrope: Some(m),
                     source: i..i + n,
                 });
@@ -272,7 +280,7 @@ impl Qwen2Vl {
             segments.push(Segment {
                 kind: SegmentKind::Text,
                 rows: text.embed_tokens(&ids[i..end])?,
-                positions: mrope[i..end].iter().map(|p| p[0]).collect(),
+                positions: mrope[i..end].iter().map(largest_part).collect(),
                 mrope: None,
                 source: i..end,
             });
