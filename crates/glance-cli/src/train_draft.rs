@@ -1,5 +1,6 @@
-//! `glance train draft --target DIR …`: train an EAGLE / ViSpec draft head for a LLaVA target on
-//! the target's own answers to world prompts; writes OUT/head (config.json + model.safetensors).
+//! `glance train draft --target DIR …`: train an EAGLE / ViSpec draft head for a LLaVA or
+//! Qwen2-VL target on the target's own answers to world prompts; writes OUT/head (config.json +
+//! model.safetensors).
 
 use crate::progress::TrainBar;
 use anyhow::{Context, Result};
@@ -20,8 +21,8 @@ pub enum DraftKind {
 
 #[derive(Args)]
 pub struct DraftArgs {
-    /// The target model: a directory (a LLaVA checkpoint) or a name as --model takes it (e.g.
-    /// glance-tiny).
+    /// The target model: a directory (a LLaVA, Qwen2-VL or Qwen2.5-VL checkpoint) or a name as
+    /// --model takes it (e.g. glance-tiny).
     #[arg(long)]
     pub target: PathBuf,
     /// Output directory (checkpoint, metrics.jsonl, head/). Default: runs/draft-<kind>.

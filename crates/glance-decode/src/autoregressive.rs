@@ -146,6 +146,31 @@ pub fn prefill<M: CausalLm + ?Sized>(
     })
 }
 
+/// [`prefill`] of prompt rows with three-part (M-RoPE) positions `(temporal, height, width)`,
+/// as Qwen2-VL places image rows. The state's scalar position of a row is its largest part: the
+/// position itself on text rows, and on a prompt ending with image tokens one below where
+/// transformers continues (its largest position + 1), so decoding continues as usual.
+pub fn prefill_mrope<M: CausalLm + ?Sized>(
+    model: &M,
+    prompt: &Tensor,
+    positions: &[[u32; 3]],
+) -> Result<Prefilled> {
+    let t = prompt.dim(0)?;
+    let largest: Vec<u32> = positions.iter().map(|p| p[0].max(p[1]).max(p[2])).collect();
+    check_prompt(model, t, &largest)?;
+    let start = Instant::now();
+    let mut cache = model.new_cache();
+    let hidden = model.forward_mrope(prompt, positions, &AttnMask::causal(), &mut cache)?;
+    Ok(Prefilled {
+        cache,
+        inputs: prompt.clone(),
+        hidden,
+        positions: positions.iter().map(|p| p[0].max(p[1]).max(p[2])).collect(),
+        images: Vec::new(),
+        elapsed: start.elapsed(),
+    })
+}
+
 /// Generates after `prompt` rows placed at `positions`: [`prefill`], then [`Autoregressive`].
 pub fn generate<M: CausalLm>(
     model: &M,

@@ -26,8 +26,8 @@ pub mod stop;
 pub mod strategy;
 
 pub use autoregressive::{
-    check_prompt, generate, prefill, Autoregressive, FinishReason, GenerateConfig, Generation,
-    Prefilled, PrefilledImage,
+    check_prompt, generate, prefill, prefill_mrope, Autoregressive, FinishReason, GenerateConfig,
+    Generation, Prefilled, PrefilledImage,
 };
 pub use cost::{CostModel, DraftCost};
 pub use diffusion::{

@@ -10,8 +10,10 @@
 //! craft two images that collide and read another request's encoding.
 
 use crate::request::ImageInput;
+use candle_core::Tensor;
 use glance_decode::Prefilled;
 use glance_models::llava::ImageEncoding;
+use glance_models::qwen2_vl::QwenImageEncoding;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -126,9 +128,49 @@ impl<K: Eq + Hash + Clone, V: Clone> Lru<K, V> {
     }
 }
 
+/// One image after the vision tower, as each family encodes it.
+pub enum Encoding {
+    Llava(ImageEncoding),
+    Qwen2Vl(QwenImageEncoding),
+}
+
+impl Encoding {
+    /// The image's tokens in the prompt `(tokens, text_hidden)`.
+    pub fn features(&self) -> &Tensor {
+        match self {
+            Encoding::Llava(e) => &e.features,
+            Encoding::Qwen2Vl(e) => &e.features,
+        }
+    }
+
+    /// The vision tower's hidden state the features come from.
+    pub fn vision_hidden(&self) -> &Tensor {
+        match self {
+            Encoding::Llava(e) => &e.vision_hidden,
+            Encoding::Qwen2Vl(e) => &e.vision_hidden,
+        }
+    }
+
+    pub fn llava(&self) -> Option<&ImageEncoding> {
+        match self {
+            Encoding::Llava(e) => Some(e),
+            Encoding::Qwen2Vl(_) => None,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        let extra = match self {
+            Encoding::Llava(e) => e.cls_attention.as_ref().map_or(0, tensor_bytes),
+            Encoding::Qwen2Vl(_) => 0,
+        };
+        tensor_bytes(self.features()) + tensor_bytes(self.vision_hidden()) + extra
+    }
+}
+
 /// An image encoding and what computing it cost.
 pub struct CachedEncoding {
-    pub encoding: ImageEncoding,
+    pub encoding: Encoding,
     /// Decoding and pre-processing, when first computed.
     pub preprocess: Duration,
     /// Vision tower and projector, when first computed.

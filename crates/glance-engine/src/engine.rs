@@ -14,12 +14,12 @@
 mod auto;
 mod finite;
 mod gguf;
+pub mod model;
 mod output;
+mod qwen;
 pub(crate) mod scheduler;
 
-use crate::cache::{
-    tensor_bytes, CachedEncoding, ContentHasher, EncodingCache, ImageKey, PrefixCache,
-};
+use crate::cache::{CachedEncoding, ContentHasher, Encoding, EncodingCache, ImageKey, PrefixCache};
 use crate::options::{thread_pool, EngineOptions};
 use crate::request::{ImageInput, KeptPatches, Message, Part, Prompt, Request};
 use candle_core::{Device, Tensor};
@@ -29,9 +29,12 @@ use glance_decode::{
     Prefilled, PrefilledImage, Sampler, Speculative,
 };
 use glance_models::draft::{DraftConfig, DraftHead};
+use glance_models::family::Family;
 use glance_models::llava::{
     Llava, LlavaConfig, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
 };
+pub use model::{Model, ModelConfig, Processor, TextRef};
+
 use glance_models::processing::chat::{ChatMessage, ContentPart};
 use glance_models::processing::image::decode_image_with_limit;
 use glance_nn::{AttnMask, CausalLm, DraftLm};
@@ -49,11 +52,11 @@ pub struct CacheStats {
     pub prefix_bytes: usize,
 }
 
-/// A loaded LLaVA checkpoint ready to answer requests.
+/// A loaded vision-language checkpoint (LLaVA, Qwen2-VL, Qwen2.5-VL) ready to answer requests.
 pub struct Engine {
     dir: Option<PathBuf>,
-    model: Arc<Llava>,
-    processor: Arc<LlavaProcessor>,
+    model: Model,
+    processor: Processor,
     pool: rayon::ThreadPool,
     threads: usize,
     options: EngineOptions,
@@ -79,6 +82,17 @@ struct Rendered<'a> {
     images: Vec<&'a ImageInput>,
 }
 
+/// A prompt prefilled before it reaches the scheduler (a pruned Qwen2-VL prompt), and what its
+/// pruning did.
+struct PrefillOutcome {
+    state: Prefilled,
+    /// Visual tokens kept by pruning (`None`: every one).
+    kept_visual: Option<usize>,
+    /// The patches each image kept (empty: every one).
+    kept_patches: Vec<KeptPatches>,
+    select: Duration,
+}
+
 /// An image after the encoding step.
 struct Encoded {
     key: ImageKey,
@@ -87,11 +101,15 @@ struct Encoded {
 }
 
 impl Engine {
-    /// Loads a Hugging Face LLaVA directory (config, weights, tokenizer, pre-processor).
+    /// Loads a Hugging Face checkpoint directory (config, weights, tokenizer, pre-processor) of
+    /// any family glance runs ([`Family`], from `config.json`).
     pub fn load(dir: &Path, options: EngineOptions) -> Result<Self> {
         let threads = options.validate()?;
         let pool = thread_pool(threads)?;
         let start = Instant::now();
+        if Family::of_dir(dir)? != Family::Llava {
+            return Self::load_qwen(dir, options, pool, threads, start);
+        }
         let (model, processor) = pool.install(|| -> Result<_> {
             let config = LlavaConfig::from_dir(dir)?;
             let processor = LlavaProcessor::from_dir(dir, &config)?;
@@ -105,8 +123,13 @@ impl Engine {
             model.limit_vocab(processor.text.id_limit());
             Ok((model, processor))
         })?;
-        let mut engine =
-            Self::assemble(Arc::new(model), Arc::new(processor), options, pool, threads);
+        let mut engine = Self::assemble(
+            Model::Llava(Arc::new(model)),
+            Processor::llava_processor(Arc::new(processor)),
+            options,
+            pool,
+            threads,
+        );
         engine.dir = Some(dir.to_path_buf());
         engine.load_time = start.elapsed();
         Ok(engine)
@@ -122,12 +145,18 @@ impl Engine {
     ) -> Result<Self> {
         let threads = options.validate()?;
         let pool = thread_pool(threads)?;
-        Ok(Self::assemble(model, processor, options, pool, threads))
+        Ok(Self::assemble(
+            Model::Llava(model),
+            Processor::llava_processor(processor),
+            options,
+            pool,
+            threads,
+        ))
     }
 
     fn assemble(
-        model: Arc<Llava>,
-        processor: Arc<LlavaProcessor>,
+        model: Model,
+        processor: Processor,
         options: EngineOptions,
         pool: rayon::ThreadPool,
         threads: usize,
@@ -150,11 +179,14 @@ impl Engine {
         }
     }
 
-    pub fn model(&self) -> &Llava {
+    /// The model ([`Model::llava`] for LLaVA-only tools).
+    pub fn model(&self) -> &Model {
         &self.model
     }
 
-    pub fn processor(&self) -> &LlavaProcessor {
+    /// The processors: `processor().text` is the tokenizer ([`Processor::llava`] for LLaVA-only
+    /// tools).
+    pub fn processor(&self) -> &Processor {
         &self.processor
     }
 
@@ -304,19 +336,14 @@ impl Engine {
     /// The block-diffusion settings of `request` (its own, else the engine's, else the defaults
     /// with the model's block size) and the model's mask token; an unconverted model is refused.
     fn diffusion_settings(&self, request: &Request) -> Result<(DiffusionSettings, u32)> {
-        let bd = self
-            .model
-            .config()
-            .block_diffusion
-            .as_ref()
-            .ok_or_else(|| {
-                Error::InvalidParam(format!(
-                    "--decode {}: this model is not converted for block diffusion (its \
+        let bd = self.model.config().block_diffusion.ok_or_else(|| {
+            Error::InvalidParam(format!(
+                "--decode {}: this model is not converted for block diffusion (its \
                      config.json has no `block_diffusion` entry); convert it with `glance train \
                      diffusion --from DIR`",
-                    request.decode
-                ))
-            })?;
+                request.decode
+            ))
+        })?;
         let settings = match (&request.diffusion, &self.options.diffusion) {
             (Some(s), _) | (None, Some(s)) => s.clone(),
             (None, None) => DiffusionSettings {
@@ -395,12 +422,11 @@ impl Engine {
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
             let text = self.model.text();
             let mut cache = text.new_cache();
-            let hidden = text.forward(
-                &plan.rows()?,
-                &plan.positions(),
-                &AttnMask::causal(),
-                &mut cache,
-            )?;
+            let rows = plan.rows()?;
+            let hidden = match plan.mrope_positions() {
+                Some(pos) => text.forward_mrope(&rows, &pos, &AttnMask::causal(), &mut cache)?,
+                None => text.forward(&rows, &plan.positions(), &AttnMask::causal(), &mut cache)?,
+            };
             text.raw_logits(&hidden)
         })?;
         if !finite::all_finite(&logits)? {
@@ -457,6 +483,9 @@ impl Engine {
     ) -> Result<Rendered<'a>> {
         let images = prompt.images();
         crate::messages::check_image_count(images.len(), self.options.max_images)?;
+        if let Some(qwen) = self.processor.qwen() {
+            return self.render_qwen(qwen, prompt, images, continue_final, want_query);
+        }
         let (prompt, query) = match prompt {
             Prompt::Raw { text, images } => (
                 self.processor
@@ -472,7 +501,7 @@ impl Engine {
                     String::new()
                 };
                 let prepared = if continue_final {
-                    self.processor.prepare_continuation(&chat)?
+                    self.processor.llava()?.prepare_continuation(&chat)?
                 } else {
                     self.processor.prepare_chat(&chat)?
                 };
@@ -531,14 +560,8 @@ impl Engine {
                 img.as_ref()
             }
         };
-        let pixels = self.processor.image.preprocess_tensor(img, &Device::Cpu)?;
-        let preprocess = start.elapsed();
-        let start = Instant::now();
-        let encoding = self.model.encode_image(&pixels)?;
-        let vision = start.elapsed();
-        let bytes = tensor_bytes(&encoding.features)
-            + tensor_bytes(&encoding.vision_hidden)
-            + encoding.cls_attention.as_ref().map_or(0, tensor_bytes);
+        let (encoding, preprocess, vision) = self.model.encode(&self.processor, img, start)?;
+        let bytes = encoding.bytes();
         let entry = Arc::new(CachedEncoding {
             encoding,
             preprocess,
@@ -553,8 +576,8 @@ impl Engine {
     }
 
     fn plan(&self, ids: &[u32], encoded: &[Encoded]) -> Result<PromptPlan> {
-        let features: Vec<&Tensor> = encoded.iter().map(|e| &e.entry.encoding.features).collect();
-        self.model.plan(ids, &features)
+        let encodings: Vec<&Encoding> = encoded.iter().map(|e| &e.entry.encoding).collect();
+        self.model.plan(ids, &encodings)
     }
 }
 
@@ -574,7 +597,7 @@ fn take_logprob(sink: &LogprobSink, i: usize, id: u32) -> Result<glance_decode::
 
 /// KV-cache bytes of a prefill of `rows` rows (f32 keys and values in every layer; buffers hold
 /// at least 128 rows).
-fn cache_bytes(c: &LlavaConfig, rows: usize) -> usize {
+fn cache_bytes(c: ModelConfig<'_>, rows: usize) -> usize {
     let t = &c.text;
     let capacity = rows.max(128);
     2 * t.num_layers * capacity * t.num_kv_heads * t.head_dim * 4

@@ -296,7 +296,7 @@ pub fn evaluate_specs(
         });
     }
     let seconds = start.elapsed().as_secs_f64();
-    let visual = engine.model().config().image_tokens_per_image();
+    let visual = engine.model().llava()?.config().image_tokens_per_image();
     Ok(specs
         .iter()
         .zip(accs)

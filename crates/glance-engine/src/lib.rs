@@ -22,7 +22,7 @@ mod request;
 
 pub use cache::ImageKey;
 pub use engine::scheduler::{Prepared, Sequence, SharedPrefill};
-pub use engine::{CacheStats, Engine};
+pub use engine::{CacheStats, Engine, Model, ModelConfig, Processor, TextRef};
 pub use options::{
     cores, max_threads, resolve_threads, thread_pool, EngineOptions, TwinShape, WeightFormat,
     DEFAULT_MAX_IMAGES, MAX_IMAGES_LIMIT,

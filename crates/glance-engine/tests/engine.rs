@@ -151,7 +151,7 @@ fn concurrent_requests_equal_their_sequential_answers() {
 #[test]
 fn pruned_answers_report_the_kept_patches_of_each_image() {
     let e = engine("llama-gqa", EngineOptions::single_request());
-    let config = e.model().config();
+    let config = e.model().llava().unwrap().config();
     let side = config.vision.grid();
     // Leading projected tokens that are not patches ([CLS] under the `full` strategy).
     let prefix = config.image_tokens_per_image() - side * side;
@@ -246,7 +246,7 @@ fn conversations_with_several_images() {
         Message::user("And this one?", vec![image("coffee_palette.png")]),
     ];
     let r = answer(&e, &greedy(Prompt::Chat(messages.clone()), 8));
-    let per_image = e.model().config().image_tokens_per_image();
+    let per_image = e.model().llava().unwrap().config().image_tokens_per_image();
     assert_eq!(r.usage.visual_tokens, 3 * per_image);
     // The reference: the same conversation prefilled by hand.
     let chat: Vec<_> = messages
@@ -277,14 +277,26 @@ fn conversations_with_several_images() {
                     .unwrap();
             let px = e
                 .processor()
+                .llava()
+                .unwrap()
                 .image
                 .preprocess_tensor(&img, &Device::Cpu)
                 .unwrap();
-            e.model().encode_image(&px).unwrap().features
+            e.model()
+                .llava()
+                .unwrap()
+                .encode_image(&px)
+                .unwrap()
+                .features
         })
         .collect();
     let refs: Vec<&Tensor> = encodings.iter().collect();
-    let rows = e.model().embed_prompt(&prompt.ids, &refs).unwrap();
+    let rows = e
+        .model()
+        .llava()
+        .unwrap()
+        .embed_prompt(&prompt.ids, &refs)
+        .unwrap();
     let positions: Vec<u32> = (0..prompt.ids.len() as u32).collect();
     let want = glance_decode::generate(
         e.model().text(),

@@ -2,8 +2,10 @@
 //!
 //! * [`checkpoint`]: a model directory (config, single or sharded safetensors) → a `VarBuilder`;
 //! * [`text`]: the Llama-family decoders (Llama, Mistral, Qwen2) behind [`glance_nn::CausalLm`];
+//! * [`family`]: which architecture a checkpoint holds (`architectures` / `model_type`);
 //! * [`gguf`]: llama.cpp's LLaVA layout (text GGUF + mmproj GGUF) → the same model;
 //! * [`llava`]: `LlavaForConditionalGeneration` — CLIP vision tower, projector, text decoder;
+//! * [`qwen2_vl`]: Qwen2-VL / Qwen2.5-VL — native-resolution ViT, merger, M-RoPE decoder;
 //! * [`processing`]: image pre-processing, tokenizer, chat template;
 //! * [`presets`]: the model shapes benchmarks build with random weights;
 //! * [`quantize`]: a checkpoint rewritten with packed (bf16 / f16 / q8 / q4) weights;
@@ -13,11 +15,13 @@
 
 pub mod checkpoint;
 pub mod draft;
+pub mod family;
 pub mod gguf;
 pub mod llava;
 pub mod presets;
 pub mod processing;
 pub mod quantize;
+pub mod qwen2_vl;
 pub mod random;
 pub mod text;
 pub mod twin;

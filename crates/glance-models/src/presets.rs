@@ -18,6 +18,10 @@ pub const TEXT_PRESETS: [&str; 4] = [
     "llama-2-7b",
 ];
 
+/// Qwen2.5-VL's decoders (Qwen2 with M-RoPE, their real vocabularies): the language models of
+/// Qwen2.5-VL-3B-Instruct and -7B-Instruct. Decoding runs text rows, which turn as 1-D RoPE.
+pub const QWEN_PRESETS: [&str; 2] = ["qwen2.5-vl-3b", "qwen2.5-vl-7b"];
+
 /// Whole LLaVA models: `llava-7b` is LLaVA-1.5-7B's shape (CLIP ViT-L/14-336 in front of
 /// Llama-2-7B), see [`llava_preset`].
 pub const LLAVA_PRESETS: [&str; 1] = ["llava-7b"];
@@ -48,10 +52,23 @@ pub fn text_config_value(name: &str) -> Result<Value> {
         "llama-2-7b" => json!({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
             "num_key_value_heads": 32, "max_position_embeddings": 4096}),
+        "qwen2.5-vl-3b" => json!({"model_type": "qwen2_5_vl_text", "vocab_size": 151936,
+            "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "max_position_embeddings": 128000,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                "mrope_section": [16, 24, 24]}}),
+        "qwen2.5-vl-7b" => json!({"model_type": "qwen2_5_vl_text", "vocab_size": 152064,
+            "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 128000,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                "mrope_section": [16, 24, 24]}}),
         other => {
             return Err(Error::InvalidParam(format!(
-                "unknown model shape `{other}` (available: {}, {})",
+                "unknown model shape `{other}` (available: {}, {}, {})",
                 TEXT_PRESETS.join(", "),
+                QWEN_PRESETS.join(", "),
                 LLAVA_PRESETS.join(", ")
             )))
         }
@@ -96,6 +113,14 @@ mod tests {
             e.contains("tinyllama-1.1b") && e.contains("llava-7b"),
             "{e}"
         );
+        // Qwen2.5-VL-3B's decoder: ~3.1B parameters with tied embeddings; 7B's ~7.6B.
+        let q3 = text_config("qwen2.5-vl-3b").unwrap();
+        assert_eq!((q3.head_dim, q3.num_kv_heads), (128, 2));
+        assert_eq!(q3.mrope_section.as_deref(), Some(&[16, 24, 24][..]));
+        assert!((3.0e9..3.2e9).contains(&(q3.num_parameters() as f64)));
+        let q7 = text_config("qwen2.5-vl-7b").unwrap();
+        assert!((7.5e9..7.7e9).contains(&(q7.num_parameters() as f64)));
+        assert!(q7.qkv_bias && !q7.tie_word_embeddings);
         let l = llava_preset("llava-7b").unwrap().unwrap();
         assert_eq!((l.text.hidden_size, l.text.num_layers), (4096, 32));
         assert_eq!(l.vision.hidden_size, 1024);

@@ -49,6 +49,30 @@ pub trait CausalLm {
         self.forward(xs, positions, mask, cache)
     }
 
+    /// [`CausalLm::forward`] of prompt rows with three-part positions `(temporal, height,
+    /// width)`: multimodal RoPE (M-RoPE, Qwen2-VL), where an image row turns at its place in the
+    /// image grid. A row whose three parts are equal turns exactly as at that scalar position, so
+    /// only prompts need this; generated rows go through [`CausalLm::forward`]. Models with 1-D
+    /// positions accept only such rows.
+    fn forward_mrope(
+        &self,
+        xs: &Tensor,
+        positions: &[[u32; 3]],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let scalar: Option<Vec<u32>> = positions
+            .iter()
+            .map(|p| (p[0] == p[1] && p[1] == p[2]).then_some(p[0]))
+            .collect();
+        match scalar {
+            Some(s) => self.forward(xs, &s, mask, cache),
+            None => Err(glance_core::Error::InvalidParam(
+                "rows with 3-D (M-RoPE) positions given to a model with 1-D positions".into(),
+            )),
+        }
+    }
+
     /// Hidden states `(t, hidden)` → logits `(t, vocab)`.
     fn logits(&self, hidden: &Tensor) -> Result<Tensor>;
 

@@ -111,11 +111,68 @@ impl RotaryEmbedding {
     /// Rotates `q` `(1, h, t, d)` and `k` `(1, kv_h, t, d)` at `positions` `(t,)`.
     pub fn apply(&self, q: &Tensor, k: &Tensor, positions: &Tensor) -> Result<(Tensor, Tensor)> {
         let (cos, sin) = self.cos_sin(positions)?;
-        let rope = |x: &Tensor| match self.mode {
-            Mode::Infer => candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin),
-            Mode::Train => candle_nn::rotary_emb::rope_slow(x, &cos, &sin),
-        };
-        Ok((rope(q)?, rope(k)?))
+        self.apply_cos_sin(q, k, &cos, &sin)
+    }
+
+    /// Multimodal RoPE (M-RoPE, Qwen2-VL): `positions` `(3, t)` u32 holds each row's temporal,
+    /// height and width position; frequency `j` of the first `section[0]` turns at the temporal
+    /// one, the next `section[1]` at the height one, the last `section[2]` at the width one
+    /// (`section` sums to `head_dim / 2`). A row whose three positions are equal turns exactly
+    /// as [`RotaryEmbedding::cos_sin`] at that position. Returns `(cos, sin)`, each
+    /// `(t, head_dim / 2)`.
+    pub fn cos_sin_mrope(&self, positions: &Tensor, section: &[usize]) -> Result<(Tensor, Tensor)> {
+        let (three, t) = positions.dims2()?;
+        let half = self.inv_freq.dim(1)?;
+        if three != 3 || section.len() != 3 || section.iter().sum::<usize>() != half {
+            candle_core::bail!(
+                "M-RoPE needs (3, t) positions and a 3-part section summing to {half}, got \
+                 {three} rows and {section:?}"
+            );
+        }
+        // (3, t, 1) x (1, 1, d/2) -> (3, t, d/2)
+        let freqs = positions
+            .to_dtype(DType::F32)?
+            .reshape((3, t, 1))?
+            .broadcast_mul(&self.inv_freq.reshape((1, 1, half))?)?;
+        // Frequency block i from component i: (t, d/2)
+        let mut parts = Vec::with_capacity(3);
+        let mut at = 0;
+        for (i, &n) in section.iter().enumerate() {
+            parts.push(freqs.get(i)?.narrow(1, at, n)?);
+            at += n;
+        }
+        let freqs = Tensor::cat(&parts, 1)?.contiguous()?;
+        Ok((freqs.cos()?, freqs.sin()?))
+    }
+
+    /// Rotates `q` `(1, h, t, d)` and `k` `(1, kv_h, t, d)` by given angles: `cos` and `sin`
+    /// `(t, d / 2)` (from [`RotaryEmbedding::cos_sin`], [`RotaryEmbedding::cos_sin_mrope`] or a
+    /// vision tower's 2-D positions), in the "rotate half" layout.
+    pub fn apply_cos_sin(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        Ok((
+            rotate(q, cos, sin, self.mode)?,
+            rotate(k, cos, sin, self.mode)?,
+        ))
+    }
+
+    /// The inverse frequencies `(1, head_dim / 2)`.
+    pub fn inv_freq(&self) -> &Tensor {
+        &self.inv_freq
+    }
+}
+
+/// `x` `(b, h, t, d)` rotated by `cos`, `sin` `(t, d / 2)` ("rotate half" layout), with the fused
+/// kernel for inference and the differentiable form for training.
+pub fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor, mode: Mode) -> Result<Tensor> {
+    match mode {
+        Mode::Infer => candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin),
+        Mode::Train => candle_nn::rotary_emb::rope_slow(x, cos, sin),
     }
 }
 
@@ -137,6 +194,30 @@ mod tests {
             |a: &Tensor, b: &Tensor| -> Result<f32> { (a - b)?.abs()?.max_all()?.to_scalar() };
         assert!(diff(&qf, &qs)? < 1e-5 && diff(&kf, &ks)? < 1e-5);
         assert!(diff(&qf.narrow(2, 0, 1)?, &q.narrow(2, 0, 1)?)? < 1e-7);
+        Ok(())
+    }
+
+    #[test]
+    fn mrope_with_equal_components_is_plain_rope_and_sections_pick_components() -> Result<()> {
+        let dev = Device::Cpu;
+        let r = RotaryEmbedding::new(16, 10000.0, None, Mode::Infer, &dev)?;
+        let pos = Tensor::new(&[0u32, 3, 7, 12], &dev)?;
+        let same = Tensor::stack(&[&pos, &pos, &pos], 0)?;
+        let (c1, s1) = r.cos_sin(&pos)?;
+        let (c3, s3) = r.cos_sin_mrope(&same, &[2, 3, 3])?;
+        let diff =
+            |a: &Tensor, b: &Tensor| -> Result<f32> { (a - b)?.abs()?.max_all()?.to_scalar() };
+        assert_eq!(diff(&c1, &c3)?, 0.0);
+        assert_eq!(diff(&s1, &s3)?, 0.0);
+        // Height positions differ from temporal ones: only frequencies 2..5 change.
+        let h = Tensor::new(&[5u32, 5, 5, 5], &dev)?;
+        let mixed = Tensor::stack(&[&pos, &h, &pos], 0)?;
+        let (cm, _) = r.cos_sin_mrope(&mixed, &[2, 3, 3])?;
+        let (ch, _) = r.cos_sin(&h)?;
+        assert_eq!(diff(&cm.narrow(1, 0, 2)?, &c1.narrow(1, 0, 2)?)?, 0.0);
+        assert_eq!(diff(&cm.narrow(1, 2, 3)?, &ch.narrow(1, 2, 3)?)?, 0.0);
+        assert_eq!(diff(&cm.narrow(1, 5, 3)?, &c1.narrow(1, 5, 3)?)?, 0.0);
+        assert!(r.cos_sin_mrope(&mixed, &[2, 3, 2]).is_err());
         Ok(())
     }
 

@@ -18,7 +18,8 @@
 //! | `hier` | saliency → k-means of important tokens + grid means of the rest | ViSpec (hierarchical) |
 //!
 //! Every policy but `fastv` runs before the LLM ([`Pruner`]); `fastv` is a prefill strategy
-//! ([`fastv::prefill`]). [`prefill_llava`] does the whole job for a LLaVA model: select, splice the
+//! ([`fastv::prefill`]). Qwen2-VL prompts go through [`transform_qwen`] / [`prefill_qwen`] (kept
+//! tokens keep their 3-D positions). [`prefill_llava`] does the whole job for a LLaVA model: select, splice the
 //! kept rows into the prompt at their original position ids (text after the image keeps its
 //! positions too), prefill, and hand back a [`glance_decode::Prefilled`] that any decoder continues.
 //!
@@ -30,6 +31,7 @@ pub mod fastv;
 mod llava;
 mod merge;
 mod policy;
+mod qwen;
 mod select;
 pub mod signals;
 
@@ -38,6 +40,7 @@ pub use llava::{
 };
 pub use merge::{grid_windows, Hier, Pool};
 pub use policy::{Budget, Policy, PruneSpec, Stage};
+pub use qwen::{prefill_qwen, qwen_input, transform_qwen};
 pub use select::{adaptive_split, Adaptive, Mix, Random, Saliency, SplitChoice, Text};
 
 use candle_core::{DType, Tensor};

@@ -31,7 +31,9 @@ pub struct DecodeArgs {
     pub model: Option<PathBuf>,
     /// Instead of a checkpoint, a random-weight decoder of a preset shape: llama-134m (12 layers,
     /// d768), tinyllama-1.1b (22 layers, d2048, GQA 32/4), sheared-llama-2.7b (32 layers,
-    /// d2560), llama-2-7b (32 layers, d4096), or a whole random LLaVA: llava-7b (CLIP
+    /// d2560), llama-2-7b (32 layers, d4096), Qwen2.5-VL's decoders qwen2.5-vl-3b (36 layers,
+    /// d2048, GQA 16/2, tied) and qwen2.5-vl-7b (28 layers, d3584, GQA 28/4), or a whole random
+    /// LLaVA: llava-7b (CLIP
     /// ViT-L/14-336 + Llama-2-7B; its text decoder is timed, its resident memory is the whole
     /// model's).
     #[arg(long, default_value = "llama-134m")]
@@ -218,14 +220,16 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
         glance_engine::resolve_threads(Some(t)).context("--threads")?;
     }
     let config = match &args.model {
-        Some(dir) => {
-            match &args.twin.twin {
-                Some(shape) => glance_models::twin::llava_config(dir, shape),
-                None => glance_models::llava::LlavaConfig::from_dir(dir),
-            }
-            .with_context(|| format!("loading {}", dir.display()))?
-            .text
+        Some(dir) => match &args.twin.twin {
+            Some(shape) => glance_models::twin::llava_config(dir, shape).map(|c| c.text),
+            None => match glance_models::family::Family::of_dir(dir)? {
+                glance_models::family::Family::Llava => {
+                    glance_models::llava::LlavaConfig::from_dir(dir).map(|c| c.text)
+                }
+                _ => glance_models::qwen2_vl::Qwen2VlConfig::from_dir(dir).map(|c| c.text),
+            },
         }
+        .with_context(|| format!("loading {}", dir.display()))?,
         None => match presets::llava_preset(&args.random) {
             Some(c) => c?.text,
             None => presets::text_config(&args.random)?,

@@ -455,7 +455,7 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
             .questions
             .first()
             .context("the world example has no question")?;
-        let processor = engine.processor();
+        let processor = engine.processor().llava()?;
         let prompt = processor.prepare(&qa.question, 1, PromptFormat::Chat)?;
         let pixels = processor.image.preprocess_tensor(
             &image::DynamicImage::ImageRgb8(ex.image.clone()),
@@ -469,7 +469,7 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
         );
         let (vision, rows) = engine.install(|| {
             measure_ttft(
-                engine.model(),
+                engine.model().llava()?,
                 &pixels,
                 &prompt.ids,
                 &query,

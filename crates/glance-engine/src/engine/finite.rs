@@ -58,12 +58,12 @@ impl Engine {
         let encoded = self.encode_all(&rendered.images)?;
         for (i, e) in encoded.iter().enumerate() {
             let enc = &e.entry.encoding;
-            if !all_finite(&enc.vision_hidden)? {
+            if !all_finite(enc.vision_hidden())? {
                 return Ok(format!(
                     "the first non-finite output is image {i}'s vision tower (its feature layer)"
                 ));
             }
-            if !all_finite(&enc.features)? {
+            if !all_finite(enc.features())? {
                 return Ok(format!(
                     "the first non-finite output is image {i}'s multimodal projector"
                 ));

@@ -41,8 +41,13 @@ impl Engine {
         // Ids the tokenizer cannot decode are never produced, by any strategy.
         model.limit_vocab(processor.text.id_limit());
         let options = options.with_weights(format);
-        let mut engine =
-            Self::assemble(Arc::new(model), Arc::new(processor), options, pool, threads);
+        let mut engine = Self::assemble(
+            super::Model::Llava(Arc::new(model)),
+            super::Processor::llava_processor(Arc::new(processor)),
+            options,
+            pool,
+            threads,
+        );
         engine.load_time = start.elapsed();
         Ok((engine, notes))
     }

@@ -28,9 +28,9 @@ use glance_decode::{
     DecodeState, DecodeStrategy, GenerateConfig, Generation, Pass, PassOutput, Prefilled,
     PrefilledImage, Sampler,
 };
-use rayon::prelude::*;
 use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_nn::{AttnMask, CausalLm, KvCache};
+use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -102,15 +102,20 @@ enum Source {
     Plain {
         rows: Tensor,
         positions: Vec<u32>,
+        /// Three-part (M-RoPE) positions of the rows, for Qwen2-VL.
+        mrope: Option<Vec<[u32; 3]>>,
         images: Vec<PrefilledImage>,
         prefix: Option<PrefixPlan>,
     },
-    /// A pruned plan, prefilled whole (FastV drops rows inside the decoder).
+    /// A pruned LLaVA plan, prefilled whole (FastV drops rows inside the decoder).
     Pruned {
         pruned: Box<glance_prune::Pruned>,
         /// The unpruned plan's image segments (their token ranges), for the kept patches.
         images: Vec<std::ops::Range<usize>>,
     },
+    /// A prompt prefilled while it was prepared (a pruned Qwen2-VL prompt: its 3-D positions
+    /// go through its own prefill), with the prompt rows, visual tokens and patches it kept.
+    Ready(Box<Option<(Prefilled, (usize, usize, Vec<KeptPatches>))>>),
 }
 
 /// A request rendered, with its images encoded, its prompt planned (and pruned) and its strategy
@@ -211,8 +216,26 @@ impl Engine {
             let prompt_ids = plan.ids.clone();
             let (source, select) = match prune {
                 None => (self.plain_source(plan, &encoded)?, Duration::ZERO),
+                Some(spec) if self.model.uses_mrope() => {
+                    let model = match &self.model {
+                        super::Model::Qwen2Vl(m) => m.clone(),
+                        other => return Err(other.only_llava()),
+                    };
+                    let out =
+                        self.prefill_pruned_qwen(&model, plan, &encoded, &rendered.query, spec)?;
+                    let kept = (
+                        out.state.prompt_len(),
+                        out.kept_visual.unwrap_or(visual),
+                        out.kept_patches,
+                    );
+                    (Source::Ready(Box::new(Some((out.state, kept)))), out.select)
+                }
                 Some(spec) => {
-                    let encodings: Vec<_> = encoded.iter().map(|e| &e.entry.encoding).collect();
+                    let llava = self.model.llava()?;
+                    let encodings: Vec<_> = encoded
+                        .iter()
+                        .filter_map(|e| e.entry.encoding.llava())
+                        .collect();
                     let query = self.processor.query_ids(&rendered.query)?;
                     let images = plan
                         .segments
@@ -220,8 +243,7 @@ impl Engine {
                         .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
                         .map(|s| s.source.clone())
                         .collect();
-                    let pruned =
-                        glance_prune::transform(&self.model, plan, &encodings, &query, spec)?;
+                    let pruned = glance_prune::transform(llava, plan, &encodings, &query, spec)?;
                     let positions = pruned.plan.positions();
                     glance_decode::check_prompt(self.model.text(), positions.len(), &positions)?;
                     let select = pruned.stats.select_time;
@@ -263,7 +285,12 @@ impl Engine {
     /// token is shared through the prefix cache.
     fn plain_source(&self, plan: PromptPlan, encoded: &[Encoded]) -> Result<Source> {
         let rows = plan.rows()?;
-        let positions = plan.positions();
+        let mrope = plan.mrope_positions();
+        // An M-RoPE row's scalar position is its largest part (where decoding continues from).
+        let positions = match &mrope {
+            Some(m) => m.iter().map(|p| p[0].max(p[1]).max(p[2])).collect(),
+            None => plan.positions(),
+        };
         glance_decode::check_prompt(self.model.text(), rows.dim(0)?, &positions)?;
         let images = image_rows_at(&plan, &positions);
         let image_id = self.model.config().image_token_id;
@@ -285,6 +312,7 @@ impl Engine {
         Ok(Source::Plain {
             rows,
             positions,
+            mrope,
             images,
             prefix,
         })
@@ -316,7 +344,7 @@ impl Engine {
                 )
             }
             Source::Plain { .. } => (Some(text.new_cache()), 0, Vec::new(), 0),
-            Source::Pruned { .. } => (None, 0, Vec::new(), 0),
+            Source::Pruned { .. } | Source::Ready(_) => (None, 0, Vec::new(), 0),
         };
         let (sampler, sink) =
             self.sampler(&prepared.sampling, prepared.logprobs, &prepared.prompt_ids)?;
@@ -414,6 +442,7 @@ impl Engine {
                 .rows()
                 .ok()
                 .map(|rows| (rows, pruned.plan.positions())),
+            Source::Ready(_) => None,
         };
         Err(match rows {
             Some((rows, positions)) => self
@@ -431,11 +460,26 @@ impl Engine {
         };
         let start = Instant::now();
         let text = self.model.text();
+        let ready = match &mut s.prepared.source {
+            Source::Ready(ready) => Some(
+                ready
+                    .take()
+                    .ok_or_else(|| Error::Input("a prefilled prompt was taken twice".into()))?,
+            ),
+            _ => None,
+        };
         let state = match &s.prepared.source {
+            Source::Ready(_) => {
+                let (state, kept) = ready.expect("taken above");
+                s.kept = Some(kept);
+                s.prefill = state.elapsed;
+                state
+            }
             Source::Pruned { pruned, images } => {
-                let mut state = glance_prune::prefill(&self.model, pruned)?;
+                let llava = self.model.llava()?;
+                let mut state = glance_prune::prefill(llava, pruned)?;
                 attach_images(&mut state, &pruned.plan);
-                let side = self.model.config().vision.grid();
+                let side = llava.config().vision.grid();
                 let patches = kept_patches(images, side, &state.positions);
                 s.kept = Some((state.prompt_len(), pruned.stats.kept_visual_tokens, patches));
                 s.prefill = state.elapsed;
@@ -444,6 +488,7 @@ impl Engine {
             Source::Plain {
                 rows,
                 positions,
+                mrope,
                 images,
                 prefix,
             } => {
@@ -456,12 +501,16 @@ impl Engine {
                 let n = chunk.min(record.unwrap_or(t) - done);
                 let cache = s.cache.as_mut().expect("a plain prefill has a cache");
                 // (n, hidden): these rows after every cached one.
-                let hidden = text.forward(
-                    &rows.narrow(0, done, n)?,
-                    &positions[done..done + n],
-                    &AttnMask::causal(),
-                    cache,
-                )?;
+                let chunk_rows = rows.narrow(0, done, n)?;
+                let causal = AttnMask::causal();
+                let hidden = match mrope {
+                    Some(m) => {
+                        text.forward_mrope(&chunk_rows, &m[done..done + n], &causal, cache)?
+                    }
+                    None => {
+                        text.forward(&chunk_rows, &positions[done..done + n], &causal, cache)?
+                    }
+                };
                 s.hidden.push(hidden);
                 s.prefill += start.elapsed();
                 if let (Some(split), Some(p)) = (record, prefix) {

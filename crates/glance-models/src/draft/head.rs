@@ -240,6 +240,7 @@ impl DraftHead {
         let step = Step {
             rope: &self.rope,
             positions: &pos,
+            angles: None,
             mode: self.mode,
             batch_invariant: false,
         };
@@ -411,6 +412,7 @@ impl DraftLm for DraftHead {
         let step = Step {
             rope: &self.rope,
             positions: &pos,
+            angles: None,
             mode: self.mode,
             batch_invariant: false,
         };

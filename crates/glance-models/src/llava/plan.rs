@@ -28,8 +28,13 @@ pub struct Segment {
     pub kind: SegmentKind,
     /// `(rows, text_hidden)`.
     pub rows: Tensor,
-    /// Position id of each row (`rows.dim(0)` of them).
+    /// Position id of each row (`rows.dim(0)` of them). With M-RoPE (`mrope` set), each row's
+    /// largest part (`qwen2_vl::largest_part`): its position on text rows.
     pub positions: Vec<u32>,
+    /// M-RoPE models (Qwen2-VL): each row's `(temporal, height, width)` position. Image rows
+    /// turn at their place in the image grid; pruning keeps a kept row's own three parts.
+    /// `None`: the rows turn at `positions` (three equal parts).
+    pub mrope: Option<Vec<[u32; 3]>>,
     /// The token ids this segment stands for (indices into [`PromptPlan::ids`]).
     pub source: Range<usize>,
 }
@@ -68,6 +73,23 @@ impl PromptPlan {
             .iter()
             .flat_map(|s| s.positions.iter().copied())
             .collect()
+    }
+
+    /// Three-part positions of all rows in prompt order when any segment has them (M-RoPE
+    /// models), rows without them at three equal parts; `None` for 1-D models.
+    pub fn mrope_positions(&self) -> Option<Vec<[u32; 3]>> {
+        if self.segments.iter().all(|s| s.mrope.is_none()) {
+            return None;
+        }
+        Some(
+            self.segments
+                .iter()
+                .flat_map(|s| match &s.mrope {
+                    Some(m) => m.clone(),
+                    None => s.positions.iter().map(|&p| [p, p, p]).collect(),
+                })
+                .collect(),
+        )
     }
 
     /// Visual tokens of the prompt before any pruning.
@@ -129,6 +151,7 @@ impl Llava {
                     kind: SegmentKind::Text,
                     rows: text.embed_tokens(&ids[i..end])?,
                     positions: (i as u32..end as u32).collect(),
+                    mrope: None,
                     source: i..end,
                 });
             }
@@ -147,6 +170,7 @@ impl Llava {
                     kind: SegmentKind::Image { index: next_image },
                     rows: f.clone(),
                     positions: (at as u32..(at + n) as u32).collect(),
+                    mrope: None,
                     source: at..at + n,
                 });
                 next_image += 1;

@@ -20,7 +20,10 @@ impl TextArch {
         match model_type.unwrap_or("llama") {
             "llama" => Ok(TextArch::Llama),
             "mistral" => Ok(TextArch::Mistral),
-            "qwen2" => Ok(TextArch::Qwen2),
+            // Qwen2-VL's and Qwen2.5-VL's decoders are Qwen2 with M-RoPE (`mrope_section`).
+            "qwen2" | "qwen2_vl" | "qwen2_vl_text" | "qwen2_5_vl" | "qwen2_5_vl_text" => {
+                Ok(TextArch::Qwen2)
+            }
             other => Err(Error::Config(format!(
                 "text model_type `{other}` is not supported (llama, mistral, qwen2)"
             ))),
@@ -52,6 +55,9 @@ pub struct TextConfig {
     pub mlp_bias: bool,
     /// Sliding-window size per layer (`None`: full causal attention).
     pub layer_windows: Vec<Option<usize>>,
+    /// Multimodal RoPE (Qwen2-VL): how many of the `head_dim / 2` frequencies turn at a row's
+    /// temporal, height and width position. `None`: 1-D RoPE.
+    pub mrope_section: Option<Vec<usize>>,
 }
 
 /// Every field optional: defaults depend on the architecture.
@@ -110,6 +116,7 @@ impl TextConfig {
             )));
         }
         let (rope_theta, rope_scaling) = parse_rope(&raw)?;
+        let mrope_section = parse_mrope_section(&raw)?;
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let (qkv_bias, o_bias) = match arch {
             TextArch::Qwen2 => (true, false),
@@ -135,6 +142,7 @@ impl TextConfig {
             o_bias,
             mlp_bias: raw.mlp_bias.unwrap_or(false),
             layer_windows,
+            mrope_section,
         };
         config.validate()?;
         Ok(config)
@@ -213,6 +221,15 @@ impl TextConfig {
                     *original_max_position_embeddings,
                     MAX_POSITIONS,
                 )?;
+            }
+        }
+        if let Some(section) = &self.mrope_section {
+            if section.len() != 3 || section.iter().sum::<usize>() != self.head_dim / 2 {
+                return Err(Error::Config(format!(
+                    "text_config mrope_section must have 3 parts summing to head_dim / 2 = {}, \
+                     got {section:?}",
+                    self.head_dim / 2
+                )));
             }
         }
         if self.layer_windows.contains(&Some(0)) {
@@ -302,7 +319,8 @@ fn parse_rope(raw: &Raw) -> Result<(f64, Option<RopeScaling>)> {
     let need =
         |k: &str| num(k).ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")));
     let scaling = match kind {
-        "default" => None,
+        // M-RoPE's frequencies are the default ones ([`parse_mrope_section`] reads its sections).
+        "default" | "mrope" => None,
         "linear" => Some(RopeScaling::Linear {
             factor: need("factor")?,
         }),
@@ -323,6 +341,21 @@ fn parse_rope(raw: &Raw) -> Result<(f64, Option<RopeScaling>)> {
         }
     };
     Ok((theta, scaling))
+}
+
+/// `mrope_section` of the RoPE settings (`rope_scaling` of published Qwen2-VL configs, with
+/// `type: mrope`; `rope_parameters` of transformers 5).
+fn parse_mrope_section(raw: &Raw) -> Result<Option<Vec<usize>>> {
+    let section = [raw.rope_scaling.as_ref(), raw.rope_parameters.as_ref()]
+        .into_iter()
+        .flatten()
+        .find_map(|v| v.get("mrope_section"));
+    let Some(section) = section else {
+        return Ok(None);
+    };
+    serde_json::from_value(section.clone())
+        .map(Some)
+        .map_err(|e| Error::Config(format!("mrope_section: {e}")))
 }
 
 /// Which layers use a sliding window, as each HF class decides it.

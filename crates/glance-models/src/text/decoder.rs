@@ -58,7 +58,10 @@ impl Attention {
         let q = split(project(&self.q, x)?, self.num_heads)?;
         let k = split(project(&self.k, x)?, self.num_kv_heads)?;
         let v = split(project(&self.v, x)?, self.num_kv_heads)?;
-        let (q, k) = step.rope.apply(&q, &k, step.positions)?;
+        let (q, k) = match step.angles {
+            Some((cos, sin)) => step.rope.apply_cos_sin(&q, &k, cos, sin)?,
+            None => step.rope.apply(&q, &k, step.positions)?,
+        };
         Ok((q, k, v))
     }
 
@@ -132,6 +135,9 @@ pub(crate) struct Step<'a> {
     pub rope: &'a RotaryEmbedding,
     /// `(t,)` u32
     pub positions: &'a Tensor,
+    /// Rotation angles `(cos, sin)`, each `(t, head_dim / 2)`, replacing `positions` (M-RoPE rows
+    /// with three position components).
+    pub angles: Option<(&'a Tensor, &'a Tensor)>,
     pub mode: Mode,
     /// Every row as a decode step computes it alone ([`CausalLm::forward_batch_invariant`]).
     pub batch_invariant: bool,
@@ -423,7 +429,56 @@ impl TextModel {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let all = 0..self.layers.len();
-        let (x, _) = self.run_layers(xs, positions, mask, cache, all, Kernels::Default(None))?;
+        let (x, _) = self.run_layers(
+            xs,
+            positions,
+            None,
+            mask,
+            cache,
+            all,
+            Kernels::Default(None),
+        )?;
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// M-RoPE rotation angles of rows at `rows` (temporal, height, width) → `(cos, sin)`, each
+    /// `(t, head_dim / 2)`.
+    fn mrope_angles(&self, rows: &[[u32; 3]]) -> Result<(Tensor, Tensor)> {
+        let section = self.config.mrope_section.as_deref().ok_or_else(|| {
+            Error::InvalidParam("3-D positions given to a decoder without M-RoPE".into())
+        })?;
+        let t = rows.len();
+        // (3, t): component-major
+        let flat: Vec<u32> = (0..3)
+            .flat_map(|c| rows.iter().map(move |r| r[c]))
+            .collect();
+        let pos = Tensor::from_vec(flat, (3, t), &self.device)?;
+        Ok(self.rope.cos_sin_mrope(&pos, section)?)
+    }
+
+    /// The scalar position each M-RoPE row is bounded by (its largest component).
+    fn mrope_scalar(rows: &[[u32; 3]]) -> Vec<u32> {
+        rows.iter().map(|r| r[0].max(r[1]).max(r[2])).collect()
+    }
+
+    /// [`CausalLm::forward_mrope`] without a cache (reference checks).
+    pub fn forward_uncached_mrope(
+        &self,
+        xs: &Tensor,
+        positions: &[[u32; 3]],
+        mask: &AttnMask,
+    ) -> Result<Tensor> {
+        let scalar = Self::mrope_scalar(positions);
+        let all = 0..self.layers.len();
+        let (x, _) = self.run_layers(
+            xs,
+            &scalar,
+            Some(positions),
+            mask,
+            None,
+            all,
+            Kernels::Default(None),
+        )?;
         Ok(self.norm.forward(&x)?)
     }
 
@@ -450,6 +505,7 @@ impl TextModel {
         self.run_layers(
             xs,
             positions,
+            None,
             mask,
             Some(cache),
             layers,
@@ -468,10 +524,12 @@ impl TextModel {
         Ok(self.norm.forward(x)?)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_layers(
         &self,
         xs: &Tensor,
         positions: &[u32],
+        mrope: Option<&[[u32; 3]]>,
         mask: &AttnMask,
         mut cache: Option<&mut KvCache>,
         layers: std::ops::Range<usize>,
@@ -502,6 +560,10 @@ impl TextModel {
             }
         }
         let pos = Tensor::new(positions, &self.device)?;
+        let angles = match mrope {
+            None => None,
+            Some(rows) => Some(self.mrope_angles(rows)?),
+        };
         // One materialised mask per distinct (sliding window, cached rows).
         let mut masks: MaskCache = Vec::new();
         let mut x = xs.clone();
@@ -527,6 +589,7 @@ impl TextModel {
             let step = Step {
                 rope: &self.rope,
                 positions: &pos,
+                angles: angles.as_ref().map(|(c, s)| (c, s)),
                 mode: self.mode,
                 batch_invariant,
             };
@@ -597,10 +660,47 @@ impl CausalLm for TextModel {
         let (x, _) = self.run_layers(
             xs,
             positions,
+            None,
             mask,
             Some(cache),
             all,
             Kernels::BatchInvariant,
+        )?;
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// With `mrope_section` in the config, each row turns at its three positions; without, as
+    /// the trait's default (equal parts only).
+    fn forward_mrope(
+        &self,
+        xs: &Tensor,
+        positions: &[[u32; 3]],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        if self.config.mrope_section.is_none() {
+            let scalar: Option<Vec<u32>> = positions
+                .iter()
+                .map(|p| (p[0] == p[1] && p[1] == p[2]).then_some(p[0]))
+                .collect();
+            return match scalar {
+                Some(s) => self.run(xs, &s, mask, Some(cache)),
+                None => Err(Error::InvalidParam(
+                    "rows with 3-D (M-RoPE) positions given to a decoder without mrope_section"
+                        .into(),
+                )),
+            };
+        }
+        let scalar = Self::mrope_scalar(positions);
+        let all = 0..self.layers.len();
+        let (x, _) = self.run_layers(
+            xs,
+            &scalar,
+            Some(positions),
+            mask,
+            Some(cache),
+            all,
+            Kernels::Default(None),
         )?;
         Ok(self.norm.forward(&x)?)
     }

@@ -343,7 +343,7 @@ impl DiffusionTrainer {
             c.cache_mib,
             &device,
         )?;
-        let config = source.target.config().clone();
+        let config = source.target.llava()?.config().clone();
         let mask_id = source.token_id(MASK_TOKEN).ok_or_else(|| {
             TrainError::Config(format!(
                 "{}: the tokenizer has no {MASK_TOKEN} token",

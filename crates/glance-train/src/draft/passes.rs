@@ -218,7 +218,7 @@ pub fn sample_loss(
     } else {
         s.hidden.clone()
     };
-    let positions: Vec<u32> = (0..t as u32).collect();
+    let positions = s.positions.clone();
     let start = head.start(&DraftPrompt {
         inputs: &inputs,
         hidden: &hidden_in,

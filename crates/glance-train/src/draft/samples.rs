@@ -21,13 +21,23 @@ use crate::{Result, TrainError};
 use candle_core::{Device, Tensor};
 use glance_core::SamplingParams;
 use glance_decode::{Autoregressive, DecodeStrategy, GenerateConfig, Sampler};
+use glance_models::family::Family as ModelFamily;
 use glance_models::llava::Llava;
+use glance_models::processing::chat::ChatMessage;
+use glance_models::qwen2_vl::{Qwen2Vl, Qwen2VlConfig, QwenVlProcessor};
+use glance_models::text::{TextConfig, TextModel};
 use glance_nn::CausalLm;
 use glance_world::qa::{family_weights, DIALOGUE_MIX};
 use glance_world::{Family, Split, WorldRng};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+
+/// The scene of `split`'s world index `index` (and its seed).
+fn scene_of(split: Split, index: u64) -> Result<(u64, glance_world::Scene)> {
+    let seed = split.seed(index)?;
+    Ok((seed, glance_world::Scene::generate(seed)))
+}
 
 /// Stream of a sample's question draw (distinct from the world's own streams).
 const QUESTION_STREAM: u64 = 0x6472_6166_7400;
@@ -59,6 +69,9 @@ pub struct Sample {
     pub prompt_len: usize,
     /// The prompt's token ids, one per prompt row (the image's rows hold image tokens).
     pub prompt_ids: Vec<u32>,
+    /// Position of every row as the target's decoding places it (`0..t` for LLaVA; for an
+    /// M-RoPE target the prefill's scalar positions, then the answer after the prompt's last).
+    pub positions: Vec<u32>,
     /// The answer's token ids.
     pub answer: Vec<u32>,
     pub question: String,
@@ -87,10 +100,44 @@ impl Sample {
     }
 }
 
+/// The frozen target model.
+pub enum Target {
+    Llava(Box<Llava>),
+    /// A Qwen2-VL / Qwen2.5-VL target, with its processor (prompts are rendered by its chat
+    /// template; image rows have 3-D positions).
+    Qwen2Vl(Box<(Qwen2Vl, QwenVlProcessor)>),
+}
+
+impl Target {
+    pub fn text(&self) -> &TextModel {
+        match self {
+            Target::Llava(m) => m.text(),
+            Target::Qwen2Vl(q) => q.0.text(),
+        }
+    }
+
+    pub fn text_config(&self) -> &TextConfig {
+        self.text().config()
+    }
+
+    /// The LLaVA target, for what only runs on LLaVA (the block-diffusion conversion).
+    pub fn llava(&self) -> Result<&Llava> {
+        match self {
+            Target::Llava(m) => Ok(m.as_ref()),
+            Target::Qwen2Vl(_) => Err(TrainError::Config(
+                "this takes a LLaVA checkpoint; Qwen2-VL targets are supported by `train draft` \
+                 only"
+                    .into(),
+            )),
+        }
+    }
+}
+
 /// The frozen target, the prompt pipeline, and the sample cache.
 pub struct SampleSource {
-    pub target: Llava,
-    data: WorldData,
+    pub target: Target,
+    /// The LLaVA prompt pipeline (`None` for a Qwen2-VL target).
+    data: Option<WorldData>,
     eos: Vec<u32>,
     seed: u64,
     max_new_long: usize,
@@ -113,9 +160,27 @@ impl SampleSource {
         cache_mib: usize,
         device: &Device,
     ) -> Result<Self> {
-        let target = Llava::load(dir, device)?;
-        let data = WorldData::new(dir, target.config(), device)?;
-        let eos = data.processor.text.eos_token_ids().to_vec();
+        let (target, data) = match ModelFamily::of_dir(dir)? {
+            ModelFamily::Llava => {
+                let target = Llava::load(dir, device)?;
+                let data = WorldData::new(dir, target.config(), device)?;
+                (Target::Llava(Box::new(target)), Some(data))
+            }
+            _ => {
+                let config = Qwen2VlConfig::from_dir(dir)?;
+                let processor = QwenVlProcessor::from_dir(dir, &config)?;
+                let model = Qwen2Vl::load(dir, device)?;
+                (Target::Qwen2Vl(Box::new((model, processor))), None)
+            }
+        };
+        let text = match (&target, &data) {
+            (_, Some(d)) => &d.processor.text,
+            (Target::Qwen2Vl(q), None) => &q.1.text,
+            (Target::Llava(_), None) => {
+                return Err(TrainError::Config("a LLaVA target needs its data".into()))
+            }
+        };
+        let eos = text.eos_token_ids().to_vec();
         if eos.is_empty() {
             return Err(TrainError::Config(
                 "the target's tokenizer has no EOS token".into(),
@@ -138,7 +203,11 @@ impl SampleSource {
 
     /// The id of a token of the target's tokenizer.
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.data.processor.text.token_id(token)
+        match (&self.target, &self.data) {
+            (_, Some(d)) => d.processor.text.token_id(token),
+            (Target::Qwen2Vl(q), None) => q.1.text.token_id(token),
+            (Target::Llava(_), None) => None,
+        }
     }
 
     /// Sample `j` of `length`'s pool in `split` (generated on first use, then cached while the
@@ -168,7 +237,7 @@ impl SampleSource {
         let base = (self.seed % 512) * SEED_STRIDE + 2 * j + kind;
         for attempt in 0..64 {
             let index = base + attempt * RETRY_STRIDE;
-            let (seed, scene) = self.data.scene(split, index)?;
+            let (seed, scene) = scene_of(split, index)?;
             let mut rng = WorldRng::derive(seed, QUESTION_STREAM);
             let qa = match length {
                 Length::Long => glance_world::generate(&scene, Family::Description, &mut rng),
@@ -197,17 +266,27 @@ impl SampleSource {
 
     fn generate(&self, split: Split, length: Length, j: u64) -> Result<Sample> {
         let (index, question) = self.question(split, length, j)?;
-        let (_, scene) = self.data.scene(split, index)?;
-        let pixels = self.data.pixels(&scene)?;
-        // (n_image, hidden)
-        let features = self.target.encode_image(&pixels)?.features;
-        let mut ids = self.data.prefix().to_vec();
-        ids.extend(self.data.prompt_tail(&question)?);
+        let (_, scene) = scene_of(split, index)?;
         let max_new = match length {
             Length::Long => self.max_new_long,
             Length::Short => self.max_new_short,
         };
-        let plan = self.target.plan(&ids, &[&features])?;
+        let data = match (&self.target, &self.data) {
+            (Target::Llava(target), Some(data)) => (target, data),
+            (Target::Qwen2Vl(q), _) => {
+                return self.generate_qwen(&q.0, &q.1, &scene, question, index, max_new)
+            }
+            (Target::Llava(_), None) => {
+                return Err(TrainError::Config("a LLaVA target needs its data".into()))
+            }
+        };
+        let (target, data) = data;
+        let pixels = data.pixels(&scene)?;
+        // (n_image, hidden)
+        let features = target.encode_image(&pixels)?.features;
+        let mut ids = data.prefix().to_vec();
+        ids.extend(data.prompt_tail(&question)?);
+        let plan = target.plan(&ids, &[&features])?;
         let image_rows = plan
             .image_rows()
             .into_iter()
@@ -216,14 +295,73 @@ impl SampleSource {
         // (p, hidden)
         let prompt_rows = plan.rows()?;
         let p = prompt_rows.dim(0)?;
-        let room = self.target.text().max_positions().saturating_sub(p);
-        let (rows, hidden, answer) = self.answer(prompt_rows, max_new.min(room))?;
+        let room = target.text().max_positions().saturating_sub(p);
+        let positions: Vec<u32> = (0..p as u32).collect();
+        let (rows, hidden, answer) =
+            self.answer(prompt_rows, &positions, None, max_new.min(room))?;
+        let positions = (0..(p + answer.len()) as u32).collect();
         Ok(Sample {
             rows,
             hidden,
             image_rows,
             prompt_len: p,
             prompt_ids: ids,
+            positions,
+            answer,
+            question,
+            world_index: index,
+        })
+    }
+
+    /// [`SampleSource::generate`] for a Qwen2-VL target: the question as one user turn with the
+    /// image first, rendered by the target's chat template; the prompt prefilled at its 3-D
+    /// positions.
+    fn generate_qwen(
+        &self,
+        model: &Qwen2Vl,
+        processor: &QwenVlProcessor,
+        scene: &glance_world::Scene,
+        question: String,
+        index: u64,
+        max_new: usize,
+    ) -> Result<Sample> {
+        let img = image::DynamicImage::ImageRgb8(glance_world::render(scene));
+        let pixels = processor.image.preprocess(&img, &Device::Cpu)?;
+        let enc = model.encode_image(&pixels)?;
+        let prompt =
+            processor.prepare_chat(&[ChatMessage::user(&question, 1)], &[enc.grid.tokens()])?;
+        let plan = model.plan(&prompt.ids, &[&enc])?;
+        let image_rows = plan
+            .image_rows()
+            .into_iter()
+            .next()
+            .ok_or_else(|| TrainError::Config("the prompt has no image".into()))?;
+        let prompt_rows = plan.rows()?;
+        let p = prompt_rows.dim(0)?;
+        let mrope = plan
+            .mrope_positions()
+            .ok_or_else(|| TrainError::Config("a Qwen2-VL plan without 3-D positions".into()))?;
+        let mut positions = plan.positions();
+        let next = mrope
+            .iter()
+            .map(|q| q[0].max(q[1]).max(q[2]))
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let room = model
+            .text()
+            .max_positions()
+            .saturating_sub(next as usize + 1);
+        let (rows, hidden, answer) =
+            self.answer(prompt_rows, &positions, Some(&mrope), max_new.min(room))?;
+        positions.extend((0..answer.len() as u32).map(|k| next + k));
+        Ok(Sample {
+            rows,
+            hidden,
+            image_rows,
+            prompt_len: p,
+            prompt_ids: prompt.ids,
+            positions,
             answer,
             question,
             world_index: index,
@@ -232,8 +370,15 @@ impl SampleSource {
 
     /// Greedy decoding of `prompt` `(p, hidden)` for at most `max_new` tokens (stopping after
     /// any of the model's EOS tokens), as the engine's scheduler steps it: all rows, all final
-    /// hidden states (the last token's, never fed, as zeros), the answer ids.
-    fn answer(&self, prompt: Tensor, max_new: usize) -> Result<(Tensor, Tensor, Vec<u32>)> {
+    /// hidden states (the last token's, never fed, as zeros), the answer ids. Prompt rows sit at
+    /// `positions`, or at `mrope`'s three-part positions (Qwen2-VL).
+    fn answer(
+        &self,
+        prompt: Tensor,
+        positions: &[u32],
+        mrope: Option<&[[u32; 3]]>,
+        max_new: usize,
+    ) -> Result<(Tensor, Tensor, Vec<u32>)> {
         let text = self.target.text();
         let p = prompt.dim(0)?;
         if max_new == 0 {
@@ -241,8 +386,12 @@ impl SampleSource {
                 "a {p}-row prompt leaves no room for an answer"
             )));
         }
-        let positions: Vec<u32> = (0..p as u32).collect();
-        let state = glance_decode::prefill(text, &prompt, &positions)?;
+        // Answer rows continue after the prompt's last position (its largest part, for M-RoPE
+        // prompts, as transformers continues).
+        let state = match mrope {
+            Some(m) => glance_decode::prefill_mrope(text, &prompt, m)?,
+            None => glance_decode::prefill(text, &prompt, positions)?,
+        };
         // (p, hidden) first, then one row per decode step.
         let mut hidden = vec![state.hidden.clone()];
         let config = GenerateConfig {

@@ -204,7 +204,7 @@ impl DraftTrainer {
             glance_models::checkpoint::read_json(&c.target.join("config.json"))?;
         let text = target_json.get("text_config").unwrap_or(&target_json);
         let head_config = DraftConfig::for_target(text, c.adaptor_queries, c.global_injection)?;
-        let tc = &source.target.config().text;
+        let tc = source.target.text_config();
         head_config.check_target(tc.hidden_size, tc.vocab_size)?;
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);

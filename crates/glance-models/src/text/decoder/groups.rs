@@ -60,6 +60,7 @@ impl TextModel {
         let step = Step {
             rope: &self.rope,
             positions: &pos,
+            angles: None,
             mode: self.mode,
             batch_invariant: true,
         };
