@@ -142,8 +142,14 @@ pub fn shared_pass(
     } else {
         Tensor::cat(&wanted, 0)?
     };
-    // (Σ logit rows, vocab)
-    let mut logits = model.logits_rows(&wanted)?.to_vec2::<f32>()?.into_iter();
+    // (Σ logit rows, vocab): one request's rows through the model's own logits (the same bits
+    // as the gathered rows' kernel, without its set-up for one pass).
+    let logits = if jobs.len() == 1 {
+        model.logits(&wanted)?
+    } else {
+        model.logits_rows(&wanted)?
+    };
+    let mut logits = logits.to_vec2::<f32>()?.into_iter();
     spans
         .into_iter()
         .map(|(first, rows, n)| {

@@ -388,9 +388,12 @@ impl Engine {
     ) -> Result<Response> {
         let prepared = self.prepare(request)?;
         let mut seqs = vec![self.sequence(prepared, Box::new(on_event))?];
-        while !seqs[0].is_done() {
-            self.step(&mut seqs, usize::MAX);
-        }
+        // One entry into the pool for the whole answer (not one per step).
+        self.pool.install(|| {
+            while !seqs[0].is_done() {
+                self.step_in_pool(&mut seqs, usize::MAX);
+            }
+        });
         // A non-finite failure names the layer (of the vision tower, the projector or the
         // decoder) whose output first is not finite.
         seqs.pop()
@@ -406,7 +409,12 @@ impl Engine {
     /// prefilling (a pruned prompt whole), then one target pass over the rows of every decoding
     /// sequence. A failure ends only the sequences it concerns.
     pub fn step(&self, seqs: &mut [Sequence<'_>], prefill_chunk: usize) {
-        self.pool.install(|| {
+        self.pool.install(|| self.step_in_pool(seqs, prefill_chunk))
+    }
+
+    /// [`Engine::step`] on a thread of the engine's pool.
+    fn step_in_pool(&self, seqs: &mut [Sequence<'_>], prefill_chunk: usize) {
+        {
             if let Some(s) = seqs
                 .iter_mut()
                 .find(|s| matches!(s.phase, Phase::Prefill { .. }))
@@ -424,7 +432,7 @@ impl Engine {
                 }
             }
             self.decode_step(seqs);
-        })
+        }
     }
 
     /// The answer of a finished sequence ([`Sequence::into_response`]), a non-finite failure
@@ -595,16 +603,19 @@ impl Engine {
         let text = self.model.text();
         // Each sequence's own work for the pass (drafting) — independent of the others, so
         // the sequences run it in parallel on the engine's pool.
-        let asked: Vec<Option<Result<Option<Pass>>>> = seqs
-            .par_iter_mut()
-            .map(|s| {
-                let Phase::Decode(state) = &mut s.phase else {
-                    return None;
-                };
-                let output = &mut s.output;
-                Some(state.next_pass(text, &mut |id| output.push(id)))
-            })
-            .collect();
+        let ask = |s: &mut Sequence<'_>| {
+            let Phase::Decode(state) = &mut s.phase else {
+                return None;
+            };
+            let output = &mut s.output;
+            Some(state.next_pass(text, &mut |id| output.push(id)))
+        };
+        let parallel = seqs.iter().filter(|s| s.is_decoding()).count() > 1;
+        let asked: Vec<Option<Result<Option<Pass>>>> = if parallel {
+            seqs.par_iter_mut().map(ask).collect()
+        } else {
+            seqs.iter_mut().map(ask).collect()
+        };
         let mut passes: Vec<(usize, Pass)> = Vec::new();
         for (i, asked) in asked.into_iter().enumerate() {
             match asked {
@@ -645,18 +656,19 @@ impl Engine {
             outs[*i] = Some(out);
         }
         // Verification, the cache's rows, the emitted tokens: each sequence's own, in parallel.
-        let failed: Vec<Option<Error>> = seqs
-            .par_iter_mut()
-            .zip(outs)
-            .map(|(s, out)| {
-                let out = out?;
-                let Phase::Decode(state) = &mut s.phase else {
-                    return None;
-                };
-                let output = &mut s.output;
-                state.absorb(text, out, &mut |id| output.push(id)).err()
-            })
-            .collect();
+        let absorb = |(s, out): (&mut Sequence<'_>, Option<PassOutput>)| {
+            let out = out?;
+            let Phase::Decode(state) = &mut s.phase else {
+                return None;
+            };
+            let output = &mut s.output;
+            state.absorb(text, out, &mut |id| output.push(id)).err()
+        };
+        let failed: Vec<Option<Error>> = if passes.len() > 1 {
+            seqs.par_iter_mut().zip(outs).map(absorb).collect()
+        } else {
+            seqs.iter_mut().zip(outs).map(absorb).collect()
+        };
         for (i, e) in failed.into_iter().enumerate() {
             if let Some(e) = e {
                 seqs[i].fail(e);
