@@ -47,12 +47,18 @@ struct PrefixPlan {
 /// sequence prefills it and publishes it here; the others wait, then start their strategies
 /// from forks of it (each with its own cache, sampler and output).
 #[derive(Clone, Default)]
-pub struct SharedPrefill(Arc<Mutex<Option<std::result::Result<Arc<Shared>, String>>>>);
+pub struct SharedPrefill(Arc<Mutex<Published>>);
+
+/// What the leading choice published: its prefill, or why there is none (`None`: not yet).
+type Published = Option<std::result::Result<Arc<Shared>, String>>;
+
+/// After a pruned prefill: the prompt rows, the visual tokens kept, the patches each image kept.
+type Kept = (usize, usize, Vec<KeptPatches>);
 
 /// What a leading choice publishes: its prompt's prefill and what its prefill reports.
 struct Shared {
     state: Prefilled,
-    kept: Option<(usize, usize, Vec<KeptPatches>)>,
+    kept: Option<Kept>,
 }
 
 impl SharedPrefill {
@@ -76,7 +82,7 @@ impl SharedPrefill {
         }
     }
 
-    fn get(&self) -> Option<std::result::Result<Arc<Shared>, String>> {
+    fn get(&self) -> Published {
         self.0.lock().expect("not poisoned").clone()
     }
 }
@@ -115,7 +121,7 @@ enum Source {
     },
     /// A prompt prefilled while it was prepared (a pruned Qwen2-VL prompt: its 3-D positions
     /// go through its own prefill), with the prompt rows, visual tokens and patches it kept.
-    Ready(Box<Option<(Prefilled, (usize, usize, Vec<KeptPatches>))>>),
+    Ready(Box<Option<(Prefilled, Kept)>>),
 }
 
 /// A request rendered, with its images encoded, its prompt planned (and pruned) and its strategy
@@ -191,7 +197,7 @@ pub struct Sequence<'e> {
     /// Prompt rows whose keys and values came from the prefix cache.
     prefix_rows: usize,
     /// After a pruned prefill: rows and visual tokens kept, the patches each image kept.
-    kept: Option<(usize, usize, Vec<KeptPatches>)>,
+    kept: Option<Kept>,
 }
 
 impl Engine {
