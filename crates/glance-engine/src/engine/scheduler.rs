@@ -332,7 +332,10 @@ impl Engine {
     ) -> Result<Sequence<'e>> {
         let text = self.model.text();
         let mut prepared = prepared;
+        let follows = matches!(prepared.share, Some(Role::Follow(_)));
         let (cache, done, hidden, prefix_rows) = match &prepared.source {
+            // A follower starts from its leader's prefill: nothing of its own to set up.
+            _ if follows => (None, 0, Vec::new(), 0),
             Source::Plain {
                 prefix:
                     Some(PrefixPlan {
