@@ -88,6 +88,13 @@ pub trait DecodeState: Send {
     /// The target's cache the pass appends to.
     fn cache(&mut self) -> &mut KvCache;
 
+    /// The next pass will share the target with about `rows` rows of `requests` other requests
+    /// (what they brought to the last one): cost-aware states plan their rounds for that shared
+    /// pass.
+    fn share(&mut self, rows: usize, requests: usize) {
+        let _ = (rows, requests);
+    }
+
     /// Takes the target's outputs for the pass [`DecodeState::next_pass`] returned: verifies,
     /// keeps or drops the pass's cache rows, emits tokens.
     fn absorb(

@@ -432,6 +432,12 @@ impl DecodeState for SpecState {
         &mut self.target_cache
     }
 
+    fn share(&mut self, rows: usize, requests: usize) {
+        if let Some(p) = self.planner.as_mut() {
+            p.share(rows, requests);
+        }
+    }
+
     fn absorb(&mut self, _: &dyn CausalLm, out: PassOutput, on_token: TokenSink<'_>) -> Result<()> {
         let Some(open) = self.round.take() else {
             return Err(Error::Input(

@@ -81,6 +81,10 @@ pub struct Planner {
     drafted_clock: (f64, f64),
     /// Whether [`Planner::slowdown`] corrects by the clock.
     clock: bool,
+    /// Rows, and requests, that the target passes this request's rows share bring
+    /// ([`Planner::share`]).
+    load: usize,
+    sharers: usize,
 }
 
 impl Planner {
@@ -107,6 +111,8 @@ impl Planner {
             plain_clock: (0.0, 0.0),
             drafted_clock: (0.0, 0.0),
             clock: true,
+            load: 0,
+            sharers: 0,
         };
         p.can_pay = p.best_depth(usize::MAX, 0, |_| 1.0).is_some();
         p
@@ -128,6 +134,29 @@ impl Planner {
             && self
                 .predicted(usize::MAX)
                 .is_some_and(|(_, gain)| gain >= AUTO_MARGIN)
+    }
+
+    /// The target passes of this request's next rounds carry `rows` rows of `requests` other
+    /// requests (a scheduler's shared pass). Every row a tree adds to a shared pass delays every
+    /// request in it, so a round's extra rows are charged once per request sharing the pass:
+    /// alone, a tree is worth its rows while the model is memory-bound; in a batch, only while
+    /// the whole batch is. A sampled request's rounds ignore the load (like the clock): the same
+    /// seed, the same answer, whatever runs beside it.
+    pub fn share(&mut self, rows: usize, requests: usize) {
+        if self.clock {
+            (self.load, self.sharers) = (rows, requests);
+        }
+    }
+
+    /// What a round whose target pass holds `k` of this request's rows costs, in seconds: the
+    /// measured pass alone; in a shared pass, a decode step plus the time its `k - 1` extra
+    /// rows add to the pass, for each request that waits on it.
+    fn pass(&self, k: usize) -> f64 {
+        if self.sharers == 0 {
+            return self.cost.pass(k);
+        }
+        let extra = (self.cost.pass(self.load + k) - self.cost.pass(self.load + 1)).max(0.0);
+        self.cost.pass(1) + (self.sharers + 1) as f64 * extra
     }
 
     /// Starts the acceptance estimates from what earlier requests accepted (`memory`).
@@ -159,7 +188,7 @@ impl Planner {
     /// after plain rounds are a catch-up paid once, like the start, not a cost of every round:
     /// they do not enter the choice.)
     pub fn next_round(&mut self, room: usize) -> Round {
-        let plain = self.cost.pass(1);
+        let plain = self.pass(1);
         if !self.can_pay || room == 0 {
             return self.plain(plain);
         }
@@ -208,12 +237,12 @@ impl Planner {
         let path = tree.path_probs();
         let kappa = self.calibration();
         // The pending rows, the root's probabilities, then one step per draft forward.
-        let spent = self.round_seconds(tree, pending) - self.cost.pass(tree.len() + 1);
-        let (mut best, mut best_rate) = (0, 1.0 / (spent + self.cost.pass(1)));
+        let spent = self.round_seconds(tree, pending) - self.pass(tree.len() + 1);
+        let (mut best, mut best_rate) = (0, 1.0 / (spent + self.pass(1)));
         let mut value = 1.0;
         for (b, &i) in order.iter().enumerate() {
             value += kappa * path[i] as f64;
-            let rate = value / (spent + self.cost.pass(b + 2));
+            let rate = value / (spent + self.pass(b + 2));
             if rate > best_rate {
                 (best, best_rate) = (b + 1, rate);
             }
@@ -227,13 +256,13 @@ impl Planner {
         self.draft.row_s * pending as f64
             + self.draft.step(1)
             + tree.forwards as f64 * self.draft.step(self.settings.top_k)
-            + self.cost.pass(tree.len() + 1)
+            + self.pass(tree.len() + 1)
     }
 
     /// What the cost model says the rounds so far cost, and a decode step: the speed-up it
     /// predicts for the tokens they emitted is `tokens × step / modelled`.
     pub fn modelled(&self) -> (f64, f64) {
-        (self.modelled_s, self.cost.pass(1))
+        (self.modelled_s, self.pass(1))
     }
 
     /// Records a verified round: the tree as verified and the accepted path's length.
@@ -248,6 +277,11 @@ impl Planner {
 
     /// The last round took `seconds` by the clock (`drafted`: it drafted and verified a tree).
     pub fn timed(&mut self, drafted: bool, seconds: f64) {
+        // A shared pass's clock times the other requests' rows too: no measure of this
+        // request's rounds against its model.
+        if self.sharers > 0 {
+            return;
+        }
         let clock = if drafted {
             &mut self.drafted_clock
         } else {
@@ -267,7 +301,7 @@ impl Planner {
         if !(self.clock && self.cost.clock_corrected) {
             return 1.0;
         }
-        let prior = PRIOR_STEPS * self.cost.pass(1);
+        let prior = PRIOR_STEPS * self.pass(1);
         let (clock, model) = self.plain_clock;
         let plain = (clock + prior) / (model + prior);
         // Drafted rounds not yet timed run as the plain ones do, relative to the model.
@@ -298,9 +332,9 @@ impl Planner {
         // else the tree offers is verified only where its confidence pays for its rows:
         // `budget`).
         let slowdown = self.slowdown();
-        best_chain(max_depth, self.cost.pass(1), accept, |d| {
+        best_chain(max_depth, self.pass(1), accept, |d| {
             let drafting = before + self.draft.step(1) + (d - 1) as f64 * self.draft.step(width);
-            (drafting + self.cost.pass(d + 1)) * slowdown
+            (drafting + self.pass(d + 1)) * slowdown
         })
     }
 }
@@ -484,6 +518,33 @@ mod tests {
         let rounds: Vec<Round> = (0..=WARM_UP_STEPS).map(|_| p.next_round(6)).collect();
         assert!(rounds[..WARM_UP_STEPS].iter().all(|r| *r == Round::Plain));
         assert!(matches!(rounds[WARM_UP_STEPS], Round::Draft { .. }));
+    }
+
+    #[test]
+    fn a_shared_pass_that_is_compute_bound_turns_rounds_plain() {
+        // Memory-bound up to 16 rows (flat), then every row costs a tenth of a step.
+        let curve: Vec<f64> = (1..=64)
+            .map(|k: usize| 1.0 + 0.01 * k as f64 + 0.1 * k.saturating_sub(16) as f64)
+            .collect();
+        let mut p = Planner::new(cost(&curve), draft(0.05, 0.0), TreeSettings::chain(6), 30);
+        warm_up(&mut p);
+        assert!(
+            matches!(p.next_round(6), Round::Draft { .. }),
+            "alone it drafts"
+        );
+        // Sharing a compute-bound pass (60 rows of 7 other requests): a tree's rows delay all
+        // eight requests by more than the tokens they could bring.
+        p.share(60, 7);
+        assert_eq!(p.next_round(6), Round::Plain);
+        // With a light load the batch is still memory-bound: it drafts again.
+        p.share(4, 3);
+        assert!(matches!(p.next_round(6), Round::Draft { .. }));
+        // A sampled request's rounds do not depend on what runs beside it.
+        let mut q = Planner::new(cost(&curve), draft(0.05, 0.0), TreeSettings::chain(6), 30)
+            .without_clock();
+        warm_up(&mut q);
+        q.share(60, 7);
+        assert!(matches!(q.next_round(6), Round::Draft { .. }));
     }
 
     #[test]

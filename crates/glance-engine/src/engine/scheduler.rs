@@ -198,6 +198,8 @@ pub struct Sequence<'e> {
     prefix_rows: usize,
     /// After a pruned prefill: rows and visual tokens kept, the patches each image kept.
     kept: Option<Kept>,
+    /// Rows it brought to the last shared pass.
+    last_rows: usize,
 }
 
 impl Engine {
@@ -385,6 +387,7 @@ impl Engine {
             error: None,
             prefix_rows,
             kept: None,
+            last_rows: 0,
         })
     }
 
@@ -612,10 +615,15 @@ impl Engine {
         let text = self.model.text();
         // Each sequence's own work for the pass (drafting) — independent of the others, so
         // the sequences run it in parallel on the engine's pool.
+        // The rows of the last shared pass: what the others bring to the next one.
+        let last: usize = seqs.iter().map(|s| s.last_rows).sum();
+        let sharing = seqs.iter().filter(|s| s.last_rows > 0).count();
         let ask = |s: &mut Sequence<'_>| {
             let Phase::Decode(state) = &mut s.phase else {
                 return None;
             };
+            let mine = usize::from(s.last_rows > 0);
+            state.share(last - s.last_rows, sharing - mine);
             let output = &mut s.output;
             Some(state.next_pass(text, &mut |id| output.push(id)))
         };
@@ -627,6 +635,10 @@ impl Engine {
         };
         let mut passes: Vec<(usize, Pass)> = Vec::new();
         for (i, asked) in asked.into_iter().enumerate() {
+            seqs[i].last_rows = match &asked {
+                Some(Ok(Some(pass))) => pass.rows(),
+                _ => 0,
+            };
             match asked {
                 None => {}
                 Some(Ok(Some(pass))) => passes.push((i, pass)),
