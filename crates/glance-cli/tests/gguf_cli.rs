@@ -125,3 +125,59 @@ fn bad_gguf_input_is_refused_with_a_message() {
     assert_fails_with(&o, "absent.gguf");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A GGUF pair under the glance home's `models/` is listed by `glance models` (the text model,
+/// not its mmproj) and answers by its file name.
+#[test]
+fn gguf_models_in_the_glance_home_are_listed_and_found_by_name() {
+    let home = scratch("gguf-home");
+    let models = home.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let gguf = fixture("gguf/qwen2");
+    std::fs::copy(gguf.join("text-f16.gguf"), models.join("qwen2-f16.gguf")).unwrap();
+    std::fs::copy(
+        gguf.join("mmproj-f16.gguf"),
+        models.join("mmproj-qwen2-f16.gguf"),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_glance"))
+            .env("GLANCE_HOME", &home)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["models", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let names: Vec<&str> = v["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"qwen2-f16.gguf"), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("mmproj")), "{names:?}");
+    let want = run_json(&fixture("models/qwen2"), &["--weights", "f16"]);
+    let img = fixture("images/astronaut.png");
+    let o = run(&[
+        "run",
+        "--model",
+        "qwen2-f16.gguf",
+        "--image",
+        s(&img),
+        "--prompt",
+        "What is in the picture?",
+        "--max-new-tokens",
+        "10",
+        "--decode",
+        "ar",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(got["token_ids"], want["token_ids"]);
+    std::fs::remove_dir_all(&home).unwrap();
+}

@@ -55,11 +55,9 @@ pub fn locate(model: Option<&str>, revision: Option<&str>) -> Result<Located> {
         )));
     }
     let path = Path::new(model);
-    // GGUF: a `.gguf` file (llama.cpp's LLaVA layout: the text model here, the vision tower in
-    // `--mmproj FILE`) is resolved by the GGUF branch at this point, before directories: a
-    // `Source` variant of its own, `dir` holding the file and `name` its stem, so that the
-    // loader (`ModelArgs::engine` in crates/glance-cli/src/args.rs) can pick the GGUF reader by
-    // the source rather than by sniffing the path again.
+    // A path is used as it is: a directory, or a GGUF text model (llama.cpp's LLaVA layout),
+    // whose reader the loader picks by the file (`ModelArgs::engine` in
+    // crates/glance-cli/src/args.rs).
     if revision.is_none() && path.exists() {
         let name = hub::repo_of_snapshot(path).unwrap_or_else(|| dir_name(path));
         return Ok(Located {
@@ -79,7 +77,7 @@ pub fn locate(model: Option<&str>, revision: Option<&str>) -> Result<Located> {
             });
         }
         let dir = models.join(model);
-        if dir.is_dir() {
+        if dir.is_dir() || is_gguf_model(&dir) {
             return Ok(Located {
                 dir,
                 name: model.to_string(),
@@ -115,6 +113,12 @@ pub fn locate(model: Option<&str>, revision: Option<&str>) -> Result<Located> {
     })
 }
 
+/// A GGUF text model (a `.gguf` file that is not a vision tower's `mmproj`).
+fn is_gguf_model(path: &Path) -> bool {
+    let name = dir_name(path).to_ascii_lowercase();
+    path.is_file() && name.ends_with(".gguf") && !name.contains("mmproj")
+}
+
 /// A directory's last component (`.` and `..` resolved when possible).
 fn dir_name(path: &Path) -> String {
     let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -134,7 +138,7 @@ pub struct Found {
 }
 
 /// Every model glance can find by name: the shipped ones (installed or not), the directories
-/// under the glance home's `models/`, and the repos of the HF cache.
+/// and GGUF text models under the glance home's `models/`, and the repos of the HF cache.
 pub fn list() -> Result<Vec<Found>> {
     let models = models_dir()?;
     let mut found = Vec::new();
@@ -165,16 +169,21 @@ pub fn list() -> Result<Vec<Found>> {
             let n = dir_name(p);
             !n.starts_with('.')
                 && !shipped::shipped_names().any(|s| s == n)
-                && p.join("config.json").is_file()
+                && (p.join("config.json").is_file() || is_gguf_model(p))
         })
         .collect();
     own.sort();
     for dir in own {
+        let note = if is_gguf_model(&dir) {
+            "GGUF (with the mmproj file beside it)"
+        } else {
+            ""
+        };
         found.push(Found {
             name: dir_name(&dir),
             source: Source::Home,
             dir,
-            note: String::new(),
+            note: note.to_string(),
         });
     }
     if let Some(cache) = hub::cache_dir() {
