@@ -61,16 +61,7 @@ pub trait CausalLm {
         mask: &AttnMask,
         cache: &mut KvCache,
     ) -> Result<Tensor> {
-        let scalar: Option<Vec<u32>> = positions
-            .iter()
-            .map(|p| (p[0] == p[1] && p[1] == p[2]).then_some(p[0]))
-            .collect();
-        match scalar {
-            Some(s) => self.forward(xs, &s, mask, cache),
-            None => Err(glance_core::Error::InvalidParam(
-                "rows with 3-D (M-RoPE) positions given to a model with 1-D positions".into(),
-            )),
-        }
+        self.forward(xs, &equal_parts(positions)?, mask, cache)
     }
 
     /// Hidden states `(t, hidden)` → logits `(t, vocab)`.
@@ -97,6 +88,20 @@ pub trait CausalLm {
     fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
         self.logits(hidden)
     }
+}
+
+/// The scalar positions of rows whose three M-RoPE parts are equal (they turn exactly as at that
+/// position in 1-D RoPE); any other row is an error, for a model with 1-D positions only.
+pub fn equal_parts(positions: &[[u32; 3]]) -> Result<Vec<u32>> {
+    positions
+        .iter()
+        .map(|p| (p[0] == p[1] && p[1] == p[2]).then_some(p[0]))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| {
+            glance_core::Error::InvalidParam(
+                "rows with 3-D (M-RoPE) positions given to a model with 1-D positions".into(),
+            )
+        })
 }
 
 /// [`CausalLm::forward_groups`] one group at a time: each group's own pass.

@@ -332,18 +332,6 @@ impl Metrics {
                 "glance_batch_decode_rows_by_strategy_total{{{m},strategy=\"{strategy}\"}} {n}"
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP glance_batch_decode_rows_by_strategy_total Sequences decoded in scheduler \
-             steps, by the strategy each runs (their sum is glance_batch_decode_rows_total).\n\
-             # TYPE glance_batch_decode_rows_by_strategy_total counter"
-        );
-        for (strategy, n) in &c.batch_by_strategy {
-            let _ = writeln!(
-                out,
-                "glance_batch_decode_rows_by_strategy_total{{{m},strategy=\"{strategy}\"}} {n}"
-            );
-        }
         drop(c);
         self.ttft.lock().expect("not poisoned").render(
             &mut out,

@@ -185,11 +185,16 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
             )?;
             // One warm-up request (thread pools, allocator).
             let ask = (args.max_tokens, args.ignore_eos);
-            wave(server.addr, &images, 1, 1, ask)?;
+            let plain = [Value::Null];
+            wave(server.addr, &images, &plain, 1, 1, ask)?;
             let mut single = None;
             for &c in &args.clients {
                 let start = Instant::now();
-                let samples = wave(server.addr, &images, c, args.requests, ask)?;
+                let samples: Vec<Sample> =
+                    wave(server.addr, &images, &plain, c, args.requests, ask)?
+                        .into_iter()
+                        .map(|(_, s)| s)
+                        .collect();
                 let wall = start.elapsed().as_secs_f64();
                 let tokens: usize = samples.iter().map(|s| s.tokens).sum();
                 let rate = tokens as f64 / wall;
@@ -296,21 +301,27 @@ fn world_images(n: usize) -> Result<Vec<String>> {
         .collect()
 }
 
-/// `clients` threads, each sending `requests` streaming requests one after the other.
-fn wave(
+/// `clients` threads, each sending `requests` streaming requests one after the other; client
+/// `c` sends the `glance` options `options[c mod len]` (null: none). Each sample comes with the
+/// index of its options.
+pub(super) fn wave(
     addr: SocketAddr,
     images: &[String],
+    options: &[Value],
     clients: usize,
     requests: usize,
     ask: (usize, bool),
-) -> Result<Vec<Sample>> {
-    let results: Vec<Result<Vec<Sample>>> = std::thread::scope(|scope| {
+) -> Result<Vec<(usize, Sample)>> {
+    let results: Vec<Result<Vec<(usize, Sample)>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..clients)
             .map(|c| {
                 let image = &images[c % images.len()];
+                let o = c % options.len();
+                let glance = &options[o];
                 scope.spawn(move || {
                     (0..requests)
-                        .map(|r| stream_once(addr, image, c * requests + r, ask, &Value::Null))
+                        .map(|r| stream_once(addr, image, c * requests + r, ask, glance))
+                        .map(|s| s.map(|s| (o, s)))
                         .collect::<Result<Vec<_>>>()
                 })
             })

@@ -6,8 +6,8 @@
 //! and the batch composition: the mean number of sequences of each strategy per scheduler step
 //! (from the server's `/metrics`).
 
-use super::serve::{pct, stream_once, Sample, ServeBenchArgs};
-use anyhow::{bail, Context, Result};
+use super::serve::{pct, stream_once, wave, Sample, ServeBenchArgs};
+use anyhow::{Context, Result};
 use glance_engine::{DecodeSpec, Engine};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -136,7 +136,12 @@ pub fn run(
         for &c in &args.clients {
             let before = scrape(server.addr)?;
             let start = Instant::now();
-            let samples = wave(server.addr, images, mix, c, args.requests, ask)?;
+            let options: Vec<Value> = mix.iter().map(|k| k.options()).collect();
+            let samples: Vec<(Kind, Sample)> =
+                wave(server.addr, images, &options, c, args.requests, ask)?
+                    .into_iter()
+                    .map(|(o, s)| (mix[o], s))
+                    .collect();
             let wall = start.elapsed().as_secs_f64();
             let after = scrape(server.addr)?;
             let composition = composition(&before, &after);
@@ -200,43 +205,6 @@ pub fn run(
     super::write_json(&args.json, &out)?;
     println!("wrote {}", args.json.display());
     Ok(())
-}
-
-/// `clients` threads, client `c` sending `requests` requests of kind `mix[c mod len]` in turn.
-fn wave(
-    addr: SocketAddr,
-    images: &[String],
-    mix: &[Kind],
-    clients: usize,
-    requests: usize,
-    ask: (usize, bool),
-) -> Result<Vec<(Kind, Sample)>> {
-    let results: Vec<Result<Vec<(Kind, Sample)>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..clients)
-            .map(|c| {
-                let image = &images[c % images.len()];
-                let kind = mix[c % mix.len()];
-                scope.spawn(move || {
-                    let options = kind.options();
-                    (0..requests)
-                        .map(|r| {
-                            stream_once(addr, image, c * requests + r, ask, &options)
-                                .map(|s| (kind, s))
-                        })
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| bail!("a client panicked")))
-            .collect()
-    });
-    let mut all = Vec::new();
-    for r in results {
-        all.extend(r?);
-    }
-    Ok(all)
 }
 
 /// The server's scheduler counters: steps, and sequences decoded per strategy.

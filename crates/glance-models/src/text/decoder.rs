@@ -679,17 +679,8 @@ impl CausalLm for TextModel {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         if self.config.mrope_section.is_none() {
-            let scalar: Option<Vec<u32>> = positions
-                .iter()
-                .map(|p| (p[0] == p[1] && p[1] == p[2]).then_some(p[0]))
-                .collect();
-            return match scalar {
-                Some(s) => self.run(xs, &s, mask, Some(cache)),
-                None => Err(Error::InvalidParam(
-                    "rows with 3-D (M-RoPE) positions given to a decoder without mrope_section"
-                        .into(),
-                )),
-            };
+            let scalar = glance_nn::lm::equal_parts(positions)?;
+            return self.run(xs, &scalar, mask, Some(cache));
         }
         let scalar = Self::mrope_scalar(positions);
         let all = 0..self.layers.len();
