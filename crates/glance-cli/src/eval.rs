@@ -8,7 +8,7 @@ use crate::args::{check_writable, DecodeArgs, ModelArgs, PruneArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use glance_engine::eval::{
-    evaluate_specs, EvalOptions, EvalReport, DESCRIPTION_MAX_NEW_TOKENS, SHORT_FAMILIES,
+    evaluate_specs, DialogueScore, EvalOptions, EvalReport, DESCRIPTION_MAX_NEW_TOKENS, SHORT_FAMILIES,
     SHORT_MAX_NEW_TOKENS,
 };
 use glance_engine::{Engine, EngineOptions, PruneSpec};
@@ -44,6 +44,10 @@ pub struct EvalArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Skip the dialogues (each image's conversation asked turn by turn, with the earlier turns'
+    /// true answers in context, and its non-follow-up turns asked alone too).
+    #[arg(long)]
+    pub no_dialogue: bool,
     /// Keep every answer in the --json report (to compare two runs answer by answer, e.g. a
     /// model and its --twin).
     #[arg(long, requires = "json")]
@@ -108,6 +112,8 @@ pub fn run(args: EvalArgs) -> Result<()> {
         short_max_new_tokens: SHORT_MAX_NEW_TOKENS.min(args.max_new_tokens),
         decode,
         record_answers: args.answers,
+        relations: true,
+        dialogues: !args.no_dialogue,
         ..EvalOptions::new(split, args.n)
     };
     let report = evaluate_with_progress(&engine, &options, std::slice::from_ref(&spec))?
@@ -130,6 +136,49 @@ pub fn run(args: EvalArgs) -> Result<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Short-answer accuracy and description F1 by the scene's object count.
+fn print_by_objects(r: &EvalReport) {
+    let rows: Vec<_> = r
+        .by_objects
+        .iter()
+        .filter(|o| o.short.questions + o.description_f1.questions > 0)
+        .collect();
+    let head: Vec<String> = rows.iter().map(|o| format!("{:>6}", o.objects)).collect();
+    let short: Vec<String> = rows
+        .iter()
+        .map(|o| format!("{:>6}", pct(o.short.score)))
+        .collect();
+    let f1: Vec<String> = rows
+        .iter()
+        .map(|o| format!("{:>6}", pct(o.description_f1.score)))
+        .collect();
+    println!("{:<22} {}", "objects in the scene", head.join(""));
+    println!("{:<22} {}", "  short answers", short.join(""));
+    println!("{:<22} {}", "  description F1", f1.join(""));
+}
+
+/// The dialogue rows: in context against alone, follow-ups, by turn.
+fn print_dialogue(d: &DialogueScore) {
+    println!(
+        "dialogues ({}, earlier turns' true answers in context):",
+        d.dialogues
+    );
+    for (name, rate) in [
+        ("  turns in context", &d.turns),
+        ("  non-follow-up", &d.in_context),
+        ("  same asked alone", &d.alone),
+        ("  follow-up", &d.follow_up),
+    ] {
+        println!("{:<22} {:>9} {:>9}", name, rate.questions, pct(rate.score));
+    }
+    let by_turn: Vec<String> = d
+        .by_turn
+        .iter()
+        .map(|t| format!("{:>6}", pct(t.score)))
+        .collect();
+    println!("{:<22} {}", "  by turn (1, 2, …)", by_turn.join(""));
 }
 
 fn pct(x: Option<f64>) -> String {
@@ -172,6 +221,18 @@ fn print_report(model: &str, r: &EvalReport) {
             "description (objects)", d.questions, d.precision, d.recall, d.f1
         ),
         None => println!("{:<22} {:>9}", "description (objects)", 0),
+    }
+    if let Some(rel) = &r.relation {
+        println!(
+            "{:<22} {:>9} {:>9}",
+            "relation (is A above B)",
+            rel.questions,
+            pct(rel.score)
+        );
+    }
+    print_by_objects(r);
+    if let Some(d) = &r.dialogue {
+        print_dialogue(d);
     }
     println!(
         "speed: mean time to first token {:.1} ms, decode {:.0} tokens/s, {} tokens generated, \

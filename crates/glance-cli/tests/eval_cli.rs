@@ -176,3 +176,48 @@ fn bad_input_is_a_clean_error() {
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The conversation rows: each image's dialogue turn by turn (follow-ups apart, every other turn
+/// also asked alone), its relation question, and the questions by object count — consistent
+/// counts in the table and the JSON; `--no-dialogue` leaves the dialogues out.
+#[test]
+fn eval_reports_dialogues_relations_and_object_counts() {
+    let (out, v) = eval_json("dialogue", &[]);
+    for row in [
+        "relation (is A above B)",
+        "objects in the scene",
+        "turns in context",
+        "same asked alone",
+        "follow-up",
+        "by turn",
+    ] {
+        assert!(out.contains(row), "`{row}` missing from:\n{out}");
+    }
+    let d = &v["dialogue"];
+    assert_eq!(d["dialogues"], 3);
+    let n = |r: &serde_json::Value| r["questions"].as_u64().unwrap();
+    assert_eq!(n(&d["in_context"]), n(&d["alone"]));
+    assert_eq!(n(&d["turns"]), n(&d["in_context"]) + n(&d["follow_up"]));
+    let by_turn: u64 = d["by_turn"].as_array().unwrap().iter().map(n).sum();
+    assert_eq!(by_turn, n(&d["turns"]));
+    assert!(n(&d["turns"]) >= 3, "every dialogue has a short-answer turn: {d}");
+    let fams = d["families"].as_array().unwrap();
+    assert_eq!(fams.len(), 6);
+    let short: u64 = fams
+        .iter()
+        .filter(|f| f["family"] != "description")
+        .map(|f| f["questions"].as_u64().unwrap())
+        .sum();
+    assert_eq!(short, n(&d["in_context"]));
+    assert!(n(&v["relation"]) <= 3);
+    let objects = v["by_objects"].as_array().unwrap();
+    assert_eq!(objects.len(), 7);
+    let short_total: u64 = objects.iter().map(|o| n(&o["short"])).sum();
+    let desc_total: u64 = objects.iter().map(|o| n(&o["description_f1"])).sum();
+    assert_eq!(short_total + desc_total, v["questions"].as_u64().unwrap());
+
+    let (out, v) = eval_json("no-dialogue", &["--no-dialogue"]);
+    assert!(!out.contains("turns in context"), "{out}");
+    assert!(v.get("dialogue").is_none(), "{v}");
+    assert!(v.get("relation").is_some());
+}

@@ -7,7 +7,11 @@
 //! question is one [`Engine::generate`] request, so evaluation measures exactly what a user gets.
 //!
 //! * Questions: each example's independent questions ([`glance_world::Example::questions`], one
-//!   per applicable family) — never the dialogue's follow-ups, which only make sense in context.
+//!   per applicable family), scored per family and by the scene's object count. Optionally
+//!   ([`EvalOptions::relations`]) each image's relation question ("is A above B?"), and
+//!   ([`EvalOptions::dialogues`]) its dialogue turn by turn, with the earlier turns' true answers in
+//!   context, follow-ups included, and each non-follow-up turn asked alone too
+//!   ([`conversation`]).
 //! * Prompt: the model's chat template around the question, one image.
 //! * Decoding: greedy, with the strategy of [`EvalOptions::decode`]; at most
 //!   [`EvalOptions::short_max_new_tokens`] tokens for short answers and
@@ -20,11 +24,11 @@
 //!   pre-processing, vision encoding, selection and the prefill of the whole prompt — so the work
 //!   the caches saved ([`crate::Timings::cache_saved_s`]) is added back.
 
-use crate::{Engine, Flow, ImageInput, Request, Response};
+use crate::{Engine, Flow, ImageInput, Message, Prompt, Request, Response};
 use glance_core::{Error, Result, SamplingParams};
 use glance_decode::DecodeSpec;
 use glance_prune::PruneSpec;
-use glance_world::{description_prf, exact_match, Example, Family, Split};
+use glance_world::{description_prf, exact_match, Example, Family, Qa, Split};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -62,6 +66,10 @@ pub struct EvalOptions {
     pub record_answers: bool,
     /// The decoding strategy.
     pub decode: DecodeSpec,
+    /// Also ask each image's relation question ([`glance_world::Example::relation`]).
+    pub relations: bool,
+    /// Also ask each image's dialogue turn by turn ([`conversation`]).
+    pub dialogues: bool,
 }
 
 impl EvalOptions {
@@ -77,6 +85,8 @@ impl EvalOptions {
             examples: 0,
             record_answers: false,
             decode: DecodeSpec::default(),
+            relations: false,
+            dialogues: false,
         }
     }
 
@@ -127,6 +137,33 @@ pub struct PruneSummary {
     pub keep: String,
     pub visual_tokens: usize,
     pub mean_kept_visual_tokens: f64,
+}
+
+/// A score over some questions: exact-match accuracy (a description's: its object F1).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Rate {
+    pub questions: usize,
+    /// `None` without questions.
+    pub score: Option<f64>,
+}
+
+impl Rate {
+    fn of((sum, n): (f64, usize)) -> Rate {
+        Rate {
+            questions: n,
+            score: (n > 0).then(|| sum / n as f64),
+        }
+    }
+}
+
+/// The independent questions about scenes of one object count.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ObjectsScore {
+    pub objects: usize,
+    /// The short-answer questions.
+    pub short: Rate,
+    /// The descriptions' object F1.
+    pub description_f1: Rate,
 }
 
 /// Speed over every question.
@@ -185,6 +222,14 @@ pub struct EvalReport {
     /// Mean accuracy over the short-answer families that have questions ([`SHORT_FAMILIES`]).
     pub mean: f64,
     pub description: Option<DescriptionScore>,
+    /// The independent questions by the scene's object count (0 to 6).
+    pub by_objects: Vec<ObjectsScore>,
+    /// The relation questions ([`EvalOptions::relations`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relation: Option<Rate>,
+    /// The dialogues ([`EvalOptions::dialogues`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dialogue: Option<DialogueScore>,
     pub timing: EvalTiming,
     /// Wall time of the whole call (shared by the specs evaluated together).
     pub seconds: f64,
@@ -266,27 +311,28 @@ pub fn evaluate_specs(
             })
             .collect();
         images += 1;
-        if !wanted.is_empty() {
-            let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
-            for qa in wanted {
-                let max_new_tokens = if qa.family == Family::Description {
-                    options.max_new_tokens
-                } else {
-                    options.short_max_new_tokens
-                };
-                for (spec, acc) in specs.iter().zip(accs.iter_mut()) {
-                    let request = Request {
-                        sampling: SamplingParams::greedy(),
-                        max_new_tokens,
-                        prune: (!spec.is_noop()).then(|| spec.clone()),
-                        decode: options.decode,
-                        ..Request::chat(&qa.question, vec![image.clone()])
-                    };
-                    let response = engine.generate(&request, &mut |_| Flow::Continue)?;
-                    let text = engine.processor().text.decode(&response.token_ids, true)?;
-                    acc.add(options, &ex, qa, text, &response);
-                }
-                questions += 1;
+        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
+        for qa in wanted {
+            for (spec, acc) in specs.iter().zip(accs.iter_mut()) {
+                let messages = vec![Message::user(&qa.question, vec![image.clone()])];
+                let (text, response) = ask(engine, options, spec, qa, messages)?;
+                acc.add(options, &ex, qa, text, &response);
+            }
+            questions += 1;
+        }
+        if let Some(qa) = ex.relation.as_ref().filter(|_| options.relations) {
+            for (spec, acc) in specs.iter().zip(accs.iter_mut()) {
+                let messages = vec![Message::user(&qa.question, vec![image.clone()])];
+                let (text, _) = ask(engine, options, spec, qa, messages)?;
+                let slot = &mut acc.relation;
+                slot.0 += score(qa, &text, &ex).0;
+                slot.1 += 1;
+            }
+            questions += 1;
+        }
+        if options.dialogues {
+            for (spec, acc) in specs.iter().zip(accs.iter_mut()) {
+                questions += conversation::ask_dialogue(engine, options, spec, &ex, &image, acc)?;
             }
         }
         progress(EvalProgress {
@@ -300,8 +346,45 @@ pub fn evaluate_specs(
     Ok(specs
         .iter()
         .zip(accs)
-        .map(|(spec, acc)| acc.report(options.split, images, spec, visual, seconds))
+        .map(|(spec, acc)| acc.report(options, images, spec, visual, seconds))
         .collect())
+}
+
+/// One greedy answer to the last user turn of `messages`, capped for `qa`'s family: its text
+/// and the response.
+fn ask(
+    engine: &Engine,
+    options: &EvalOptions,
+    spec: &PruneSpec,
+    qa: &Qa,
+    messages: Vec<Message>,
+) -> Result<(String, Response)> {
+    let max_new_tokens = if qa.family == Family::Description {
+        options.max_new_tokens
+    } else {
+        options.short_max_new_tokens
+    };
+    let request = Request {
+        sampling: SamplingParams::greedy(),
+        max_new_tokens,
+        prune: (!spec.is_noop()).then(|| spec.clone()),
+        decode: options.decode,
+        ..Request::new(Prompt::Chat(messages))
+    };
+    let response = engine.generate(&request, &mut |_| Flow::Continue)?;
+    let text = engine.processor().text.decode(&response.token_ids, true)?;
+    Ok((text, response))
+}
+
+/// The score of an answer: 1 / 0 by exact match, or for a description its object F1 with the
+/// precision and recall.
+fn score(qa: &Qa, text: &str, ex: &Example) -> (f64, Option<(f64, f64)>) {
+    if qa.family == Family::Description {
+        let prf = description_prf(text, &ex.scene.objects);
+        (prf.f1, Some((prf.precision, prf.recall)))
+    } else {
+        (f64::from(u8::from(exact_match(text, &qa.answer))), None)
+    }
 }
 
 /// Position of `f` in [`Family::ALL`].
@@ -333,7 +416,14 @@ struct Acc {
     forwards: u64,
     examples: Vec<ExampleAnswer>,
     answers: Vec<Answer>,
+    /// (score sum, questions) of the short answers and of the descriptions by object count.
+    by_objects: [[(f64, usize); 2]; MAX_OBJECTS + 1],
+    relation: (f64, usize),
+    dialogue: conversation::DialogueAcc,
 }
+
+/// The most objects a world scene has.
+const MAX_OBJECTS: usize = 6;
 
 impl Acc {
     fn add(
@@ -344,15 +434,16 @@ impl Acc {
         text: String,
         response: &Response,
     ) {
-        let (score, pr) = if qa.family == Family::Description {
-            let prf = description_prf(&text, &ex.scene.objects);
-            self.precision += prf.precision;
-            self.recall += prf.recall;
-            (prf.f1, Some((prf.precision, prf.recall)))
-        } else {
-            (f64::from(u8::from(exact_match(&text, &qa.answer))), None)
-        };
+        let (score, pr) = score(qa, &text, ex);
+        if let Some((p, r)) = pr {
+            self.precision += p;
+            self.recall += r;
+        }
         let slot = &mut self.family[family_index(qa.family)];
+        slot.0 += score;
+        slot.1 += 1;
+        let kind = usize::from(qa.family == Family::Description);
+        let slot = &mut self.by_objects[ex.scene.objects.len().min(MAX_OBJECTS)][kind];
         slot.0 += score;
         slot.1 += 1;
         let (usage, timings) = (&response.usage, &response.timings);
@@ -391,7 +482,7 @@ impl Acc {
 
     fn report(
         self,
-        split: Split,
+        options: &EvalOptions,
         images: usize,
         spec: &PruneSpec,
         visual_tokens: usize,
@@ -414,8 +505,18 @@ impl Acc {
             f1: f1_sum / nd as f64,
         });
         let runs = self.runs.max(1) as f64;
+        let by_objects = self
+            .by_objects
+            .iter()
+            .enumerate()
+            .map(|(objects, &[short, description])| ObjectsScore {
+                objects,
+                short: Rate::of(short),
+                description_f1: Rate::of(description),
+            })
+            .collect();
         let mut report = EvalReport {
-            split,
+            split: options.split,
             images,
             questions: self.runs,
             prune: PruneSummary {
@@ -432,6 +533,9 @@ impl Acc {
             families,
             mean: 0.0,
             description,
+            by_objects,
+            relation: options.relations.then(|| Rate::of(self.relation)),
+            dialogue: options.dialogues.then(|| self.dialogue.report()),
             timing: EvalTiming {
                 mean_ttft_s: self.ttft / runs,
                 decode_tokens_per_s: if self.decode_s > 0.0 {
@@ -456,5 +560,8 @@ impl Acc {
     }
 }
 
+mod conversation;
 #[cfg(test)]
 mod tests;
+
+pub use conversation::DialogueScore;

@@ -345,32 +345,7 @@ pub(crate) fn spatial(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
             )
         }
         1 => return what_at(scene, rng),
-        2 => {
-            let want = rng.chance(0.5);
-            // Pairs (a, b, relation) of nameable objects whose truth is `want`.
-            let mut cands = Vec::new();
-            for (i, a) in scene.objects.iter().enumerate() {
-                for (j, b) in scene.objects.iter().enumerate() {
-                    if i != j && named[i].is_some() && named[j].is_some() {
-                        for rel in 0..4 {
-                            if related(a, b, rel) == want {
-                                cands.push((i, j, rel));
-                            }
-                        }
-                    }
-                }
-            }
-            let Some(&(i, j, rel)) = rng.choose(&cands) else {
-                return what_at(scene, rng);
-            };
-            let (ra, rb) = (named[i].clone()?, named[j].clone()?);
-            let t = pick(rng, &["Is {a} {rel} {b}?", "Is {a} located {rel} {b}?"]);
-            let q = t
-                .replace("{a}", &ra)
-                .replace("{rel}", RELATIONS[rel])
-                .replace("{b}", &rb);
-            (q, if want { "yes" } else { "no" }.to_string())
-        }
+        2 => return relation_among(scene, &named, rng),
         _ => {
             let t = pick(
                 rng,
@@ -384,6 +359,53 @@ pub(crate) fn spatial(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
         }
     };
     Some(Qa::new(Family::Spatial, question, answer))
+}
+
+/// A yes / no question about how two objects lie ("Is the red circle above the blue square?"),
+/// yes and no by a fair coin; `None` with fewer than two objects that can be named without
+/// their position.
+pub(crate) fn relation(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
+    let no_pos = Allow {
+        position: false,
+        ..ALL_FIELDS
+    };
+    let named: Vec<Option<String>> = (0..scene.objects.len())
+        .map(|i| refer(scene, i, no_pos, rng))
+        .collect();
+    relation_among(scene, &named, rng).filter(|qa| qa.answer == "yes" || qa.answer == "no")
+}
+
+/// [`relation`] over objects already named (`None`: cannot be named without its position);
+/// falls back to a "what is in the …" question when no pair has the drawn truth.
+fn relation_among(scene: &Scene, named: &[Option<String>], rng: &mut WorldRng) -> Option<Qa> {
+    let want = rng.chance(0.5);
+    // Pairs (a, b, relation) of nameable objects whose truth is `want`.
+    let mut cands = Vec::new();
+    for (i, a) in scene.objects.iter().enumerate() {
+        for (j, b) in scene.objects.iter().enumerate() {
+            if i != j && named[i].is_some() && named[j].is_some() {
+                for rel in 0..4 {
+                    if related(a, b, rel) == want {
+                        cands.push((i, j, rel));
+                    }
+                }
+            }
+        }
+    }
+    let Some(&(i, j, rel)) = rng.choose(&cands) else {
+        return what_at(scene, rng);
+    };
+    let (ra, rb) = (named[i].clone()?, named[j].clone()?);
+    let t = pick(rng, &["Is {a} {rel} {b}?", "Is {a} located {rel} {b}?"]);
+    let q = t
+        .replace("{a}", &ra)
+        .replace("{rel}", RELATIONS[rel])
+        .replace("{b}", &rb);
+    Some(Qa::new(
+        Family::Spatial,
+        q,
+        if want { "yes" } else { "no" },
+    ))
 }
 
 /// Existence question phrasings for a thing described by `phrase` (singular) / `plural`.

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 pub use labels::{
     patch_labels, patch_labels_with, PatchContent, PatchIds, PatchLabel, PatchLabels,
 };
-pub use qa::{dialogue, generate, question_set, Dialogue, Family, Qa};
+pub use qa::{dialogue, generate, question_set, relation, Dialogue, Family, Qa};
 pub use render::{pixel_hash, render};
 pub use rng::WorldRng;
 pub use sample::{write_sample, write_sample_range, SampleSummary};

@@ -147,6 +147,13 @@ pub fn generate(scene: &Scene, family: Family, rng: &mut WorldRng) -> Option<Qa>
     }
 }
 
+/// A yes / no question about where two objects lie relative to each other ("Is the red circle
+/// above the blue square?"), yes and no by a fair coin: the spatial family's relation questions
+/// on their own. `None` when fewer than two objects can be named without their position.
+pub fn relation(scene: &Scene, rng: &mut WorldRng) -> Option<Qa> {
+    families::relation(scene, rng)
+}
+
 /// One independent question per applicable family, in [`Family::ALL`] order.
 pub fn question_set(scene: &Scene, rng: &mut WorldRng) -> Vec<Qa> {
     Family::ALL

@@ -12,7 +12,7 @@ use std::str::FromStr;
 use image::RgbImage;
 use serde::{Deserialize, Serialize};
 
-use crate::qa::{dialogue, question_set, Dialogue, Qa};
+use crate::qa::{dialogue, question_set, relation, Dialogue, Qa};
 use crate::render::render;
 use crate::rng::{mix64, WorldRng};
 use crate::scene::Scene;
@@ -117,6 +117,7 @@ impl FromStr for Split {
 /// Stream ids for the generators derived from a scene seed.
 const QUESTIONS_STREAM: u64 = 1;
 const DIALOGUE_STREAM: u64 = 2;
+const RELATION_STREAM: u64 = 3;
 
 /// One complete example.
 #[derive(Debug, Clone)]
@@ -130,6 +131,9 @@ pub struct Example {
     pub questions: Vec<Qa>,
     /// A multi-turn conversation about the image.
     pub dialogue: Dialogue,
+    /// A question about how two objects lie ([`relation`]); `None` when the scene has fewer than
+    /// two objects that can be named without their position.
+    pub relation: Option<Qa>,
 }
 
 /// The example `index` of `split`: deterministic, and never shared with another split.
@@ -144,6 +148,7 @@ pub fn example_from_seed(split: Split, index: u64, seed: u64) -> Example {
     let image = render(&scene);
     let questions = question_set(&scene, &mut WorldRng::derive(seed, QUESTIONS_STREAM));
     let dialogue = dialogue(&scene, &mut WorldRng::derive(seed, DIALOGUE_STREAM));
+    let relation = relation(&scene, &mut WorldRng::derive(seed, RELATION_STREAM));
     Example {
         split,
         index,
@@ -152,6 +157,7 @@ pub fn example_from_seed(split: Split, index: u64, seed: u64) -> Example {
         image,
         questions,
         dialogue,
+        relation,
     }
 }
 

@@ -162,3 +162,36 @@ fn answers_agree_with_the_scene() {
         }
     }
 }
+
+#[test]
+fn relation_questions_are_balanced_yes_no_about_two_objects() {
+    let (mut yes, mut asked, mut many) = (0, 0, 0);
+    for i in 0..2000u64 {
+        let ex = sample(Split::Validation, i).unwrap();
+        many += usize::from(ex.scene.objects.len() >= 2);
+        let Some(qa) = &ex.relation else {
+            continue;
+        };
+        assert!(ex.scene.objects.len() >= 2, "{qa:?}");
+        assert_eq!(qa.family, Family::Spatial);
+        assert!(!qa.follow_up);
+        assert!(qa.question.starts_with("Is the "), "{}", qa.question);
+        assert!(
+            ["above", "below", "left of", "right of"]
+                .iter()
+                .any(|r| qa.question.contains(r)),
+            "{}",
+            qa.question
+        );
+        asked += 1;
+        yes += usize::from(match qa.answer.as_str() {
+            "yes" => true,
+            "no" => false,
+            other => panic!("answer {other:?}"),
+        });
+    }
+    // Objects with an identical twin cannot be named without their position: 85% here.
+    assert!(asked * 5 >= many * 4, "{asked} of {many} scenes with two objects");
+    let share = yes as f64 / asked as f64;
+    assert!((0.4..0.6).contains(&share), "yes share {share}");
+}
