@@ -84,6 +84,17 @@ pub struct WorldArgs {
     /// pruning can find what a question names. 0: off.
     #[arg(long)]
     pub align: Option<f64>,
+    /// Share of the QA stages' images whose turns open with one of the world's dialogues (2–8
+    /// turns, follow-ups included), packed causally so each turn sees the earlier turns and their
+    /// answers; the other turns stay independent. 0: off.
+    #[arg(long, value_name = "SHARE")]
+    pub dialogue: Option<f64>,
+    /// Chance that an image's independent turns include a relation question ("is A above B?").
+    #[arg(long, value_name = "SHARE")]
+    pub relations: Option<f64>,
+    /// Factor on the spatial family's weight among the independent turns (default 1).
+    #[arg(long, value_name = "FACTOR")]
+    pub spatial_weight: Option<f64>,
     /// Peak learning rate of the selected stages (default: the preset's).
     #[arg(long)]
     pub lr: Option<f64>,
@@ -201,7 +212,21 @@ fn describe_stage(s: &glance_train::StageSpec) -> String {
         Some(w) => format!(", alignment weight {w}"),
         None => String::new(),
     };
-    format!("{} {b} × {} img{drop}{align}", s.stage, s.images_per_step)
+    let m = &s.mix;
+    let mix = if *m == glance_train::TurnMix::default() {
+        String::new()
+    } else {
+        format!(
+            ", {:.0}% dialogues, {:.0}% relations, spatial ×{}",
+            m.dialogue * 100.0,
+            m.relation * 100.0,
+            m.spatial
+        )
+    };
+    format!(
+        "{} {b} × {} img{drop}{align}{mix}",
+        s.stage, s.images_per_step
+    )
 }
 
 fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConfig> {
@@ -230,6 +255,11 @@ fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConf
         if s.stage != Stage::Vision {
             s.align = align;
             s.token_drop = token_drop.map(glance_train::TokenDrop::every_policy);
+            s.mix = glance_train::TurnMix {
+                dialogue: a.dialogue.unwrap_or(s.mix.dialogue),
+                relation: a.relations.unwrap_or(s.mix.relation),
+                spatial: a.spatial_weight.unwrap_or(s.mix.spatial),
+            };
         }
     }
     c.seed = a.seed;

@@ -9,6 +9,7 @@
 //! pretraining heads supervise is the layer LLaVA reads (no trained layer is thrown away), and
 //! strategy `default` (patch tokens only, 256 at patch 14).
 
+use crate::data::TurnMix;
 use crate::token_drop::TokenDrop;
 use crate::{Result, TrainError};
 use glance_models::llava::LlavaConfig;
@@ -344,6 +345,10 @@ pub struct StageSpec {
     /// Weight of the word–patch alignment term (QA stages; [`crate::align`]); `None`: off.
     #[serde(default)]
     pub align: Option<f64>,
+    /// How each image's turns are drawn (QA stages): dialogues, relation questions, the spatial
+    /// weight. The default is v1's independent turns.
+    #[serde(default)]
+    pub mix: TurnMix,
 }
 
 /// Everything a training run needs besides the output directory.
@@ -526,6 +531,7 @@ impl TrainConfig {
                     )));
                 }
             }
+            s.mix.validate()?;
             s.budget.validate()?;
             s.optim.validate().map_err(|e| match e {
                 TrainError::Config(m) => TrainError::Config(format!("stage {}: {m}", s.stage)),
@@ -574,6 +580,7 @@ impl StageSpec {
             curriculum_until: 0.5,
             token_drop: None,
             align: None,
+            mix: TurnMix::default(),
         }
     }
 

@@ -8,8 +8,12 @@
 //! Adapters over the world API (which has no knobs for these):
 //! * **curriculum** by rejection — a scene is skipped while it has more objects than the stage
 //!   allows at this step (`Scene::generate` is cheap; only accepted scenes are rendered);
-//! * **turn mix** — independent turns drawn with the world's `DIALOGUE_MIX` weights (sign turns
-//!   only when there is a sign), no follow-ups, no repeated question, at most one description.
+//! * **turn mix** ([`TurnMix`]) — independent turns drawn with the world's `DIALOGUE_MIX` weights
+//!   (sign turns only when there is a sign; spatial questions weighted up by
+//!   [`TurnMix::spatial`]), no follow-ups, no repeated question, at most one description; with
+//!   probability [`TurnMix::relation`] a relation question ("is A above B?") among them; and with
+//!   probability [`TurnMix::dialogue`] the image's turns open with one of the world's dialogues
+//!   (follow-ups included), packed as one causal conversation ([`crate::packing`]).
 //!
 //! The stream is a pure function of a cursor into the train split (saved in checkpoints).
 
@@ -22,10 +26,85 @@ use glance_models::llava::{LlavaConfig, LlavaProcessor};
 use glance_world::qa::DIALOGUE_MIX;
 use glance_world::{render, Family, Qa, Scene, Split, WorldRng};
 use image::DynamicImage;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Stream id of the QA draws of training turns (distinct from the world's own streams).
 const TURN_STREAM: u64 = 0x7472_6169_6e00;
+/// Stream id of the dialogue and relation draws of training turns.
+const CONVERSATION_STREAM: u64 = 0x7472_6169_6e01;
+
+/// How a QA stage draws an image's turns. The default (no dialogues, no extra relation
+/// questions, spatial at its world weight) is glance-tiny v1's recipe.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TurnMix {
+    /// Share of images whose turns open with a dialogue packed causally (0–1).
+    pub dialogue: f64,
+    /// Chance that an image's independent turns include a relation question (0–1).
+    pub relation: f64,
+    /// Factor on the spatial family's weight among the independent turns (> 0).
+    pub spatial: f64,
+}
+
+impl Default for TurnMix {
+    fn default() -> Self {
+        Self {
+            dialogue: 0.0,
+            relation: 0.0,
+            spatial: 1.0,
+        }
+    }
+}
+
+impl TurnMix {
+    pub fn validate(&self) -> Result<()> {
+        let share = |x: f64| (0.0..=1.0).contains(&x);
+        if !share(self.dialogue) || !share(self.relation) {
+            return Err(TrainError::Config(format!(
+                "the dialogue and relation shares must be within 0–1, got {} and {}",
+                self.dialogue, self.relation
+            )));
+        }
+        if !(self.spatial > 0.0 && self.spatial.is_finite()) {
+            return Err(TrainError::Config(format!(
+                "the spatial weight must be > 0, got {}",
+                self.spatial
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An image's training turns: an optional dialogue (one causal conversation), then independent
+/// turns (a conversation each).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Turns {
+    pub dialogue: Vec<Qa>,
+    pub singles: Vec<Qa>,
+}
+
+impl Turns {
+    /// Independent turns only.
+    pub fn singles(singles: Vec<Qa>) -> Self {
+        Self {
+            dialogue: Vec::new(),
+            singles,
+        }
+    }
+
+    /// The first question (what a text-guided pruning policy is given).
+    pub fn first(&self) -> Option<&Qa> {
+        self.dialogue.first().or(self.singles.first())
+    }
+
+    pub fn len(&self) -> usize {
+        self.dialogue.len() + self.singles.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// Tokenizer, image processor and the shared prompt prefix of a model directory.
 pub struct WorldData {
@@ -136,11 +215,49 @@ impl WorldData {
         align::targets_tensor(y, self.align.ids.len(), &self.device)
     }
 
-    /// Up to `k` independent training turns about a scene (deterministic in `seed`).
+    /// Up to `k` independent training turns about a scene (deterministic in `seed`), v1's mix.
     pub fn turns(&self, scene: &Scene, seed: u64, k: usize) -> Vec<Qa> {
+        self.independent_turns(scene, seed, k, &TurnMix::default(), &[])
+    }
+
+    /// An image's turns under `mix` (deterministic in `seed`): a dialogue first with probability
+    /// `mix.dialogue`, then independent turns up to `k` in all (at least one).
+    pub fn turns_with(&self, scene: &Scene, seed: u64, k: usize, mix: &TurnMix) -> Turns {
+        let mut rng = WorldRng::derive(seed, CONVERSATION_STREAM);
+        let dialogue = if rng.chance(mix.dialogue) {
+            glance_world::dialogue(scene, &mut rng).turns
+        } else {
+            Vec::new()
+        };
+        let want = k.saturating_sub(dialogue.len()).max(1);
+        let mut singles: Vec<Qa> = Vec::new();
+        if rng.chance(mix.relation) {
+            singles.extend(glance_world::relation(scene, &mut rng));
+        }
+        singles.truncate(want);
+        let asked: Vec<Qa> = dialogue.iter().chain(&singles).cloned().collect();
+        let rest = want - singles.len();
+        singles.extend(self.independent_turns(scene, seed, rest, mix, &asked));
+        Turns { dialogue, singles }
+    }
+
+    /// Up to `k` independent turns not among `asked`, spatial weighted by `mix.spatial`.
+    fn independent_turns(
+        &self,
+        scene: &Scene,
+        seed: u64,
+        k: usize,
+        mix: &TurnMix,
+        asked: &[Qa],
+    ) -> Vec<Qa> {
         let mut rng = WorldRng::derive(seed, TURN_STREAM);
-        let weights = glance_world::qa::family_weights(scene);
+        let weights: Vec<f64> = glance_world::qa::family_weights(scene)
+            .iter()
+            .zip(DIALOGUE_MIX)
+            .map(|(w, (f, _))| if f == Family::Spatial { w * mix.spatial } else { *w })
+            .collect();
         let mut turns: Vec<Qa> = Vec::with_capacity(k);
+        let described = asked.iter().any(|t| t.family == Family::Description);
         let mut attempts = 0;
         while turns.len() < k && attempts < 8 * k {
             attempts += 1;
@@ -149,12 +266,13 @@ impl WorldData {
             };
             let family = DIALOGUE_MIX[i].0;
             if family == Family::Description
-                && turns.iter().any(|t| t.family == Family::Description)
+                && (described || turns.iter().any(|t| t.family == Family::Description))
             {
                 continue;
             }
             if let Some(qa) = glance_world::generate(scene, family, &mut rng) {
-                if !qa.follow_up && !turns.iter().any(|t| t.question == qa.question) {
+                let seen = |t: &Qa| t.question == qa.question;
+                if !qa.follow_up && !turns.iter().any(seen) && !asked.iter().any(seen) {
                     turns.push(qa);
                 }
             }
@@ -177,20 +295,48 @@ impl WorldData {
         Ok(ids)
     }
 
-    /// One packed training sequence of `turns` about an image.
+    /// The tokens of a dialogue's later turn: `USER : question ASSISTANT :`.
+    pub fn later_prompt(&self, question: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .processor
+            .text
+            .encode_plain(&format!("USER: {question} ASSISTANT:"))?)
+    }
+
+    /// One packed training sequence of independent `turns` about an image.
     pub fn pack_turns(&self, turns: &[Qa]) -> Result<Packed> {
-        let segments = turns
-            .iter()
-            .map(|qa| {
-                Ok(Segment {
-                    prompt: self.prompt_tail(&qa.question)?,
-                    answer: self.answer_ids(&qa.answer)?,
-                })
+        self.pack(&Turns::singles(turns.to_vec()))
+    }
+
+    /// One packed training sequence of an image's turns: the dialogue as one causal
+    /// conversation, then each independent turn on its own.
+    pub fn pack(&self, turns: &Turns) -> Result<Packed> {
+        let segment = |qa: &Qa, later: bool| -> Result<Segment> {
+            Ok(Segment {
+                prompt: if later {
+                    self.later_prompt(&qa.question)?
+                } else {
+                    self.prompt_tail(&qa.question)?
+                },
+                answer: self.answer_ids(&qa.answer)?,
             })
-            .collect::<Result<Vec<_>>>()?;
-        if segments.is_empty() {
+        };
+        let mut conversations = Vec::with_capacity(turns.singles.len() + 1);
+        if !turns.dialogue.is_empty() {
+            let chain = turns
+                .dialogue
+                .iter()
+                .enumerate()
+                .map(|(k, qa)| segment(qa, k > 0))
+                .collect::<Result<Vec<_>>>()?;
+            conversations.push(chain);
+        }
+        for qa in &turns.singles {
+            conversations.push(vec![segment(qa, false)?]);
+        }
+        if conversations.is_empty() {
             return Err(TrainError::Config("an image has no training turns".into()));
         }
-        Ok(pack(&self.prefix, &segments, self.max_rows))
+        Ok(pack(&self.prefix, &conversations, self.max_rows))
     }
 }

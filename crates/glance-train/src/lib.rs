@@ -46,6 +46,7 @@ pub mod token_drop;
 pub mod trainer;
 
 pub use config::{Budget, ModelSpec, OptimSpec, Stage, StageSpec, TrainConfig};
+pub use data::{TurnMix, Turns};
 pub use error::{Result, TrainError};
 pub use params::TrainModel;
 pub use token_drop::TokenDrop;

@@ -1,18 +1,23 @@
 //! Packing several QA turns about one image into one training sequence.
 //!
-//! Layout: one shared prefix (`<s> USER : <image>×N`), then each turn as an *independent* segment
-//! (`question ASSISTANT : answer </s>`). The mask is block-diagonal over the segments: every row
-//! sees the prefix and, causally, its own segment only; positions restart at the end of the prefix
-//! for every segment. Each segment is therefore exactly the single-turn prompt the model sees at
-//! inference (`USER: <image>\n{q} ASSISTANT:`), and the answer rows are trained as if the turn were
-//! asked cold (in the PyTorch prototype, plain causal multi-turn packing taught the model that a
-//! description only follows other turns).
+//! Layout: one shared prefix (`<s> USER : <image>×N`), then one or more *conversations*, each a
+//! chain of turns. A conversation's first turn is `question ASSISTANT : answer </s>`, every later
+//! one `USER : question ASSISTANT : answer </s>`, exactly as the chat template renders a dialogue.
+//! The mask is block-diagonal over the conversations: every row sees the prefix and, causally,
+//! its own conversation only; positions restart at the end of the prefix for every conversation.
+//!
+//! A conversation of one turn is therefore exactly the single-turn prompt the model sees at
+//! inference (`USER: <image>\n{q} ASSISTANT:`), trained as if the turn were asked cold; a longer
+//! one is a dialogue, each turn seeing the earlier turns and their answers. Mixing both keeps a
+//! description asked first answered well (in the PyTorch prototype, packing *only* dialogues
+//! taught the model that a description follows other turns) while the model learns that a second
+//! `USER :` turn is a new question and that follow-ups refer back.
 
 use crate::{Result, TrainError};
 use candle_core::{Device, Tensor};
 
-/// One segment: the question tokens up to and including `ASSISTANT :`, then the answer tokens
-/// ending with `</s>`.
+/// One turn: the question tokens up to and including `ASSISTANT :` (a later turn of a
+/// conversation starts with `USER :`), then the answer tokens ending with `</s>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
     pub prompt: Vec<u32>,
@@ -85,19 +90,30 @@ impl Packed {
     }
 }
 
-/// Packs `segments` after `prefix`, keeping only as many segments as fit in `max_rows` rows (the
-/// model's position limit bounds the whole packed sequence). At least one segment is kept.
-pub fn pack(prefix: &[u32], segments: &[Segment], max_rows: usize) -> Packed {
+/// Packs `conversations` (each a chain of turns) after `prefix`, keeping only as many as fit in
+/// `max_rows` rows (the model's position limit bounds the whole packed sequence). The first
+/// conversation is always kept, cut after its last turn that fits (its first turn at least).
+pub fn pack(prefix: &[u32], conversations: &[Vec<Segment>], max_rows: usize) -> Packed {
     let p = prefix.len();
-    let mut kept: Vec<&Segment> = Vec::new();
+    let len = |s: &Segment| s.prompt.len() + s.answer.len();
+    let mut kept: Vec<&[Segment]> = Vec::new();
     let mut t = p;
-    for s in segments {
-        let len = s.prompt.len() + s.answer.len();
-        if !kept.is_empty() && t + len > max_rows {
-            continue;
+    for c in conversations.iter().filter(|c| !c.is_empty()) {
+        let rows: usize = c.iter().map(len).sum();
+        if kept.is_empty() {
+            // The longest run of leading turns that fits, at least one.
+            let mut n = 1;
+            let mut rows = p + len(&c[0]);
+            while n < c.len() && rows + len(&c[n]) <= max_rows {
+                rows += len(&c[n]);
+                n += 1;
+            }
+            kept.push(&c[..n]);
+            t = rows;
+        } else if t + rows <= max_rows {
+            kept.push(c);
+            t += rows;
         }
-        kept.push(s);
-        t += len;
     }
     let mut ids = prefix.to_vec();
     let mut positions: Vec<u32> = (0..p as u32).collect();
@@ -109,22 +125,25 @@ pub fn pack(prefix: &[u32], segments: &[Segment], max_rows: usize) -> Packed {
     let mut target_rows = Vec::new();
     let mut targets = Vec::new();
     let mut start = p;
-    for s in kept {
-        let seg: Vec<u32> = s.prompt.iter().chain(&s.answer).copied().collect();
-        let n = seg.len();
-        for (k, &id) in seg.iter().enumerate() {
-            let row = start + k;
-            ids.push(id);
-            positions.push((p + k) as u32);
-            mask[row * t..row * t + p].fill(0.0);
-            mask[row * t + start..row * t + row + 1].fill(0.0);
+    for c in kept {
+        let mut k = 0;
+        for s in c {
+            let turn_start = k;
+            for &id in s.prompt.iter().chain(&s.answer) {
+                let row = start + k;
+                ids.push(id);
+                positions.push((p + k) as u32);
+                mask[row * t..row * t + p].fill(0.0);
+                mask[row * t + start..row * t + row + 1].fill(0.0);
+                k += 1;
+            }
+            // The row of token j predicts token j + 1; the answer starts at prompt.len().
+            for j in (turn_start + s.prompt.len()).saturating_sub(1)..k - 1 {
+                target_rows.push((start + j) as u32);
+                targets.push(ids[start + j + 1]);
+            }
         }
-        // Row of token k predicts token k + 1; answers start at index prompt.len().
-        for k in s.prompt.len().saturating_sub(1)..n - 1 {
-            target_rows.push((start + k) as u32);
-            targets.push(seg[k + 1]);
-        }
-        start += n;
+        start += k;
     }
     Packed {
         ids,
@@ -139,6 +158,35 @@ pub fn pack(prefix: &[u32], segments: &[Segment], max_rows: usize) -> Packed {
 mod tests {
     use super::*;
 
+    fn singles(segs: &[Segment]) -> Vec<Vec<Segment>> {
+        segs.iter().map(|s| vec![s.clone()]).collect()
+    }
+
+    #[test]
+    fn a_dialogue_is_causal_across_its_turns_and_apart_from_other_conversations() {
+        let prefix = [1u32, 9];
+        let turn = |prompt: &[u32], answer: &[u32]| Segment {
+            prompt: prompt.to_vec(),
+            answer: answer.to_vec(),
+        };
+        let dialogue = vec![turn(&[10], &[20, 3]), turn(&[5, 11], &[21, 3])];
+        let single = vec![turn(&[12], &[22, 3])];
+        let p = pack(&prefix, &[dialogue, single], 100);
+        assert_eq!(p.ids, vec![1, 9, 10, 20, 3, 5, 11, 21, 3, 12, 22, 3]);
+        assert_eq!(p.positions, vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 2, 3, 4]);
+        // Turn 1 answers from row 2 ("10"), turn 2 from row 6 ("11"), the single from row 9.
+        assert_eq!(p.target_rows, vec![2, 3, 6, 7, 9, 10]);
+        assert_eq!(p.targets, vec![20, 3, 21, 3, 22, 3]);
+        let t = p.len();
+        let vis = |r: usize| -> String {
+            (0..t)
+                .map(|c| if p.mask[r * t + c] == 0.0 { '1' } else { '0' })
+                .collect()
+        };
+        assert_eq!(vis(7), "111111110000", "turn 2 sees turn 1 and its answer");
+        assert_eq!(vis(10), "110000000110", "the single sees only the prefix");
+    }
+
     #[test]
     fn block_diagonal_layout() {
         let prefix = [1u32, 9, 9];
@@ -152,7 +200,7 @@ mod tests {
                 answer: vec![21, 22, 3],
             },
         ];
-        let p = pack(&prefix, &segs, 100);
+        let p = pack(&prefix, &singles(&segs), 100);
         assert_eq!(p.ids, vec![1, 9, 9, 10, 11, 20, 3, 12, 21, 22, 3]);
         assert_eq!(p.positions, vec![0, 1, 2, 3, 4, 5, 6, 3, 4, 5, 6]);
         // Segment 1's prompt row 4 ("11") predicts 20, then 20 → 3.
@@ -180,7 +228,7 @@ mod tests {
                 answer: vec![3],
             },
         ];
-        let p = pack(&prefix, &segs, 100);
+        let p = pack(&prefix, &singles(&segs), 100);
         // drop the image rows 1 and 3
         let q = p.keep_rows(&[0, 2, 4, 5, 6, 7, 8]).unwrap();
         assert_eq!(q.ids, vec![1, 9, 10, 20, 3, 12, 3]);
@@ -208,9 +256,13 @@ mod tests {
             };
             5
         ];
-        let p = pack(&[1, 2], &segs, 13);
+        let p = pack(&[1, 2], &singles(&segs), 13);
         assert_eq!(p.len(), 12);
-        let p = pack(&[1, 2], &segs[..1], 3);
+        let p = pack(&[1, 2], &singles(&segs[..1]), 3);
         assert_eq!(p.len(), 7, "one segment is always kept");
+        // A dialogue that does not fit is cut after its last turn that does.
+        let p = pack(&[1, 2], &[segs.clone()], 13);
+        assert_eq!(p.len(), 12);
+        assert_eq!(p.positions, (0..12).collect::<Vec<u32>>());
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::align;
 use crate::config::Stage;
-use crate::data::{ImageSample, WorldData};
+use crate::data::{ImageSample, TurnMix, Turns, WorldData};
 use crate::heads::{argmax_hits, HeadCounts, Metric, VisionTargets};
 use crate::packing::Packed;
 use crate::params::TrainModel;
@@ -20,7 +20,6 @@ use candle_core::backprop::GradStore;
 use candle_core::Tensor;
 use glance_models::llava::ImageEncoding;
 use glance_nn::{AttnMask, CausalLm};
-use glance_world::Qa;
 
 /// The scalar loss of a batch (or part) and what to report about it.
 pub struct BatchLoss {
@@ -295,19 +294,24 @@ pub fn qa_loss(
     qa_part(model, stage, &items, &QaExtras::default(), whole)
 }
 
-/// The packed training sequence of each image.
+/// The packed training sequence of each image: up to `turns` independent turns each (v1's mix).
 pub fn pack_images(data: &WorldData, images: &[ImageSample], turns: usize) -> Result<Vec<Packed>> {
-    image_turns(data, images, turns)
+    image_turns(data, images, turns, &TurnMix::default())
         .iter()
-        .map(|t| data.pack_turns(t))
+        .map(|t| data.pack(t))
         .collect()
 }
 
-/// Up to `turns` independent training turns about each image.
-pub fn image_turns(data: &WorldData, images: &[ImageSample], turns: usize) -> Vec<Vec<Qa>> {
+/// Each image's training turns under `mix`.
+pub fn image_turns(
+    data: &WorldData,
+    images: &[ImageSample],
+    turns: usize,
+    mix: &TurnMix,
+) -> Vec<Turns> {
     images
         .iter()
-        .map(|im| data.turns(&im.scene, im.seed, turns))
+        .map(|im| data.turns_with(&im.scene, im.seed, turns, mix))
         .collect()
 }
 
@@ -316,7 +320,7 @@ pub fn image_turns(data: &WorldData, images: &[ImageSample], turns: usize) -> Ve
 pub fn drop_plans(
     data: &WorldData,
     images: &[ImageSample],
-    turns: &[Vec<Qa>],
+    turns: &[Turns],
     drop: &TokenDrop,
 ) -> Result<Vec<Option<DropPlan>>> {
     images

@@ -337,10 +337,10 @@ impl Trainer {
                 }
             }
             _ => {
-                let turns = image_turns(&self.data, &images, spec.turns_per_image);
+                let turns = image_turns(&self.data, &images, spec.turns_per_image, &spec.mix);
                 packed = turns
                     .iter()
-                    .map(|t| self.data.pack_turns(t))
+                    .map(|t| self.data.pack(t))
                     .collect::<Result<Vec<_>>>()?;
                 drops = match &spec.token_drop {
                     Some(d) => drop_plans(&self.data, &images, &turns, d)?,
