@@ -2,7 +2,10 @@
 //!
 //! * Per patch, on `LayerNorm(h_patch)`: what covers the patch — `kind` (background / object /
 //!   sign plate / sign digit) over every patch; `colour`, `shape`, `size` over object patches;
-//!   `digit` over digit patches. One GEMM computes all five heads' logits.
+//!   `digit` over digit patches; and where the patch is — the `row` and `column` of the world's
+//!   3 × 3 grid its centre falls in — over every patch, so the layer LLaVA reads keeps each
+//!   patch's place in a form the decoder can use for "where" and "is A above B" questions. One
+//!   GEMM computes all seven heads' logits.
 //! * On [CLS]: `post_layernorm(h_cls)` (CLIP's pooled output; the LayerNorm *is* exported, as
 //!   `vision_tower.vision_model.post_layernorm`) → multi-label logits of the scene's object set
 //!   (see [`set_labels`]), with binary cross-entropy. This makes [CLS] a global scene embedding.
@@ -22,7 +25,9 @@ pub const COLOUR: usize = Colour::COUNT + 1;
 pub const SHAPE: usize = Shape::COUNT + 1;
 pub const SIZE: usize = Size::COUNT + 1;
 pub const DIGIT: usize = PatchIds::DIGITS;
-const PATCH_OUT: usize = KIND + COLOUR + SHAPE + SIZE + DIGIT;
+/// Rows (and columns) of the world's grid.
+pub const GRID: usize = 3;
+const PATCH_OUT: usize = KIND + COLOUR + SHAPE + SIZE + DIGIT + 2 * GRID;
 
 /// Multi-label targets of the [CLS] head: (colour, shape) pairs, colours, shapes, sizes, "has a
 /// sign", and which of the 9 grid cells are occupied.
@@ -58,6 +63,8 @@ pub fn set_labels(scene: &Scene) -> Vec<f32> {
 pub struct VisionTargets {
     /// Per patch, row-major.
     pub patches: Vec<PatchIds>,
+    /// Per patch, the (row, column) of the grid cell its centre falls in.
+    pub cells: Vec<(u32, u32)>,
     /// [`set_labels`].
     pub set: Vec<f32>,
 }
@@ -113,7 +120,7 @@ impl HeadCounts {
 pub struct VisionHeads {
     post_layernorm: LayerNorm,
     patch_norm: LayerNorm,
-    /// `(PATCH_OUT, h)`: kind | colour | shape | size | digit.
+    /// `(PATCH_OUT, h)`: kind | colour | shape | size | digit | row | column.
     patch: Linear,
     cls: Linear,
 }
@@ -161,6 +168,7 @@ impl VisionHeads {
         // (B·patches, PATCH_OUT)
         let logits = self.patch.forward(&self.patch_norm.forward(&patches)?)?;
         let all: Vec<&PatchIds> = targets.iter().flat_map(|t| t.patches.iter()).collect();
+        let cells: Vec<(u32, u32)> = targets.iter().flat_map(|t| t.cells.iter().copied()).collect();
         let rows_where = |f: &dyn Fn(&PatchIds) -> bool| -> Vec<u32> {
             all.iter()
                 .enumerate()
@@ -211,24 +219,32 @@ impl VisionHeads {
         ];
         let mut loss = Tensor::zeros((), DType::F32, &dev)?;
         let mut accuracy = Vec::new();
-        for (name, start, width, rows, norm, target) in heads {
+        let mut head = |name, start, width, rows: &[u32], norm: usize, y: Vec<u32>| -> Result<()> {
             if rows.is_empty() || norm == 0 {
-                continue;
+                return Ok(());
             }
-            let idx = Tensor::new(rows.as_slice(), &dev)?;
+            let idx = Tensor::new(rows, &dev)?;
             // (n, width)
             let l = logits.index_select(&idx, 0)?.narrow(1, start, width)?;
-            let y: Vec<u32> = rows.iter().map(|&r| target(all[r as usize])).collect();
             let yt = Tensor::new(y.as_slice(), &dev)?;
             let ce =
                 (candle_nn::loss::cross_entropy(&l, &yt)? * (rows.len() as f64 / norm as f64))?;
-            loss = (loss + ce)?;
+            loss = (&loss + ce)?;
             accuracy.push(Metric {
                 name,
                 hits: argmax_hits(&l, &y)?,
                 total: y.len(),
             });
+            Ok(())
+        };
+        for (name, start, width, rows, norm, target) in heads {
+            let y = rows.iter().map(|&r| target(all[r as usize])).collect();
+            head(name, start, width, rows, norm, y)?;
         }
+        let grid = KIND + COLOUR + SHAPE + SIZE + DIGIT;
+        let (rows, cols): (Vec<u32>, Vec<u32>) = cells.iter().copied().unzip();
+        head("row", grid, GRID, &every, whole.patches, rows)?;
+        head("column", grid + GRID, GRID, &every, whole.patches, cols)?;
         // Multi-label [CLS] head: (B, SET_LABELS)
         let cl = self.cls.forward(&self.post_layernorm.forward(&cls)?)?;
         let y: Vec<f32> = targets.iter().flat_map(|t| t.set.iter().copied()).collect();
@@ -266,10 +282,21 @@ pub fn argmax_hits(logits: &Tensor, y: &[u32]) -> Result<usize> {
 /// Targets of `scene` at `patch` pixels per patch side.
 pub fn vision_targets(scene: &Scene, patch: usize) -> Result<VisionTargets> {
     let labels = glance_world::patch_labels(scene, patch)?;
+    let patches = labels.ids();
     Ok(VisionTargets {
-        patches: labels.ids(),
+        cells: patch_cells(patches.len(), patch),
+        patches,
         set: set_labels(scene),
     })
+}
+
+/// The grid cell (row, column) of each of `n` patches (row-major, `patch` pixels a side): the
+/// cell its centre falls in.
+fn patch_cells(n: usize, patch: usize) -> Vec<(u32, u32)> {
+    let size = glance_world::IMAGE_SIZE as usize;
+    let side = size / patch;
+    let cell = |k: usize| ((2 * k + 1) * patch * GRID / (2 * size)) as u32;
+    (0..n).map(|i| (cell(i / side), cell(i % side))).collect()
 }
 
 #[cfg(test)]
@@ -296,6 +323,22 @@ mod tests {
             / 5.0;
         assert!((got as f64 - want).abs() < 1e-5, "{got} vs {want}");
         Ok(())
+    }
+
+    #[test]
+    fn patch_cells_split_the_image_in_thirds_by_patch_centre() {
+        // 16 × 16 patches of 14 pixels: centres 7, 21, …, 217; thirds end at 74.7 and 149.3.
+        let cells = patch_cells(256, 14);
+        let rows: Vec<u32> = (0..16).map(|r| cells[r * 16].0).collect();
+        assert_eq!(rows, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2]);
+        let cols: Vec<u32> = cells[16..32].iter().map(|c| c.1).collect();
+        assert_eq!(cols, rows);
+        assert!(cells[16..32].iter().all(|c| c.0 == 0));
+        // 4 × 4 patches of 56 pixels: centres 28, 84, 140, 196.
+        let cells = patch_cells(16, 56);
+        assert_eq!(cells[5], (1, 1));
+        assert_eq!(cells[15], (2, 2));
+        assert_eq!(cells[3], (0, 2));
     }
 
     #[test]
