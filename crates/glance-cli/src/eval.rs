@@ -8,8 +8,8 @@ use crate::args::{check_writable, DecodeArgs, ModelArgs, PruneArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use glance_engine::eval::{
-    evaluate_specs, DialogueScore, EvalOptions, EvalReport, DESCRIPTION_MAX_NEW_TOKENS, SHORT_FAMILIES,
-    SHORT_MAX_NEW_TOKENS,
+    evaluate_specs, DialogueScore, EvalOptions, EvalReport, DESCRIPTION_MAX_NEW_TOKENS,
+    SHORT_FAMILIES, SHORT_MAX_NEW_TOKENS,
 };
 use glance_engine::{Engine, EngineOptions, PruneSpec};
 use glance_world::Split;

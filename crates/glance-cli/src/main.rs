@@ -18,6 +18,7 @@ mod serve;
 mod signals;
 mod threads;
 mod train;
+mod train_all;
 mod train_diffusion;
 mod train_draft;
 mod train_flags;

@@ -20,6 +20,10 @@ pub enum TrainCommand {
     /// Convert an autoregressive LLaVA model into a block-diffusion one (Fast-dVLM) on its own
     /// answers to world prompts (writes OUT/model, a model directory).
     Diffusion(crate::train_diffusion::DiffusionArgs),
+    /// The whole glance-tiny family by one command, staged and resumable: the base, both draft
+    /// heads, the block-diffusion conversion, then the eval, with a table of every artifact's
+    /// numbers and each stage's wall time.
+    All(crate::train_all::AllArgs),
     /// Validation accuracy against training time from training runs' metrics.jsonl: a table,
     /// an SVG plot and JSON.
     Curve(crate::curve::CurveArgs),
@@ -119,6 +123,7 @@ pub fn run(cmd: TrainCommand) -> Result<()> {
         TrainCommand::Draft(a) => crate::train_draft::run(a),
         TrainCommand::Diffusion(a) => crate::train_diffusion::run(a),
         TrainCommand::Curve(a) => crate::curve::run(a),
+        TrainCommand::All(a) => crate::train_all::run(a),
     }
 }
 

@@ -200,7 +200,10 @@ fn eval_reports_dialogues_relations_and_object_counts() {
     assert_eq!(n(&d["turns"]), n(&d["in_context"]) + n(&d["follow_up"]));
     let by_turn: u64 = d["by_turn"].as_array().unwrap().iter().map(n).sum();
     assert_eq!(by_turn, n(&d["turns"]));
-    assert!(n(&d["turns"]) >= 3, "every dialogue has a short-answer turn: {d}");
+    assert!(
+        n(&d["turns"]) >= 3,
+        "every dialogue has a short-answer turn: {d}"
+    );
     let fams = d["families"].as_array().unwrap();
     assert_eq!(fams.len(), 6);
     let short: u64 = fams

@@ -254,7 +254,13 @@ impl WorldData {
         let weights: Vec<f64> = glance_world::qa::family_weights(scene)
             .iter()
             .zip(DIALOGUE_MIX)
-            .map(|(w, (f, _))| if f == Family::Spatial { w * mix.spatial } else { *w })
+            .map(|(w, (f, _))| {
+                if f == Family::Spatial {
+                    w * mix.spatial
+                } else {
+                    *w
+                }
+            })
             .collect();
         let mut turns: Vec<Qa> = Vec::with_capacity(k);
         let described = asked.iter().any(|t| t.family == Family::Description);

@@ -168,7 +168,10 @@ impl VisionHeads {
         // (B·patches, PATCH_OUT)
         let logits = self.patch.forward(&self.patch_norm.forward(&patches)?)?;
         let all: Vec<&PatchIds> = targets.iter().flat_map(|t| t.patches.iter()).collect();
-        let cells: Vec<(u32, u32)> = targets.iter().flat_map(|t| t.cells.iter().copied()).collect();
+        let cells: Vec<(u32, u32)> = targets
+            .iter()
+            .flat_map(|t| t.cells.iter().copied())
+            .collect();
         let rows_where = |f: &dyn Fn(&PatchIds) -> bool| -> Vec<u32> {
             all.iter()
                 .enumerate()

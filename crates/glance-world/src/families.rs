@@ -401,11 +401,7 @@ fn relation_among(scene: &Scene, named: &[Option<String>], rng: &mut WorldRng) -
         .replace("{a}", &ra)
         .replace("{rel}", RELATIONS[rel])
         .replace("{b}", &rb);
-    Some(Qa::new(
-        Family::Spatial,
-        q,
-        if want { "yes" } else { "no" },
-    ))
+    Some(Qa::new(Family::Spatial, q, if want { "yes" } else { "no" }))
 }
 
 /// Existence question phrasings for a thing described by `phrase` (singular) / `plural`.

@@ -191,7 +191,10 @@ fn relation_questions_are_balanced_yes_no_about_two_objects() {
         });
     }
     // Objects with an identical twin cannot be named without their position: 85% here.
-    assert!(asked * 5 >= many * 4, "{asked} of {many} scenes with two objects");
+    assert!(
+        asked * 5 >= many * 4,
+        "{asked} of {many} scenes with two objects"
+    );
     let share = yes as f64 / asked as f64;
     assert!((0.4..0.6).contains(&share), "yes share {share}");
 }
