@@ -1,0 +1,64 @@
+//! `glance train all`: the plan it prints (every stage, each a glance command writing under
+//! OUT, the base's LLaVA stage with the dialogue mix), and its refusals. A real run at
+//! `--scale 0.01` takes minutes of training, so CI does not run one (docs/glance-tiny.md, "v2").
+
+mod common;
+
+use common::*;
+
+#[test]
+fn dry_run_prints_every_stage_under_out() {
+    let dir = scratch("train-all-plan");
+    let out = dir.join("family");
+    let o = glance(&[
+        "train",
+        "all",
+        "--out",
+        s(&out),
+        "--dry-run",
+        "--scale",
+        "0.5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for stage in [
+        "vision",
+        "llava",
+        "draft-vispec",
+        "draft-eagle",
+        "diffusion",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(stage))
+            .unwrap_or_else(|| panic!("no stage {stage} in:\n{text}"));
+        assert!(line.contains(&s(&out.join(stage)).to_string()), "{line}");
+    }
+    let llava = text.lines().find(|l| l.starts_with("llava")).unwrap();
+    assert!(
+        llava.contains("50.0 min"),
+        "--scale halves the minutes: {llava}"
+    );
+    for flag in ["--dialogue 0.5", "--relations", "--token-drop", "--init"] {
+        assert!(llava.contains(flag), "{flag} missing: {llava}");
+    }
+    assert_eq!(text.lines().filter(|l| l.starts_with("eval ")).count(), 5);
+    assert!(!out.exists(), "a dry run writes nothing");
+}
+
+#[test]
+fn refuses_bad_settings_and_unclear_restarts() {
+    let dir = scratch("train-all-refusals");
+    let out = dir.join("family");
+    let o = glance(&["train", "all", "--out", s(&out), "--scale", "0"]);
+    assert_fails_with(&o, "--scale");
+    let o = glance(&["train", "all", "--out", s(&out), "--resume"]);
+    assert_fails_with(&o, "no family run");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("family.json"), "{\"stages\": {}}").unwrap();
+    let o = glance(&["train", "all", "--out", s(&out)]);
+    assert_fails_with(&o, "--resume");
+    std::fs::write(out.join("family.json"), "not json").unwrap();
+    let o = glance(&["train", "all", "--out", s(&out), "--resume"]);
+    assert_fails_with(&o, "not a train-all record");
+}
