@@ -115,9 +115,18 @@ fn stages(a: &AllArgs, init: &Path) -> Vec<Stage> {
     ];
     llava_extra.extend(qa_mix);
     let draft = |kind: &str, m: f64| -> Vec<String> {
-        let mut v: Vec<String> = ["train", "draft", "--kind", kind, "--minutes", &minutes(m)]
-            .map(String::from)
-            .to_vec();
+        let mut v: Vec<String> = [
+            "train",
+            "draft",
+            "--kind",
+            kind,
+            "--token-drop",
+            "0.5",
+            "--minutes",
+            &minutes(m),
+        ]
+        .map(String::from)
+        .to_vec();
         v.extend(["--target".into(), s(&base), "--out".into()]);
         v.push(s(out.join(format!("draft-{kind}"))));
         v

@@ -41,6 +41,11 @@ pub struct DraftArgs {
     pub no_injection: bool,
     #[command(flatten)]
     pub run: crate::train_flags::RunFlags,
+    /// Show this share of the training samples' images to the target through a pre-LLM pruning
+    /// policy (every policy alike, at 50 / 25 / 12.5 / 6.25% of the visual tokens; LLaVA
+    /// targets), so the head learns pruned prompts too and pruning stacks with speculation.
+    #[arg(long, value_name = "SHARE")]
+    pub token_drop: Option<f64>,
     /// Passes of the multi-step forward (draft depths trained).
     #[arg(long)]
     pub passes: Option<usize>,
@@ -175,6 +180,9 @@ fn build_config(a: &DraftArgs) -> Result<DraftTrainConfig> {
     if let Some(v) = a.run.eval_every {
         c.eval_every = v;
     }
+    c.token_drop =
+        glance_train::config::augmentation_flag("--token-drop", a.token_drop, Some(1.0))?
+            .map(glance_train::TokenDrop::every_policy);
     c.validate()?;
     Ok(c)
 }

@@ -109,16 +109,18 @@ impl DropPlan {
     }
 }
 
-/// Applies `plan` to one image: `model` embeds the query and gives the config, `enc` holds the
-/// image's projected tokens (with their gradient), the tower's features and [CLS] attention.
-/// Returns the kept rows `(k, text_hidden)` and `packed` without the dropped image rows.
-pub fn apply(
-    model: &Llava,
-    enc: &ImageEncoding,
-    packed: &Packed,
-    image_token_id: u32,
-    plan: &DropPlan,
-) -> Result<(Tensor, Packed)> {
+/// What a drop keeps of one image's rows.
+pub struct Kept {
+    /// The image's rows to the decoder `(prefix + k, text_hidden)`: the rows before the patch
+    /// tokens (if the layout has any), then the policy's (possibly merged) rows.
+    pub rows: Tensor,
+    /// Index of each kept row among the image's rows, increasing.
+    pub index: Vec<usize>,
+}
+
+/// Runs `plan`'s policy on one image: `model` embeds the query and gives the config, `enc` holds
+/// the image's projected tokens (with their gradient), the tower's features and [CLS] attention.
+pub fn select_rows(model: &Llava, enc: &ImageEncoding, plan: &DropPlan) -> Result<Kept> {
     let pruner = plan.spec.pruner().ok_or_else(|| {
         TrainError::Config(format!("`{}` has no pre-LLM selector", plan.spec.policy))
     })?;
@@ -136,23 +138,40 @@ pub fn apply(
         .saturating_sub(prefix)
         .max(1);
     let kept = select(pruner.as_ref(), &input, k)?;
+    let index = (0..prefix)
+        .chain(kept.index.iter().map(|&i| prefix + i))
+        .collect();
+    let rows = if prefix > 0 {
+        Tensor::cat(&[enc.features.narrow(0, 0, prefix)?, kept.rows], 0)?
+    } else {
+        kept.rows
+    };
+    Ok(Kept { rows, index })
+}
+
+/// Applies `plan` to one image of a packed sequence ([`select_rows`]). Returns the kept rows
+/// `(k, text_hidden)` and `packed` without the dropped image rows.
+pub fn apply(
+    model: &Llava,
+    enc: &ImageEncoding,
+    packed: &Packed,
+    image_token_id: u32,
+    plan: &DropPlan,
+) -> Result<(Tensor, Packed)> {
+    let kept = select_rows(model, enc, plan)?;
     let start = packed
         .ids
         .iter()
         .position(|&i| i == image_token_id)
         .ok_or_else(|| TrainError::Config("a packed sequence has no image tokens".into()))?;
-    let image = start + prefix..start + prefix + n;
+    let n = enc.features.dim(0)?;
+    let image = start..start + n;
     let mut rows: Vec<usize> = (0..packed.len())
         .filter(|r| !image.contains(r))
         .chain(kept.index.iter().map(|&i| image.start + i))
         .collect();
     rows.sort_unstable();
-    let feats = if prefix > 0 {
-        Tensor::cat(&[enc.features.narrow(0, 0, prefix)?, kept.rows], 0)?
-    } else {
-        kept.rows
-    };
-    Ok((feats, packed.keep_rows(&rows)?))
+    Ok((kept.rows, packed.keep_rows(&rows)?))
 }
 
 #[cfg(test)]

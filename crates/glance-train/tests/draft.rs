@@ -220,3 +220,51 @@ fn resume_reproduces_the_uninterrupted_run() {
     common::assert_same_params(full.params(), rest.params());
     assert_eq!(losses(&a), losses(&b));
 }
+
+/// With token drop on, training samples show the target a pruned image: fewer image rows, each
+/// at its own position, the answer after the whole prompt's positions (as `--prune` decodes);
+/// validation samples stay whole, and the multi-pass loss runs on the pruned rows.
+#[test]
+fn token_drop_samples_keep_positions_and_leave_validation_whole() {
+    let dir = common::scratch("draft-drop");
+    common::tiny_target(&dir.join("target"), 100.0);
+    let plain = tiny_config(&dir.join("target"), 1);
+    let mut dropped = plain.clone();
+    dropped.token_drop = Some(glance_train::TokenDrop::every_policy(1.0));
+    let mut a = DraftTrainer::new(plain.clone(), &dir.join("a")).unwrap();
+    let mut b = DraftTrainer::new(dropped.clone(), &dir.join("b")).unwrap();
+    for j in 0..3 {
+        let whole = a.source.get(Split::Train, Length::Long, j).unwrap();
+        let pruned = b.source.get(Split::Train, Length::Long, j).unwrap();
+        assert_eq!(whole.question, pruned.question);
+        let (n, k) = (whole.image_rows.len(), pruned.image_rows.len());
+        assert!(k < n, "sample {j}: {k} of {n} image rows kept");
+        assert_eq!(pruned.prompt_len, whole.prompt_len - (n - k));
+        assert_eq!(pruned.prompt_ids.len(), pruned.prompt_len);
+        let p = whole.prompt_len as u32;
+        let prompt = &pruned.positions[..pruned.prompt_len];
+        assert!(prompt.windows(2).all(|w| w[0] < w[1]), "{prompt:?}");
+        assert_eq!(prompt.last(), Some(&(p - 1)), "the question keeps its positions");
+        let answer: Vec<u32> = (0..pruned.answer.len() as u32).map(|i| p + i).collect();
+        assert_eq!(pruned.positions[pruned.prompt_len..], answer[..]);
+        let perturb = Perturbation {
+            noise: 0.0,
+            noise_seed: 1,
+            distractor: None,
+        };
+        let out = sample_loss(
+            b.head(),
+            b.source.target.text(),
+            &pruned,
+            &settings(&dropped),
+            &perturb,
+            1.0,
+        )
+        .unwrap();
+        assert!(out.loss.to_scalar::<f32>().unwrap().is_finite());
+        let held_out = b.source.get(Split::Validation, Length::Short, j).unwrap();
+        let same = a.source.get(Split::Validation, Length::Short, j).unwrap();
+        assert_eq!(held_out.image_rows, same.image_rows);
+        assert_eq!(held_out.answer, same.answer);
+    }
+}

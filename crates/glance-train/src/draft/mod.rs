@@ -142,6 +142,9 @@ pub struct DraftTrainConfig {
     pub eval_short: usize,
     /// Memory for cached samples, MiB (beyond it samples are regenerated when drawn again).
     pub cache_mib: usize,
+    /// Pruned prompts for a share of the training samples ([`SampleSource::with_token_drop`]).
+    #[serde(default)]
+    pub token_drop: Option<crate::TokenDrop>,
 }
 
 /// The most compressed tokens per image a vision adaptor may have (`--adaptor-queries`).
@@ -182,6 +185,7 @@ impl DraftTrainConfig {
             eval_long: 40,
             eval_short: 8,
             cache_mib: 1500,
+            token_drop: None,
         }
     }
 

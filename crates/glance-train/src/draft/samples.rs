@@ -11,12 +11,18 @@
 //!   detail.", …, the world's description family); **short answers** come from the other
 //!   families' questions (attribute, counting, spatial, existence, sign), drawn with the
 //!   world's dialogue weights.
+//! * **Pruned prompts** ([`SampleSource::with_token_drop`]): a share of the train split's samples
+//!   shows the target the image through a pre-LLM pruning policy, exactly as the base's
+//!   `--token-drop` stage did ([`crate::token_drop`]): kept rows keep their positions and the
+//!   answer continues after the whole prompt's, as `--prune` decodes. So a head learns the rows
+//!   and answers it meets when pruning and speculation are stacked.
 //! * **Pools**: sample `j` of a length's pool is a pure function of `(seed, split, length, j)`
 //!   (its world index and question draw), so the data of a run depends on nothing but the seed —
 //!   a resumed run regenerates exactly the samples the interrupted one saw. Generated samples are
 //!   cached up to a memory cap (the cache changes speed, never results).
 
 use crate::data::WorldData;
+use crate::token_drop::{self, TokenDrop};
 use crate::{Result, TrainError};
 use candle_core::{Device, Tensor};
 use glance_core::SamplingParams;
@@ -32,6 +38,11 @@ use glance_world::{Family, Split, WorldRng};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+
+/// The seed of `split`'s world index `index`.
+fn scene_seed(split: Split, index: u64) -> Result<u64> {
+    Ok(split.seed(index)?)
+}
 
 /// The scene of `split`'s world index `index` (and its seed).
 fn scene_of(split: Split, index: u64) -> Result<(u64, glance_world::Scene)> {
@@ -144,6 +155,8 @@ pub struct SampleSource {
     max_new_short: usize,
     cache: HashMap<(Split, Length, u64), Arc<Sample>>,
     cached_bytes: usize,
+    /// Pruned prompts for the train split's samples (`None`: every prompt whole).
+    token_drop: Option<TokenDrop>,
     cap_bytes: usize,
     /// Samples generated so far (cache misses).
     pub generated: u64,
@@ -195,10 +208,27 @@ impl SampleSource {
             max_new_long: max_new.1,
             cache: HashMap::new(),
             cached_bytes: 0,
+            token_drop: None,
             cap_bytes: cache_mib << 20,
             generated: 0,
             generate_seconds: 0.0,
         })
+    }
+
+    /// Shows a share of the train split's samples a pruned image (LLaVA targets): the base's
+    /// visual-token drop augmentation ([`crate::token_drop`]).
+    pub fn with_token_drop(mut self, drop: Option<TokenDrop>) -> Result<Self> {
+        if drop.is_some() && matches!(self.target, Target::Qwen2Vl(_)) {
+            return Err(TrainError::Config(
+                "token drop needs a LLaVA target (pre-LLM pruning of Qwen2-VL is not trained)"
+                    .into(),
+            ));
+        }
+        if let Some(d) = &drop {
+            d.validate()?;
+        }
+        self.token_drop = drop;
+        Ok(self)
     }
 
     /// The id of a token of the target's tokenizer.
@@ -282,29 +312,60 @@ impl SampleSource {
         };
         let (target, data) = data;
         let pixels = data.pixels(&scene)?;
-        // (n_image, hidden)
-        let features = target.encode_image(&pixels)?.features;
+        let enc = target.encode_image(&pixels)?;
         let mut ids = data.prefix().to_vec();
         ids.extend(data.prompt_tail(&question)?);
-        let plan = target.plan(&ids, &[&features])?;
+        let plan = target.plan(&ids, &[&enc.features])?;
         let image_rows = plan
             .image_rows()
             .into_iter()
             .next()
             .ok_or_else(|| TrainError::Config("the prompt has no image".into()))?;
         // (p, hidden)
-        let prompt_rows = plan.rows()?;
+        let mut prompt_rows = plan.rows()?;
         let p = prompt_rows.dim(0)?;
+        let mut positions: Vec<u32> = (0..p as u32).collect();
+        let drop = match (&self.token_drop, split) {
+            (Some(d), Split::Train) => d.plan(
+                scene_seed(split, index)?,
+                data.processor.query_ids(&question)?,
+            )?,
+            _ => None,
+        };
+        let (image_rows, ids) = match drop {
+            None => (image_rows, ids),
+            Some(drop) => {
+                let kept = token_drop::select_rows(target, &enc, &drop)?;
+                let (a, n) = (image_rows[0], image_rows.len());
+                // (a + k + rest, hidden): the text before the image, the kept rows, the rest.
+                prompt_rows = Tensor::cat(
+                    &[
+                        prompt_rows.narrow(0, 0, a)?,
+                        kept.rows,
+                        prompt_rows.narrow(0, a + n, p - a - n)?,
+                    ],
+                    0,
+                )?;
+                let rows: Vec<usize> = (0..a)
+                    .chain(kept.index.iter().map(|&i| a + i))
+                    .chain(a + n..p)
+                    .collect();
+                positions = rows.iter().map(|&r| r as u32).collect();
+                let ids = rows.iter().map(|&r| ids[r]).collect();
+                ((a..a + kept.index.len()).collect(), ids)
+            }
+        };
+        let kept_len = prompt_rows.dim(0)?;
         let room = target.text().max_positions().saturating_sub(p);
-        let positions: Vec<u32> = (0..p as u32).collect();
         let (rows, hidden, answer) =
             self.answer(prompt_rows, &positions, None, max_new.min(room))?;
-        let positions = (0..(p + answer.len()) as u32).collect();
+        // The answer continues after the whole prompt's last position, as `--prune` decodes.
+        positions.extend((0..answer.len() as u32).map(|k| p as u32 + k));
         Ok(Sample {
             rows,
             hidden,
             image_rows,
-            prompt_len: p,
+            prompt_len: kept_len,
             prompt_ids: ids,
             positions,
             answer,

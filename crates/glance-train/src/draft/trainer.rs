@@ -199,7 +199,8 @@ impl DraftTrainer {
             (c.max_new_short, c.max_new_long),
             c.cache_mib,
             &device,
-        )?;
+        )?
+        .with_token_drop(c.token_drop.clone())?;
         let target_json: serde_json::Value =
             glance_models::checkpoint::read_json(&c.target.join("config.json"))?;
         let text = target_json.get("text_config").unwrap_or(&target_json);
