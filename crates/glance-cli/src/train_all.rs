@@ -131,9 +131,16 @@ fn stages(a: &AllArgs, init: &Path) -> Vec<Stage> {
         v.push(s(out.join(format!("draft-{kind}"))));
         v
     };
-    let mut diffusion: Vec<String> = ["train", "diffusion", "--minutes", &minutes(60.0)]
-        .map(String::from)
-        .to_vec();
+    let mut diffusion: Vec<String> = [
+        "train",
+        "diffusion",
+        "--token-drop",
+        "0.5",
+        "--minutes",
+        &minutes(60.0),
+    ]
+    .map(String::from)
+    .to_vec();
     diffusion.extend([
         "--from".into(),
         s(&base),

@@ -36,6 +36,11 @@ pub struct DiffusionArgs {
     /// validate it.
     #[arg(long, conflicts_with_all = ["resume", "force", "stop_after"])]
     pub export: bool,
+    /// Show this share of the training samples' images through a pre-LLM pruning policy (every
+    /// policy alike, at 50 / 25 / 12.5 / 6.25% of the visual tokens), so the converted model
+    /// decodes pruned prompts too and pruning stacks with block diffusion.
+    #[arg(long, value_name = "SHARE")]
+    pub token_drop: Option<f64>,
 }
 
 pub fn run(a: DiffusionArgs) -> Result<()> {
@@ -132,6 +137,9 @@ fn build_config(a: &DiffusionArgs) -> Result<DiffusionTrainConfig> {
     if let Some(v) = a.eval_long {
         c.eval_long = v;
     }
+    c.token_drop =
+        glance_train::config::augmentation_flag("--token-drop", a.token_drop, Some(1.0))?
+            .map(glance_train::TokenDrop::every_policy);
     c.validate()?;
     Ok(c)
 }

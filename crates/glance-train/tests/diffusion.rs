@@ -101,3 +101,31 @@ fn resume_reproduces_the_uninterrupted_conversion() {
     assert_eq!(steps(&a).len(), 5);
     assert_eq!(steps(&a), steps(&b));
 }
+
+/// Under token drop the train split's samples are pruned prompts with the source's own greedy
+/// answers; before any step the converted model is the source, so its causal predictions
+/// reproduce those answers exactly, and a short run on them finishes. (Where each row sits is
+/// checked by the unit test of `row_positions`: this random model barely depends on position.)
+#[test]
+fn pruned_samples_train_at_the_positions_decoding_used() {
+    let dir = common::scratch("diffusion-drop");
+    common::tiny_target(&dir.join("source"), 1.0);
+    let mut c = tiny_config(&dir.join("source"), 2);
+    c.token_drop = Some(glance_train::TokenDrop::every_policy(1.0));
+    let mut t = DiffusionTrainer::new(c, &dir.join("out")).unwrap();
+    let pruned = t
+        .source
+        .get(
+            glance_world::Split::Train,
+            glance_train::draft::Length::Long,
+            0,
+        )
+        .unwrap();
+    assert!(
+        pruned.positions[pruned.prompt_len] as usize > pruned.prompt_len,
+        "pruned"
+    );
+    let r = t.evaluate_on(glance_world::Split::Train).unwrap();
+    assert_eq!(r.causal_agreement, 1.0, "{r:?}");
+    assert_eq!(t.run(&mut Quiet, None).unwrap(), RunEnd::Finished);
+}

@@ -244,7 +244,11 @@ fn token_drop_samples_keep_positions_and_leave_validation_whole() {
         let p = whole.prompt_len as u32;
         let prompt = &pruned.positions[..pruned.prompt_len];
         assert!(prompt.windows(2).all(|w| w[0] < w[1]), "{prompt:?}");
-        assert_eq!(prompt.last(), Some(&(p - 1)), "the question keeps its positions");
+        assert_eq!(
+            prompt.last(),
+            Some(&(p - 1)),
+            "the question keeps its positions"
+        );
         let answer: Vec<u32> = (0..pruned.answer.len() as u32).map(|i| p + i).collect();
         assert_eq!(pruned.positions[pruned.prompt_len..], answer[..]);
         let perturb = Perturbation {

@@ -75,6 +75,10 @@ pub struct DiffusionTrainConfig {
     pub eval_blocks: Vec<usize>,
     /// Memory for cached samples, MiB.
     pub cache_mib: usize,
+    /// Pruned prompts for a share of the training samples
+    /// ([`crate::draft::SampleSource::with_token_drop`]).
+    #[serde(default)]
+    pub token_drop: Option<crate::TokenDrop>,
 }
 
 impl DiffusionTrainConfig {
@@ -105,6 +109,7 @@ impl DiffusionTrainConfig {
             eval_short: 8,
             eval_blocks: vec![8, 16],
             cache_mib: 1500,
+            token_drop: None,
         }
     }
 

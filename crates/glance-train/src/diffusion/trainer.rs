@@ -213,6 +213,17 @@ struct SampleLogits {
     diffusion_rows: Vec<u32>,
 }
 
+/// The position of every row of `layout`: clean row `r` at the sample's position of `r` (the
+/// identity unless the prompt was pruned: kept rows keep theirs, the answer follows the whole
+/// prompt's), noisy rows at their clean twin's.
+fn row_positions(layout: &Layout, sample: &[u32]) -> Vec<u32> {
+    layout
+        .positions()
+        .iter()
+        .map(|&r| sample[r as usize])
+        .collect()
+}
+
 fn forward_layout(
     model: &Llava,
     s: &Sample,
@@ -244,7 +255,7 @@ fn forward_layout(
         .collect();
     let mask = AttnMask::Custom(Tensor::from_vec(additive, (n, n), &dev)?);
     // (rows, hidden)
-    let hidden = text.forward_uncached(&xs, &layout.positions(), &mask)?;
+    let hidden = text.forward_uncached(&xs, &row_positions(layout, &s.positions), &mask)?;
     let pick = |rows: &[u32]| -> Result<Tensor> {
         let idx = Tensor::new(rows, &dev)?;
         Ok(text.logits(&hidden.index_select(&idx, 0)?)?)
@@ -342,7 +353,8 @@ impl DiffusionTrainer {
             (c.max_new_short, c.max_new_long),
             c.cache_mib,
             &device,
-        )?;
+        )?
+        .with_token_drop(c.token_drop.clone())?;
         let config = source.target.llava()?.config().clone();
         let mask_id = source.token_id(MASK_TOKEN).ok_or_else(|| {
             TrainError::Config(format!(
@@ -490,12 +502,18 @@ impl DiffusionTrainer {
 
     /// The held-out validation (see [`EvalReport`]).
     pub fn evaluate(&mut self) -> Result<EvalReport> {
+        self.evaluate_on(Split::Validation)
+    }
+
+    /// [`Self::evaluate`] on the first samples of `split`'s pools (the train split's are pruned
+    /// under token drop).
+    pub fn evaluate_on(&mut self, split: Split) -> Result<EvalReport> {
         let start = Instant::now();
         let c = self.state.config.clone();
         let mut samples = Vec::new();
         for (length, n) in [(Length::Long, c.eval_long), (Length::Short, c.eval_short)] {
             for j in 0..n as u64 {
-                samples.push(self.source.get(Split::Validation, length, j)?);
+                samples.push(self.source.get(split, length, j)?);
             }
         }
         let (mut agree, mut total) = (0usize, 0usize);
@@ -703,6 +721,17 @@ crate::run_loop::drive_with_loop!(DiffusionTrainer, DiffusionObserver);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diffusion::layout::blocks;
+
+    #[test]
+    fn rows_sit_at_the_sample_positions_noisy_rows_at_their_twins() {
+        // A pruned prompt of 3 kept rows at 0, 4, 5, then a 2-token answer at 6, 7.
+        let l = Layout::complementary(3, blocks(2, 2, 2), vec![true, false]);
+        let sample = [0, 4, 5, 6, 7];
+        assert_eq!(row_positions(&l, &sample), [0, 4, 5, 6, 7, 6, 7, 6, 7]);
+        let whole: Vec<u32> = (0..5).collect();
+        assert_eq!(row_positions(&l, &whole), l.positions());
+    }
 
     #[test]
     fn draws_anneal_and_are_a_function_of_the_step() {
