@@ -56,8 +56,11 @@ pub struct WorldArgs {
     pub stage: StageArg,
     /// Fit the selected stages into this many minutes of training (split in proportion to the
     /// preset's step budgets); default: the preset's step counts.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "steps")]
     pub minutes: Option<f64>,
+    /// Train each selected stage for this many optimiser steps (default: the preset's).
+    #[arg(long)]
+    pub steps: Option<u64>,
     /// Initial weights from a model directory (e.g. OUT/model of a vision-stage run) instead of
     /// random ones; tensors it lacks keep their random initialisation.
     #[arg(long, conflicts_with = "resume")]
@@ -244,6 +247,14 @@ fn build_config(a: &WorldArgs, preset: &str, threads: usize) -> Result<TrainConf
     };
     c = c.only(&stages);
     c.stages.retain(|s| s.budget != Budget::Steps(0));
+    if let Some(n) = a.steps {
+        if n == 0 {
+            bail!("--steps must be at least 1");
+        }
+        for s in &mut c.stages {
+            s.budget = Budget::Steps(n);
+        }
+    }
     if let Some(m) = a.minutes {
         c = c.with_minutes(m)?;
     }

@@ -30,7 +30,8 @@ pub struct AllArgs {
     /// The model the base starts from (its weights; heads it lacks start random).
     #[arg(long, default_value = "glance-tiny")]
     pub init: PathBuf,
-    /// Multiply every stage's minutes (e.g. 0.02 for a smoke run of the whole pipeline).
+    /// Multiply every stage's optimiser steps (e.g. 0.01 for a smoke run of the whole
+    /// pipeline; at least one step each).
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
     /// World test images of the final evaluation (dialogues included).
@@ -48,12 +49,11 @@ pub struct AllArgs {
 /// it) shows it finished.
 struct Stage {
     name: &'static str,
-    minutes: f64,
+    /// Optimiser steps (after `--scale`).
+    steps: u64,
     args: Vec<String>,
     dir: PathBuf,
     product: &'static str,
-    /// Takes `--resume` when its directory holds a checkpoint.
-    resumable: bool,
 }
 
 /// What `family.json` keeps per stage.
@@ -72,120 +72,106 @@ fn s(x: impl AsRef<std::ffi::OsStr>) -> String {
     x.as_ref().to_string_lossy().into_owned()
 }
 
-/// The recipe (docs/glance-tiny.md, "v2"). Minutes are before `--scale`.
+/// The recipe (docs/glance-tiny.md, "v2"): each stage's command and its steps before `--scale`.
+/// Steps, not minutes, so that a machine busy with other work stretches a stage's wall time
+/// instead of cutting its training.
 fn stages(a: &AllArgs, init: &Path) -> Vec<Stage> {
     let out = &a.out;
-    let base = out.join("glance-tiny");
-    let minutes = |m: f64| format!("{:.3}", m * a.scale);
-    let world = |name, m: f64, extra: &[String]| {
-        let mut args: Vec<String> = ["train", "world", "--minutes", &minutes(m), "--out"]
-            .map(String::from)
-            .to_vec();
-        args.push(s(out.join(name)));
-        args.extend_from_slice(extra);
-        args
-    };
-    let qa_mix: Vec<String> = [
-        "--dialogue",
-        "0.5",
-        "--relations",
-        "0.3",
-        "--spatial-weight",
-        "2",
-        "--token-drop",
-        "0.5",
-        "--align",
-        "2",
-    ]
-    .map(String::from)
-    .to_vec();
-    let vision_extra = vec![
-        "--stage".into(),
-        "vision".into(),
-        "--init".into(),
-        s(init),
-        "--no-curriculum".into(),
-    ];
-    let mut llava_extra = vec![
-        "--stage".into(),
-        "llava".into(),
-        "--init".into(),
-        s(out.join("vision/model")),
-        "--no-curriculum".into(),
-    ];
-    llava_extra.extend(qa_mix);
-    let draft = |kind: &str, m: f64| -> Vec<String> {
-        let mut v: Vec<String> = [
-            "train",
-            "draft",
-            "--kind",
-            kind,
-            "--token-drop",
-            "0.5",
-            "--minutes",
-            &minutes(m),
-        ]
-        .map(String::from)
-        .to_vec();
-        v.extend(["--target".into(), s(&base), "--out".into()]);
-        v.push(s(out.join(format!("draft-{kind}"))));
-        v
-    };
-    let mut diffusion: Vec<String> = [
-        "train",
-        "diffusion",
-        "--token-drop",
-        "0.5",
-        "--minutes",
-        &minutes(60.0),
-    ]
-    .map(String::from)
-    .to_vec();
-    diffusion.extend([
-        "--from".into(),
-        s(&base),
-        "--out".into(),
-        s(out.join("diffusion")),
-    ]);
-    let stage = |name, minutes, args, product, resumable| Stage {
-        name,
-        minutes,
-        args,
-        dir: out.join(name),
-        product,
-        resumable,
-    };
-    vec![
-        stage(
+    let base = s(out.join("glance-tiny"));
+    let strs = |x: &[&str]| -> Vec<String> { x.iter().map(|v| v.to_string()).collect() };
+    let vision_init = s(init);
+    let llava_init = s(out.join("vision/model"));
+    let recipe: [(&'static str, u64, Vec<String>, &'static str); 5] = [
+        (
             "vision",
-            30.0,
-            world("vision", 30.0, &vision_extra),
+            1300,
+            [
+                strs(&["train", "world", "--stage", "vision", "--lr", "3e-4"]),
+                strs(&["--no-curriculum", "--init", &vision_init]),
+            ]
+            .concat(),
             "model/config.json",
-            true,
         ),
-        stage(
+        (
             "llava",
-            100.0,
-            world("llava", 100.0, &llava_extra),
+            5500,
+            [
+                strs(&["train", "world", "--stage", "llava", "--lr", "5e-4"]),
+                strs(&["--no-curriculum", "--init", &llava_init]),
+                strs(&[
+                    "--dialogue",
+                    "0.5",
+                    "--relations",
+                    "0.3",
+                    "--spatial-weight",
+                    "2",
+                ]),
+                strs(&["--token-drop", "0.5", "--align", "2"]),
+            ]
+            .concat(),
             "model/config.json",
-            true,
         ),
-        stage(
+        (
             "draft-vispec",
-            40.0,
-            draft("vispec", 40.0),
+            3000,
+            strs(&[
+                "train",
+                "draft",
+                "--kind",
+                "vispec",
+                "--token-drop",
+                "0.5",
+                "--target",
+                &base,
+            ]),
             "head/config.json",
-            true,
         ),
-        stage(
+        (
             "draft-eagle",
-            30.0,
-            draft("eagle", 30.0),
+            2500,
+            strs(&[
+                "train",
+                "draft",
+                "--kind",
+                "eagle",
+                "--token-drop",
+                "0.5",
+                "--target",
+                &base,
+            ]),
             "head/config.json",
-            true,
         ),
-        stage("diffusion", 60.0, diffusion, "model/config.json", true),
-    ]
+        (
+            "diffusion",
+            4000,
+            strs(&[
+                "train",
+                "diffusion",
+                "--lr",
+                "1e-4",
+                "--token-drop",
+                "0.5",
+                "--from",
+                &base,
+            ]),
+            "model/config.json",
+        ),
+    ];
+    recipe
+        .into_iter()
+        .map(|(name, steps, mut args, product)| {
+            let steps = ((steps as f64 * a.scale).round() as u64).max(1);
+            let dir = out.join(name);
+            args.extend(["--steps".into(), steps.to_string(), "--out".into(), s(&dir)]);
+            Stage {
+                name,
+                steps,
+                args,
+                dir,
+                product,
+            }
+        })
+        .collect()
 }
 
 /// The evaluations of the assembled family: (file stem, arguments).
@@ -275,16 +261,15 @@ pub fn run(a: AllArgs) -> Result<()> {
     let evals = evals(&a);
     if a.dry_run {
         for st in &plan {
-            println!(
-                "{:<13} {:>6.1} min  glance {}",
-                st.name,
-                st.minutes * a.scale,
-                st.args.join(" ")
-            );
+            let steps = format!("{} steps", st.steps);
+            println!("{:<13} {steps:>11}  glance {}", st.name, st.args.join(" "));
         }
-        println!("{:<13} {:>10}  copy llava/model → glance-tiny/ (after llava), heads and diffusion/model (after the last)", "assemble", "");
+        println!(
+            "{:<13} {:>11}  llava/model → glance-tiny/; the heads and diffusion/model at the end",
+            "assemble", ""
+        );
         for (name, args) in &evals {
-            println!("eval {name:<8} {:>10}  glance {}", "", args.join(" "));
+            println!("eval {name:<8} {:>11}  glance {}", "", args.join(" "));
         }
         return Ok(());
     }
@@ -305,7 +290,7 @@ pub fn run(a: AllArgs) -> Result<()> {
             continue;
         }
         let mut args = st.args.clone();
-        let resuming = st.resumable && st.dir.join("checkpoint.safetensors").is_file();
+        let resuming = st.dir.join("checkpoint.safetensors").is_file();
         if resuming {
             args = resume_args(&args);
         } else if st.dir.exists() {

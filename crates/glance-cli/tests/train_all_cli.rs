@@ -36,8 +36,8 @@ fn dry_run_prints_every_stage_under_out() {
     }
     let llava = text.lines().find(|l| l.starts_with("llava")).unwrap();
     assert!(
-        llava.contains("50.0 min"),
-        "--scale halves the minutes: {llava}"
+        llava.contains("2750 steps"),
+        "--scale halves the steps: {llava}"
     );
     for flag in ["--dialogue 0.5", "--relations", "--token-drop", "--init"] {
         assert!(llava.contains(flag), "{flag} missing: {llava}");

@@ -348,8 +348,11 @@ impl DraftTrainer {
         let mut batch: Vec<(Arc<Sample>, Option<Tensor>, Draw)> = Vec::with_capacity(draws.len());
         for d in draws {
             let s = self.source.get(Split::Train, d.length, d.j)?;
+            // A distractor stands in for the image's rows only when it has as many (under token
+            // drop, a pruned sample and its distractor usually differ: the draw is skipped).
             let visual = match d.distractor {
-                Some(j) => Some(self.source.get(Split::Train, Length::Long, j)?.visual()?),
+                Some(j) => Some(self.source.get(Split::Train, Length::Long, j)?.visual()?)
+                    .filter(|v| v.dim(0).is_ok_and(|n| n == s.image_rows.len())),
                 None => None,
             };
             batch.push((s, visual, d));
