@@ -192,3 +192,62 @@ fn bench_diffusion_reports_every_column_and_the_lossless_modes_equal_ar() {
         }
     }
 }
+
+/// Fast-dVLM's own base: `train diffusion --from` a Qwen2.5-VL checkpoint (the committed
+/// random-weight fixture, whose tokenizer has no mask token and no spare vocabulary row)
+/// converts it — the mask token added as a new special token, the vocabulary grown by one row —
+/// and the converted model decodes by linear and quadratic block diffusion exactly as it
+/// decodes autoregressively.
+#[test]
+fn a_qwen2_5_vl_checkpoint_converts_and_decodes_losslessly() {
+    let dir = scratch("qwen-diffusion");
+    let out = dir.join("run");
+    let from = fixture("qwen2_vl/models/qwen2_5-vl");
+    let o = glance(&[
+        "train",
+        "diffusion",
+        "--from",
+        s(&from),
+        "--out",
+        s(&out),
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--eval-every",
+        "0",
+        "--threads",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let model = out.join("model");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    let mask = config["block_diffusion"]["mask_token_id"].as_u64().unwrap();
+    assert_eq!(mask, 427, "the first id past the fixture tokenizer's");
+    assert_eq!(config["text_config"]["vocab_size"], 428);
+    let tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let added = tokenizer["added_tokens"].as_array().unwrap();
+    assert!(added
+        .iter()
+        .any(|t| t["id"] == mask && t["content"] == "[MASK]" && t["special"] == true));
+    let m = model.to_string_lossy().into_owned();
+    let json = |o: std::process::Output| -> Value {
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let ar = json(run(&m, &["--json", "--decode", "ar"]));
+    assert!(!ar["token_ids"].as_array().unwrap().is_empty());
+    for extra in [
+        &["--decode", "diffusion-linear", "--block", "4"][..],
+        &["--decode", "diffusion-quadratic", "--block", "4"][..],
+    ] {
+        let mut args = extra.to_vec();
+        args.push("--json");
+        let r = json(run(&m, &args));
+        assert_eq!(r["token_ids"], ar["token_ids"], "{extra:?}");
+        assert_eq!(r["decode"]["strategy"], extra[1]);
+    }
+}

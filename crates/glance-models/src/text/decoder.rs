@@ -550,9 +550,11 @@ impl TextModel {
         let past = cache.as_ref().map_or(0, |c| c.len());
         if let Some(&p) = positions.iter().max() {
             // Batch-invariant passes may hold more speculative rows than the context has positions (a
-            // quadratic block-diffusion pass runs `B (B + 1)` rows at `2B` positions); only the
-            // positions are bounded there.
-            if p as usize >= max || (!batch_invariant && past + t > max) {
+            // quadratic block-diffusion pass runs `B (B + 1)` rows at `2B` positions), and so may
+            // an uncached training pass (a diffusion layout's noisy copies share the clean rows'
+            // positions); only the positions are bounded there.
+            let cached = cache.is_some();
+            if p as usize >= max || (!batch_invariant && cached && past + t > max) {
                 return Err(Error::PromptTooLong {
                     len: (past + t).max(p as usize + 1),
                     max,

@@ -28,6 +28,7 @@
 //! * **Optimiser**: AdamW, peak learning rate 3·10⁻⁴, no weight decay (the pretrained weights are
 //!   the starting point, not a prior to shrink towards zero), cosine decay.
 
+pub mod convert;
 pub mod layout;
 pub mod trainer;
 

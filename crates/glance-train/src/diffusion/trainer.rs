@@ -14,6 +14,7 @@
 //! phases, masks) is a function of `(seed, step, schedule length)` and the samples of the frozen
 //! source model. A run stopped after step k and resumed repeats the uninterrupted run exactly.
 
+use super::convert::{self, Converted, MaskToken};
 use super::layout::{blocks, draw_masks, Layout, MaskPattern};
 use super::DiffusionTrainConfig;
 use crate::checkpoint::{read_state_file, write_state_file};
@@ -26,8 +27,7 @@ pub use crate::trainer::RunEnd;
 use crate::{Result, TrainError};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
-use glance_models::llava::{Llava, LlavaConfig, WeightLayout};
-use glance_nn::{AttnMask, CausalLm, Mode};
+use glance_nn::{AttnMask, CausalLm};
 use glance_world::{Split, WorldRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -225,7 +225,7 @@ fn row_positions(layout: &Layout, sample: &[u32]) -> Vec<u32> {
 }
 
 fn forward_layout(
-    model: &Llava,
+    model: &Converted,
     s: &Sample,
     layout: &Layout,
     mask_id: u32,
@@ -240,10 +240,18 @@ fn forward_layout(
         )));
     }
     let ids = layout.input_ids(&s.prompt_ids, &s.answer, mask_id);
-    let visual = s.visual()?;
-    // (P, hidden): the prompt through the trainable embeddings, the image rows from the frozen
-    // vision tower and projector.
-    let prompt = model.embed_prompt(&s.prompt_ids, &[&visual])?;
+    let (a, n) = (s.image_rows[0], s.image_rows.len());
+    // (P, hidden): the prompt's text through the trainable embeddings, the image rows from the
+    // frozen vision tower and projector.
+    let mut parts = Vec::with_capacity(3);
+    if a > 0 {
+        parts.push(text.embed_tokens(&s.prompt_ids[..a])?);
+    }
+    parts.push(s.visual()?);
+    if a + n < s.prompt_len {
+        parts.push(text.embed_tokens(&s.prompt_ids[a + n..])?);
+    }
+    let prompt = Tensor::cat(&parts, 0)?;
     // (rows - P, hidden)
     let rest = text.embed_tokens(&ids[s.prompt_len..])?;
     let xs = Tensor::cat(&[&prompt, &rest], 0)?;
@@ -255,7 +263,20 @@ fn forward_layout(
         .collect();
     let mask = AttnMask::Custom(Tensor::from_vec(additive, (n, n), &dev)?);
     // (rows, hidden)
-    let hidden = text.forward_uncached(&xs, &row_positions(layout, &s.positions), &mask)?;
+    let positions = row_positions(layout, &s.positions);
+    let hidden = match &s.mrope {
+        // Prompt rows at their 3-D positions, answer rows at (p, p, p).
+        Some(m) => {
+            let m: Vec<[u32; 3]> = layout
+                .positions()
+                .iter()
+                .zip(&positions)
+                .map(|(&r, &p)| m.get(r as usize).copied().unwrap_or([p; 3]))
+                .collect();
+            text.forward_uncached_mrope(&xs, &m, &mask)?
+        }
+        None => text.forward_uncached(&xs, &positions, &mask)?,
+    };
     let pick = |rows: &[u32]| -> Result<Tensor> {
         let idx = Tensor::new(rows, &dev)?;
         Ok(text.logits(&hidden.index_select(&idx, 0)?)?)
@@ -291,13 +312,12 @@ pub struct DiffusionTrainer {
     pub state: DiffusionState,
     varmap: VarMap,
     /// Composed (differentiable) ops over the varmap.
-    model: Llava,
-    config: LlavaConfig,
+    model: Converted,
     /// The text decoder's parameters (the optimised ones).
     params: Vec<Param>,
     optim: AdamW,
     pub source: SampleSource,
-    mask_id: u32,
+    mask: MaskToken,
     metrics: std::fs::File,
 }
 
@@ -355,31 +375,24 @@ impl DiffusionTrainer {
             &device,
         )?
         .with_token_drop(c.token_drop.clone())?;
-        let config = source.target.llava()?.config().clone();
-        let mask_id = source.token_id(MASK_TOKEN).ok_or_else(|| {
-            TrainError::Config(format!(
-                "{}: the tokenizer has no {MASK_TOKEN} token",
-                c.from.display()
-            ))
-        })?;
         // Every weight of the source under its own name; the text decoder's are optimised.
         let ckpt = glance_models::checkpoint::var_builder(&c.from, DType::F32, &device)?;
-        let layout = WeightLayout::detect(&ckpt);
+        let rows = source.target.text_config().vocab_size;
+        let mask = convert::mask_token(&c.from, &source.target, rows)?;
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        let model = Llava::from_var_builder(&vb, config.clone(), &layout, Mode::Train)?;
-        let mut all = Vec::new();
+        let (model, prefixes) = convert::build(&c.from, &source.target, &vb, &ckpt, mask)?;
         {
             let data = varmap.data().lock().expect("varmap lock poisoned");
             for (name, var) in data.iter() {
-                let t = ckpt
-                    .get(var.as_tensor().shape(), name)
-                    .map_err(|e| TrainError::Config(format!("source weight `{name}`: {e}")))?;
-                var.set(&t)?;
-                all.push(name.clone());
+                var.set(&convert::source_weight(
+                    &ckpt,
+                    name,
+                    var.as_tensor().shape(),
+                )?)?;
             }
         }
-        let params = text_params(&varmap, &layout);
+        let params = text_params(&varmap, &prefixes);
         let mut optim = AdamW::new(
             params.clone(),
             c.optim.clone(),
@@ -411,11 +424,10 @@ impl DiffusionTrainer {
             state,
             varmap,
             model,
-            config,
             params,
             optim,
             source,
-            mask_id,
+            mask,
             metrics,
         })
     }
@@ -426,7 +438,7 @@ impl DiffusionTrainer {
     }
 
     pub fn mask_id(&self) -> u32 {
-        self.mask_id
+        self.mask.id
     }
 
     fn log(&mut self, value: serde_json::Value) -> Result<()> {
@@ -475,12 +487,21 @@ impl DiffusionTrainer {
         obj.insert(
             "block_diffusion".into(),
             json!({
-                "mask_token_id": self.mask_id,
+                "mask_token_id": self.mask.id,
                 "block_size": c.block_sizes.last().copied().unwrap_or(8).min(8),
                 "trained_block_sizes": c.block_sizes,
                 "steps": self.state.step,
             }),
         );
+        let tpath = c.from.join("tokenizer.json");
+        let mut tokenizer: serde_json::Value = glance_models::checkpoint::read_json(&tpath)?;
+        convert::export_mask(&mut tokenizer, &mut cfg, self.mask)?;
+        if self.mask.added {
+            write_atomic(
+                &dir.join("tokenizer.json"),
+                serde_json::to_string(&tokenizer)?.as_bytes(),
+            )?;
+        }
         write_atomic(
             &dir.join("config.json"),
             serde_json::to_string_pretty(&cfg)?.as_bytes(),
@@ -523,7 +544,7 @@ impl DiffusionTrainer {
             let (mut acc, mut nblocks) = (0usize, 0usize);
             for s in &samples {
                 let layout = eval_layout(s, block);
-                let out = forward_layout(&self.model, s, &layout, self.mask_id)?;
+                let out = forward_layout(&self.model, s, &layout, self.mask.id)?;
                 if bi == 0 {
                     let got = argmax(&out.causal)?;
                     agree += got
@@ -623,7 +644,7 @@ impl DiffusionTrainer {
         let (mut loss_sum, mut ce_d, mut ce_c) = (0f64, 0f64, 0f64);
         let (mut hit_d, mut hit_c) = (0usize, 0usize);
         for (s, layout) in &batch {
-            let out = forward_layout(&self.model, s, layout, self.mask_id)?;
+            let out = forward_layout(&self.model, s, layout, self.mask.id)?;
             let dev = out.causal.device().clone();
             let yc = Tensor::new(out.causal_targets.as_slice(), &dev)?;
             let lc = candle_nn::loss::cross_entropy(&out.causal, &yc)?;
@@ -690,22 +711,14 @@ impl DiffusionTrainer {
         }))?;
         Ok(report)
     }
-
-    /// The model's configuration.
-    pub fn llava_config(&self) -> &LlavaConfig {
-        &self.config
-    }
 }
 
 /// The text decoder's parameters (under the layout's text and LM-head prefixes), sorted by name.
-fn text_params(varmap: &VarMap, layout: &WeightLayout) -> Vec<Param> {
+fn text_params(varmap: &VarMap, prefixes: &[String; 2]) -> Vec<Param> {
     let data = varmap.data().lock().expect("varmap lock poisoned");
     let mut v: Vec<Param> = data
         .iter()
-        .filter(|(name, _)| {
-            name.starts_with(&format!("{}.", layout.text))
-                || name.starts_with(&format!("{}.", layout.lm_head))
-        })
+        .filter(|(name, _)| prefixes.iter().any(|p| name.starts_with(&format!("{p}."))))
         .map(|(name, var)| Param {
             name: name.clone(),
             var: var.clone(),

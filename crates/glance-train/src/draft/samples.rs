@@ -83,6 +83,8 @@ pub struct Sample {
     /// Position of every row as the target's decoding places it (`0..t` for LLaVA; for an
     /// M-RoPE target the prefill's scalar positions, then the answer after the prompt's last).
     pub positions: Vec<u32>,
+    /// An M-RoPE target's prompt rows' 3-D positions (`None` for LLaVA).
+    pub mrope: Option<Vec<[u32; 3]>>,
     /// The answer's token ids.
     pub answer: Vec<u32>,
     pub question: String,
@@ -368,6 +370,7 @@ impl SampleSource {
             prompt_len: kept_len,
             prompt_ids: ids,
             positions,
+            mrope: None,
             answer,
             question,
             world_index: index,
@@ -423,6 +426,7 @@ impl SampleSource {
             prompt_len: p,
             prompt_ids: prompt.ids,
             positions,
+            mrope: Some(mrope),
             answer,
             question,
             world_index: index,
