@@ -25,11 +25,14 @@ pub fn default_layer(num_layers: usize) -> usize {
 
 /// Prefills `rows` `(t, hidden)` at `positions`, dropping all but `keep` of the rows `visual`
 /// (strictly increasing row indices) after decoder layer `layer` (`1 ≤ layer < layers`). The last
-/// prompt row is never dropped. `keep ≥ visual.len()` is a plain prefill.
+/// prompt row is never dropped. `keep ≥ visual.len()` is a plain prefill. `mrope`: the rows' 3-D
+/// positions for an M-RoPE decoder (Qwen2-VL; `positions` are then their largest parts); a kept
+/// row keeps its own.
 pub fn prefill(
     model: &TextModel,
     rows: &Tensor,
     positions: &[u32],
+    mrope: Option<&[[u32; 3]]>,
     visual: &[usize],
     keep: usize,
     layer: usize,
@@ -48,20 +51,33 @@ pub fn prefill(
             "FastV: visual rows must be increasing indices into the prompt".into(),
         ));
     }
+    if mrope.is_some_and(|m| m.len() != t) {
+        return Err(Error::Input(format!(
+            "FastV: {t} prompt rows with {} 3-D positions",
+            mrope.map_or(0, |m| m.len())
+        )));
+    }
     if keep >= visual.len() {
-        return glance_decode::prefill(model, rows, positions);
+        return match mrope {
+            Some(m) => glance_decode::prefill_mrope(model, rows, m),
+            None => glance_decode::prefill(model, rows, positions),
+        };
     }
     let start = Instant::now();
     let mut cache = model.new_cache();
     let mask = AttnMask::causal();
-    let (x, probs) = model.forward_layers(
-        rows,
-        positions,
-        &mask,
-        &mut cache,
-        0..layer,
-        Some(layer - 1),
-    )?;
+    let layers_at = |x: &Tensor, kept: &[usize], cache: &mut _, range, probe| match mrope {
+        Some(m) => {
+            let m: Vec<[u32; 3]> = kept.iter().map(|&r| m[r]).collect();
+            model.forward_layers_mrope(x, &m, &mask, cache, range, probe)
+        }
+        None => {
+            let p: Vec<u32> = kept.iter().map(|&r| positions[r]).collect();
+            model.forward_layers(x, &p, &mask, cache, range, probe)
+        }
+    };
+    let every: Vec<usize> = (0..t).collect();
+    let (x, probs) = layers_at(rows, &every, &mut cache, 0..layer, Some(layer - 1))?;
     let probs = probs.ok_or_else(|| {
         Error::Config("FastV: the decoder returned no attention probabilities".into())
     })?;
@@ -82,8 +98,7 @@ pub fn prefill(
     // (t, hidden) -> (t', hidden)
     let x = x.index_select(&ids, 0)?;
     let kept_positions: Vec<u32> = kept.iter().map(|&r| positions[r]).collect();
-    let (x, _) =
-        model.forward_layers(&x, &kept_positions, &mask, &mut cache, layer..layers, None)?;
+    let (x, _) = layers_at(&x, &kept, &mut cache, layer..layers, None)?;
     // (t', hidden): the final hidden state of every row the last layer ran.
     let hidden = model.final_norm(&x)?;
     Ok(Prefilled {

@@ -220,6 +220,7 @@ pub fn prefill(model: &Llava, pruned: &Pruned) -> Result<Prefilled> {
             model.text(),
             &rows,
             &positions,
+            None,
             &cut.visual,
             cut.keep,
             cut.layer,

@@ -5,9 +5,9 @@
 //! Qwen's vision tower has no [CLS]: the saliency signals read each merged token's vision
 //! feature (the mean of its 2×2 patches' last-block states) and, as the global feature, the mean
 //! over the image (ViSpec's global visual feature is such a pooled summary). FastV cuts rows inside
-//! a 1-D-position prefill and is refused here.
+//! the prefill, each kept row at its own 3-D position ([`crate::fastv::prefill`]).
 
-use crate::llava::{PruneStats, Pruned};
+use crate::llava::{FastvCut, PruneStats, Pruned};
 use crate::policy::{PruneSpec, Stage};
 use crate::{select, Grid, PruneInput};
 use candle_core::Tensor;
@@ -80,11 +80,25 @@ pub fn transform_qwen(
             fastv: None,
             stats: stats(visual_tokens, Duration::ZERO),
         }),
-        Stage::InLlm => Err(Error::InvalidParam(format!(
-            "policy `{}` prunes inside a 1-D-position prefill; Qwen2-VL's M-RoPE prompts take the \
-             pre-LLM policies",
-            spec.policy
-        ))),
+        Stage::InLlm => {
+            let image_rows = plan.image_rows();
+            let keep = image_rows
+                .iter()
+                .map(|r| spec.budget.resolve(r.len()))
+                .sum();
+            let layer = spec
+                .fastv_layer
+                .unwrap_or_else(|| crate::fastv::default_layer(model.text().num_layers()));
+            Ok(Pruned {
+                plan,
+                fastv: Some(FastvCut {
+                    visual: image_rows.into_iter().flatten().collect(),
+                    keep,
+                    layer,
+                }),
+                stats: stats(keep.min(visual_tokens), Duration::ZERO),
+            })
+        }
         Stage::PreLlm => {
             let start = Instant::now();
             let pruner = spec.pruner().ok_or_else(|| {
@@ -122,12 +136,27 @@ pub fn transform_qwen(
     }
 }
 
-/// Runs a pruned Qwen2-VL plan: a causal prefill of its rows at their 3-D positions.
+/// Runs a pruned Qwen2-VL plan: a causal prefill of its rows at their 3-D positions, or FastV's
+/// two-part prefill.
 pub fn prefill_qwen(model: &Qwen2Vl, pruned: &Pruned) -> Result<Prefilled> {
     let rows = pruned.plan.rows()?;
     let positions = pruned
         .plan
         .mrope_positions()
         .unwrap_or_else(|| pruned.plan.positions().iter().map(|&p| [p; 3]).collect());
-    glance_decode::prefill_mrope(model.text(), &rows, &positions)
+    match &pruned.fastv {
+        None => glance_decode::prefill_mrope(model.text(), &rows, &positions),
+        Some(cut) => {
+            let largest: Vec<u32> = positions.iter().map(largest_part).collect();
+            crate::fastv::prefill(
+                model.text(),
+                &rows,
+                &largest,
+                Some(&positions),
+                &cut.visual,
+                cut.keep,
+                cut.layer,
+            )
+        }
+    }
 }

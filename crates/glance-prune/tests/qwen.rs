@@ -1,7 +1,8 @@
 //! Pruning Qwen2-VL / Qwen2.5-VL prompts on the fixtures of `scripts/make_qwen_fixtures.py`:
 //! every pre-LLM policy keeps the budget of each image, in spatial order, each kept token at its
 //! own 3-D (M-RoPE) position and every text row at its own; keeping every token is exactly the
-//! unpruned prefill; FastV is refused by name; pruned generation runs end to end.
+//! unpruned prefill; FastV keeps its rows at their 3-D positions; pruned generation runs end to
+//! end.
 
 use candle_core::Device;
 use glance_core::SamplingParams;
@@ -138,7 +139,7 @@ fn kept_tokens_keep_their_own_3d_positions_under_every_policy() {
 }
 
 #[test]
-fn keeping_every_token_is_the_unpruned_prefill_and_fastv_is_refused() {
+fn keeping_every_token_is_the_unpruned_prefill_and_fastv_cuts_at_3d_positions() {
     for c in cases().iter().take(2) {
         let refs: Vec<&QwenImageEncoding> = c.images.iter().collect();
         let plan = c.model.plan(&c.ids, &refs).unwrap();
@@ -161,10 +162,39 @@ fn keeping_every_token_is_the_unpruned_prefill_and_fastv_is_refused() {
             .unwrap();
         assert_eq!(d, 0.0, "{}", c.name);
         assert_eq!(state.positions, unpruned.positions);
+        // FastV keeping every visual row is the unpruned prefill too.
+        let all = PruneSpec::new(Policy::FastV, Budget::Count(100_000));
+        let pruned = transform_qwen(&c.model, plan.clone(), &refs, &[], &all).unwrap();
+        let state = prefill_qwen(&c.model, &pruned).unwrap();
+        assert_eq!(state.positions, unpruned.positions, "{}", c.name);
+        let d: f32 = (&state.hidden - &unpruned.hidden)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        assert_eq!(d, 0.0, "{}", c.name);
+        // At half the visual rows: the cut happens inside the decoder, every text row stays, and
+        // the kept rows keep their positions (the largest parts of their 3-D ones).
         let fastv = PruneSpec::new(Policy::FastV, Budget::Ratio(0.5));
-        let e = transform_qwen(&c.model, plan, &refs, &[], &fastv)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("fastv") && e.contains("M-RoPE"), "{e}");
+        let pruned = transform_qwen(&c.model, plan.clone(), &refs, &[], &fastv).unwrap();
+        let cut = pruned.fastv.as_ref().expect("a FastV cut");
+        let visual: usize = plan.image_rows().iter().map(|r| r.len()).sum();
+        assert_eq!(cut.visual.len(), visual);
+        let state = prefill_qwen(&c.model, &pruned).unwrap();
+        let t = unpruned.positions.len();
+        assert_eq!(state.positions.len(), t - (visual - cut.keep), "{}", c.name);
+        let mut rest = unpruned.positions.iter();
+        assert!(
+            state.positions.iter().all(|p| rest.any(|q| q == p)),
+            "kept positions are a subsequence of the prompt's"
+        );
+        assert_eq!(state.positions.last(), unpruned.positions.last());
+        assert_eq!(
+            state.hidden.dims(),
+            &[state.positions.len(), unpruned.hidden.dim(1).unwrap()]
+        );
     }
 }

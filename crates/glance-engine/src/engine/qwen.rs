@@ -42,9 +42,14 @@ impl Engine {
         let pruned = glance_prune::transform_qwen(model, plan, &encodings, &query, spec)?;
         let mut state = glance_prune::prefill_qwen(model, &pruned)?;
         attach_images(&mut state, &pruned.plan);
-        // Each image's kept tokens, as (row, col) on its merged grid from their 3-D positions.
+        // Each image's kept tokens, as (row, col) on its merged grid from their 3-D positions
+        // (FastV's cut, made inside the decoder, is not reported per patch).
         let mut kept_patches = Vec::new();
-        for seg in &pruned.plan.segments {
+        let segments = match pruned.fastv {
+            None => &pruned.plan.segments[..],
+            Some(_) => &[],
+        };
+        for seg in segments {
             let SegmentKind::Image { index } = seg.kind else {
                 continue;
             };

@@ -513,6 +513,34 @@ impl TextModel {
         )
     }
 
+    /// [`Self::forward_layers`] of rows at 3-D (M-RoPE) positions.
+    pub fn forward_layers_mrope(
+        &self,
+        xs: &Tensor,
+        positions: &[[u32; 3]],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+        layers: std::ops::Range<usize>,
+        probe: Option<usize>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        if layers.end > self.layers.len() || layers.start > layers.end {
+            return Err(Error::InvalidParam(format!(
+                "layer range {layers:?} of {}",
+                self.layers.len()
+            )));
+        }
+        let scalar = Self::mrope_scalar(positions);
+        self.run_layers(
+            xs,
+            &scalar,
+            Some(positions),
+            mask,
+            Some(cache),
+            layers,
+            Kernels::Default(probe),
+        )
+    }
+
     /// The logits of rows of different sequences `(n, hidden)` → `(n, vocab)`, the LM head read
     /// once; row `r` equals [`CausalLm::logits`] of that row alone.
     pub fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
