@@ -226,6 +226,9 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
                 glance_models::family::Family::Llava => {
                     glance_models::llava::LlavaConfig::from_dir(dir).map(|c| c.text)
                 }
+                glance_models::family::Family::InternVl => {
+                    glance_models::internvl::InternVlConfig::from_dir(dir).map(|c| c.text)
+                }
                 _ => glance_models::qwen2_vl::Qwen2VlConfig::from_dir(dir).map(|c| c.text),
             },
         }

@@ -63,6 +63,9 @@ pub struct InternImageEncoding {
     /// The selected vision hidden state per patch, [CLS] dropped, `(tiles · patches,
     /// vision_hidden)`.
     pub vision_hidden: Tensor,
+    /// Each tile's [CLS] state at the same layer `(tiles, vision_hidden)`; the last tile is the
+    /// thumbnail when there is more than one.
+    pub cls: Tensor,
     /// Tiles (grid tiles and the thumbnail).
     pub tiles: usize,
     /// `(columns, rows)` of the tile grid.
@@ -179,6 +182,7 @@ impl InternVl {
             )));
         }
         let vision_hidden = feats.reshape((n * g * g, ch))?;
+        let cls = out.features.narrow(1, 0, 1)?.reshape((n, ch))?;
         let shuffled = pixel_shuffle(&feats.reshape((n, g, g, ch))?, c.shuffle())?;
         let tokens = self
             .projector
@@ -186,6 +190,7 @@ impl InternVl {
         Ok(InternImageEncoding {
             features: tokens,
             vision_hidden,
+            cls,
             tiles: n,
             grid: pixels.grid,
         })
