@@ -115,6 +115,18 @@ mod tests {
             Family::Qwen2Vl
         );
         assert_eq!(f(json!({"model_type": "llava"})).unwrap(), Family::Llava);
+        assert_eq!(
+            f(json!({"architectures": ["InternVLForConditionalGeneration"]})).unwrap(),
+            Family::InternVl
+        );
+        assert_eq!(
+            f(json!({"model_type": "internvl"})).unwrap(),
+            Family::InternVl
+        );
+        let e = f(json!({"architectures": ["InternVLChatModel"]}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not supported yet"), "{e}");
         let e = f(json!({"architectures": ["LlavaNextForConditionalGeneration"]}))
             .unwrap_err()
             .to_string();
