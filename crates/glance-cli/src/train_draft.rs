@@ -1,6 +1,6 @@
-//! `glance train draft --target DIR …`: train an EAGLE / ViSpec draft head for a LLaVA or
-//! Qwen2-VL target on the target's own answers to world prompts; writes OUT/head (config.json +
-//! model.safetensors).
+//! `glance train draft --target DIR …`: train an EAGLE / ViSpec draft head for a LLaVA,
+//! Qwen2-VL or InternVL target on the target's own answers to world prompts; writes OUT/head
+//! (config.json + model.safetensors).
 
 use crate::progress::TrainBar;
 use anyhow::{Context, Result};
@@ -21,7 +21,7 @@ pub enum DraftKind {
 
 #[derive(Args)]
 pub struct DraftArgs {
-    /// The target model: a directory (a LLaVA, Qwen2-VL or Qwen2.5-VL checkpoint) or a name as
+    /// The target model: a directory (a LLaVA, Qwen2-VL, Qwen2.5-VL or InternVL checkpoint) or a name as
     /// --model takes it (e.g. glance-tiny).
     #[arg(long)]
     pub target: PathBuf,

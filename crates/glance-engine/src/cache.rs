@@ -12,6 +12,7 @@
 use crate::request::ImageInput;
 use candle_core::Tensor;
 use glance_decode::Prefilled;
+use glance_models::internvl::InternImageEncoding;
 use glance_models::llava::ImageEncoding;
 use glance_models::qwen2_vl::QwenImageEncoding;
 use std::collections::hash_map::RandomState;
@@ -132,6 +133,7 @@ impl<K: Eq + Hash + Clone, V: Clone> Lru<K, V> {
 pub enum Encoding {
     Llava(ImageEncoding),
     Qwen2Vl(QwenImageEncoding),
+    InternVl(InternImageEncoding),
 }
 
 impl Encoding {
@@ -140,6 +142,7 @@ impl Encoding {
         match self {
             Encoding::Llava(e) => &e.features,
             Encoding::Qwen2Vl(e) => &e.features,
+            Encoding::InternVl(e) => &e.features,
         }
     }
 
@@ -148,13 +151,14 @@ impl Encoding {
         match self {
             Encoding::Llava(e) => &e.vision_hidden,
             Encoding::Qwen2Vl(e) => &e.vision_hidden,
+            Encoding::InternVl(e) => &e.vision_hidden,
         }
     }
 
     pub fn llava(&self) -> Option<&ImageEncoding> {
         match self {
             Encoding::Llava(e) => Some(e),
-            Encoding::Qwen2Vl(_) => None,
+            _ => None,
         }
     }
 
@@ -163,6 +167,7 @@ impl Encoding {
         let extra = match self {
             Encoding::Llava(e) => e.cls_attention.as_ref().map_or(0, tensor_bytes),
             Encoding::Qwen2Vl(_) => 0,
+            Encoding::InternVl(e) => tensor_bytes(&e.cls),
         };
         tensor_bytes(self.features()) + tensor_bytes(self.vision_hidden()) + extra
     }

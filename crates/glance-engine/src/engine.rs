@@ -14,6 +14,7 @@
 mod auto;
 mod finite;
 mod gguf;
+mod internvl;
 pub mod model;
 mod output;
 mod qwen;
@@ -107,8 +108,10 @@ impl Engine {
         let threads = options.validate()?;
         let pool = thread_pool(threads)?;
         let start = Instant::now();
-        if Family::of_dir(dir)? != Family::Llava {
-            return Self::load_qwen(dir, options, pool, threads, start);
+        match Family::of_dir(dir)? {
+            Family::Llava => {}
+            Family::InternVl => return Self::load_internvl(dir, options, pool, threads, start),
+            _ => return Self::load_qwen(dir, options, pool, threads, start),
         }
         let (model, processor) = pool.install(|| -> Result<_> {
             let config = LlavaConfig::from_dir(dir)?;
@@ -484,7 +487,10 @@ impl Engine {
         let images = prompt.images();
         crate::messages::check_image_count(images.len(), self.options.max_images)?;
         if let Some(qwen) = self.processor.qwen() {
-            return self.render_qwen(qwen, prompt, images, continue_final, want_query);
+            return self.render_sized(qwen, prompt, images, continue_final, want_query);
+        }
+        if let Some(internvl) = self.processor.internvl() {
+            return self.render_sized(internvl, prompt, images, continue_final, want_query);
         }
         let (prompt, query) = match prompt {
             Prompt::Raw { text, images } => (
@@ -628,13 +634,14 @@ fn encode_costs(encoded: &[Encoded]) -> (Duration, Duration, usize) {
 /// (a leading [CLS] under the `full` feature strategy is not a patch).
 fn kept_patches(
     images: &[std::ops::Range<usize>],
-    side: usize,
+    grids: &[(usize, usize)],
     positions: &[u32],
 ) -> Vec<KeptPatches> {
-    let patches = side * side;
     images
         .iter()
-        .map(|r| {
+        .zip(grids)
+        .map(|(r, &(rows, cols))| {
+            let patches = rows * cols;
             let start = r.end.saturating_sub(patches).max(r.start);
             let mut kept: Vec<u32> = positions
                 .iter()
@@ -644,11 +651,7 @@ fn kept_patches(
                 .collect();
             kept.sort_unstable();
             kept.dedup();
-            KeptPatches {
-                rows: side,
-                cols: side,
-                kept,
-            }
+            KeptPatches { rows, cols, kept }
         })
         .collect()
 }

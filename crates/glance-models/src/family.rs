@@ -15,6 +15,8 @@ pub enum Family {
     Qwen2Vl,
     /// `Qwen2_5_VLForConditionalGeneration`.
     Qwen25Vl,
+    /// `InternVLForConditionalGeneration` (transformers' InternVL layout).
+    InternVl,
 }
 
 /// `(architectures entry, model_type, family)`.
@@ -30,13 +32,15 @@ const KNOWN: &[(&str, &str, Family)] = &[
         "qwen2_5_vl",
         Family::Qwen25Vl,
     ),
+    (
+        "InternVLForConditionalGeneration",
+        "internvl",
+        Family::InternVl,
+    ),
 ];
 
 /// Architectures users bring that glance recognises but does not run yet.
-const NOT_YET: &[&str] = &[
-    "LlavaNextForConditionalGeneration",
-    "InternVLForConditionalGeneration",
-];
+const NOT_YET: &[&str] = &["LlavaNextForConditionalGeneration", "InternVLChatModel"];
 
 impl Family {
     /// The family of a parsed `config.json`: the first `architectures` entry glance knows, else
@@ -111,6 +115,18 @@ mod tests {
             Family::Qwen2Vl
         );
         assert_eq!(f(json!({"model_type": "llava"})).unwrap(), Family::Llava);
+        assert_eq!(
+            f(json!({"architectures": ["InternVLForConditionalGeneration"]})).unwrap(),
+            Family::InternVl
+        );
+        assert_eq!(
+            f(json!({"model_type": "internvl"})).unwrap(),
+            Family::InternVl
+        );
+        let e = f(json!({"architectures": ["InternVLChatModel"]}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not supported yet"), "{e}");
         let e = f(json!({"architectures": ["LlavaNextForConditionalGeneration"]}))
             .unwrap_err()
             .to_string();

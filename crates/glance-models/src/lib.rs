@@ -6,6 +6,7 @@
 //! * [`gguf`]: llama.cpp's LLaVA layout (text GGUF + mmproj GGUF) → the same model;
 //! * [`llava`]: `LlavaForConditionalGeneration` — CLIP vision tower, projector, text decoder;
 //! * [`qwen2_vl`]: Qwen2-VL / Qwen2.5-VL — native-resolution ViT, merger, M-RoPE decoder;
+//! * [`internvl`]: InternVL-2.5 / 3 (transformers layout) — tiling, InternViT, pixel shuffle;
 //! * [`processing`]: image pre-processing, tokenizer, chat template;
 //! * [`presets`]: the model shapes benchmarks build with random weights;
 //! * [`quantize`]: a checkpoint rewritten with packed (bf16 / f16 / q8 / q4) weights;
@@ -17,6 +18,7 @@ pub mod checkpoint;
 pub mod draft;
 pub mod family;
 pub mod gguf;
+pub mod internvl;
 pub mod llava;
 pub mod presets;
 pub mod processing;

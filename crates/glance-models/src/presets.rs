@@ -22,6 +22,10 @@ pub const TEXT_PRESETS: [&str; 4] = [
 /// Qwen2.5-VL-3B-Instruct and -7B-Instruct. Decoding runs text rows, which turn as 1-D RoPE.
 pub const QWEN_PRESETS: [&str; 2] = ["qwen2.5-vl-3b", "qwen2.5-vl-7b"];
 
+/// InternVL-2.5-4B's decoder (Qwen2.5-3B-Instruct with InternVL's vocabulary, 151674 ids), see
+/// [`internvl_config`] for the whole model.
+pub const INTERNVL_PRESETS: [&str; 1] = ["internvl2.5-4b"];
+
 /// Whole LLaVA models: `llava-7b` is LLaVA-1.5-7B's shape (CLIP ViT-L/14-336 in front of
 /// Llama-2-7B), see [`llava_preset`].
 pub const LLAVA_PRESETS: [&str; 1] = ["llava-7b"];
@@ -64,11 +68,17 @@ pub fn text_config_value(name: &str) -> Result<Value> {
             "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
                 "mrope_section": [16, 24, 24]}}),
+        "internvl2.5-4b" => json!({"model_type": "qwen2", "vocab_size": 151674,
+            "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
         other => {
             return Err(Error::InvalidParam(format!(
-                "unknown model shape `{other}` (available: {}, {}, {})",
+                "unknown model shape `{other}` (available: {}, {}, {}, {})",
                 TEXT_PRESETS.join(", "),
                 QWEN_PRESETS.join(", "),
+                INTERNVL_PRESETS.join(", "),
                 LLAVA_PRESETS.join(", ")
             )))
         }
@@ -91,6 +101,21 @@ pub fn llava_config(name: &str) -> Result<LlavaConfig> {
             "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
             "image_size": 336, "patch_size": 14, "hidden_act": "quick_gelu"},
         "text_config": text,
+    }))
+}
+
+/// InternVL-2.5-4B's whole shape (OpenGVLab/InternVL2_5-4B-MPO-hf): InternViT-300M-448px-V2.5
+/// (24 LayerNorm blocks, width 1024, 448-pixel tiles of 14-pixel patches → 256 tokens per tile
+/// after the pixel shuffle) in front of the `internvl2.5-4b` decoder.
+pub fn internvl_config() -> Result<crate::internvl::InternVlConfig> {
+    crate::internvl::InternVlConfig::from_value(&json!({
+        "architectures": ["InternVLForConditionalGeneration"], "image_token_id": 151667,
+        "downsample_ratio": 0.5, "projector_hidden_act": "gelu", "tie_word_embeddings": true,
+        "vision_config": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+            "intermediate_size": 4096, "image_size": [448, 448], "patch_size": [14, 14],
+            "norm_type": "layer_norm", "use_qk_norm": false, "attention_bias": true,
+            "layer_scale_init_value": 0.1, "use_mean_pooling": true},
+        "text_config": text_config_value("internvl2.5-4b")?,
     }))
 }
 
@@ -121,6 +146,12 @@ mod tests {
         let q7 = text_config("qwen2.5-vl-7b").unwrap();
         assert!((7.5e9..7.7e9).contains(&(q7.num_parameters() as f64)));
         assert!(q7.qkv_bias && !q7.tie_word_embeddings);
+        // InternVL-2.5-4B: Qwen2.5-3B's decoder (~3.1B with tied embeddings), 256 tokens a tile.
+        let i = internvl_config().unwrap();
+        assert_eq!(i.tokens_per_tile(), 256);
+        assert_eq!((i.text.num_layers, i.text.num_kv_heads), (36, 2));
+        assert!((3.0e9..3.2e9).contains(&(i.text.num_parameters() as f64)));
+        assert_eq!(text_config("internvl2.5-4b").unwrap().vocab_size, 151674);
         let l = llava_preset("llava-7b").unwrap().unwrap();
         assert_eq!((l.text.hidden_size, l.text.num_layers), (4096, 32));
         assert_eq!(l.vision.hidden_size, 1024);

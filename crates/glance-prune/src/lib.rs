@@ -28,6 +28,7 @@
 //! signal carries no preference; pruned generation runs end to end on every fixture architecture.
 
 pub mod fastv;
+mod internvl;
 mod llava;
 mod merge;
 mod policy;
@@ -35,8 +36,10 @@ mod qwen;
 mod select;
 pub mod signals;
 
+pub use internvl::{internvl_input, transform_internvl};
 pub use llava::{
-    llava_input, prefill, prefill_llava, transform, FastvCut, PruneStats, Pruned, PrunedPrefill,
+    llava_input, prefill, prefill_1d, prefill_llava, transform, transform_1d, FastvCut, PruneStats,
+    Pruned, PrunedPrefill,
 };
 pub use merge::{grid_windows, Hier, Pool};
 pub use policy::{Budget, Policy, PruneSpec, Stage};

@@ -16,6 +16,7 @@ use candle_core::Tensor;
 use glance_core::{Error, Result};
 use glance_decode::Prefilled;
 use glance_models::llava::{FeatureSelect, ImageEncoding, Llava, PromptPlan, SegmentKind};
+use glance_models::text::TextModel;
 use glance_nn::CausalLm;
 use std::time::{Duration, Instant};
 
@@ -118,19 +119,41 @@ pub fn llava_input(
 /// count is per image). A no-op request returns the plan unchanged.
 pub fn transform(
     model: &Llava,
-    mut plan: PromptPlan,
+    plan: PromptPlan,
     images: &[&ImageEncoding],
     query_ids: &[u32],
     spec: &PruneSpec,
 ) -> Result<Pruned> {
+    transform_1d(
+        model.text(),
+        plan,
+        images.len(),
+        query_ids,
+        spec,
+        |index, query| llava_input(model, images[index], query),
+    )
+}
+
+/// The pruning step of any model with 1-D positions (LLaVA, InternVL): `plan` with its images
+/// pruned as `spec` says, kept rows at their own position ids. `n_images` encodings are behind
+/// `input_of(index, query)`, which gives image `index`'s `(prefix, candidates)`: `prefix` leading
+/// rows always kept and not candidates. `text` embeds the query and runs FastV.
+pub fn transform_1d(
+    text: &TextModel,
+    mut plan: PromptPlan,
+    n_images: usize,
+    query_ids: &[u32],
+    spec: &PruneSpec,
+    input_of: impl Fn(usize, Option<Tensor>) -> Result<(usize, PruneInput)>,
+) -> Result<Pruned> {
     spec.validate()?;
     let visual_tokens = plan.visual_tokens();
     let image_rows = plan.image_rows();
-    if image_rows.len() != images.len() {
+    if image_rows.len() != n_images {
         return Err(Error::Input(format!(
             "the prompt plan has {} image(s) but {} image encoding(s) were given",
             image_rows.len(),
-            images.len()
+            n_images
         )));
     }
     let stats = |kept: usize, select_time| PruneStats {
@@ -139,7 +162,7 @@ pub fn transform(
         kept_visual_tokens: kept,
         select_time,
     };
-    let stage = if spec.is_noop() || images.is_empty() {
+    let stage = if spec.is_noop() || n_images == 0 {
         Stage::Off
     } else {
         spec.policy.stage()
@@ -151,7 +174,6 @@ pub fn transform(
             stats: stats(visual_tokens, Duration::ZERO),
         }),
         Stage::InLlm => {
-            let text = model.text();
             let keep: usize = image_rows
                 .iter()
                 .map(|r| spec.budget.resolve(r.len()))
@@ -176,7 +198,7 @@ pub fn transform(
                 Error::Config(format!("policy `{}` has no pre-LLM selector", spec.policy))
             })?;
             let query = if spec.policy.uses_query() && !query_ids.is_empty() {
-                Some(model.text().embed_tokens(query_ids)?)
+                Some(text.embed_tokens(query_ids)?)
             } else {
                 None
             };
@@ -185,16 +207,16 @@ pub fn transform(
                 let SegmentKind::Image { index } = seg.kind else {
                     continue;
                 };
-                let enc = images[index];
                 let (s, len) = (seg.source.start, seg.source.len());
-                let (prefix, input) = llava_input(model, enc, query.clone())?;
+                let (prefix, input) = input_of(index, query.clone())?;
                 let k = spec.budget.resolve(len).saturating_sub(prefix).max(1);
                 let kept = select(pruner.as_ref(), &input, k)?;
                 let mut positions: Vec<u32> = (s..s + prefix).map(|p| p as u32).collect();
                 positions.extend(kept.index.iter().map(|&i| (s + prefix + i) as u32));
-                // (prefix + k, text_hidden): [CLS] (under `full`) then the kept tokens.
+                // (prefix + k, text_hidden): the prefix rows (LLaVA's [CLS] under `full`) then
+                // the kept tokens.
                 seg.rows = if prefix > 0 {
-                    Tensor::cat(&[&enc.features.narrow(0, 0, prefix)?, &kept.rows], 0)?
+                    Tensor::cat(&[&seg.rows.narrow(0, 0, prefix)?, &kept.rows], 0)?
                 } else {
                     kept.rows
                 };
@@ -212,12 +234,17 @@ pub fn transform(
 
 /// Runs a pruned plan: a causal prefill of its rows, or FastV's two-part prefill.
 pub fn prefill(model: &Llava, pruned: &Pruned) -> Result<Prefilled> {
+    prefill_1d(model.text(), pruned)
+}
+
+/// [`prefill`] on the decoder of any model with 1-D positions.
+pub fn prefill_1d(text: &TextModel, pruned: &Pruned) -> Result<Prefilled> {
     let rows = pruned.plan.rows()?;
     let positions = pruned.plan.positions();
     match &pruned.fastv {
-        None => glance_decode::prefill(model.text(), &rows, &positions),
+        None => glance_decode::prefill(text, &rows, &positions),
         Some(cut) => fastv::prefill(
-            model.text(),
+            text,
             &rows,
             &positions,
             None,

@@ -32,7 +32,8 @@ pub struct DecodeArgs {
     /// Instead of a checkpoint, a random-weight decoder of a preset shape: llama-134m (12 layers,
     /// d768), tinyllama-1.1b (22 layers, d2048, GQA 32/4), sheared-llama-2.7b (32 layers,
     /// d2560), llama-2-7b (32 layers, d4096), Qwen2.5-VL's decoders qwen2.5-vl-3b (36 layers,
-    /// d2048, GQA 16/2, tied) and qwen2.5-vl-7b (28 layers, d3584, GQA 28/4), or a whole random
+    /// d2048, GQA 16/2, tied) and qwen2.5-vl-7b (28 layers, d3584, GQA 28/4), InternVL-2.5-4B's
+    /// decoder internvl2.5-4b (Qwen2.5-3B: 36 layers, d2048, GQA 16/2, tied), or a whole random
     /// LLaVA: llava-7b (CLIP
     /// ViT-L/14-336 + Llama-2-7B; its text decoder is timed, its resident memory is the whole
     /// model's).
@@ -225,6 +226,9 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
             None => match glance_models::family::Family::of_dir(dir)? {
                 glance_models::family::Family::Llava => {
                     glance_models::llava::LlavaConfig::from_dir(dir).map(|c| c.text)
+                }
+                glance_models::family::Family::InternVl => {
+                    glance_models::internvl::InternVlConfig::from_dir(dir).map(|c| c.text)
                 }
                 _ => glance_models::qwen2_vl::Qwen2VlConfig::from_dir(dir).map(|c| c.text),
             },

@@ -6,6 +6,7 @@ use crate::cache::Encoding;
 use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_models::family::Family;
+use glance_models::internvl::{InternImageEncoding, InternVl, InternVlProcessor};
 use glance_models::llava::{
     BlockDiffusionConfig, Llava, LlavaProcessor, PreparedPrompt, PromptFormat, PromptPlan,
 };
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 pub enum Model {
     Llava(Arc<Llava>),
     Qwen2Vl(Arc<Qwen2Vl>),
+    InternVl(Arc<InternVl>),
 }
 
 /// What the request path reads of every family's config.
@@ -61,6 +63,19 @@ impl Model {
                 let encoding = Encoding::Llava(model.encode_image(&pixels)?);
                 Ok((encoding, preprocess, start.elapsed()))
             }
+            (Model::InternVl(model), _) => {
+                let pixels = processor
+                    .internvl()
+                    .ok_or_else(|| {
+                        Error::Config("an InternVL model needs its own processor".into())
+                    })?
+                    .image
+                    .preprocess(img, &Device::Cpu)?;
+                let preprocess = started.elapsed();
+                let start = Instant::now();
+                let encoding = Encoding::InternVl(model.encode_image(&pixels)?);
+                Ok((encoding, preprocess, start.elapsed()))
+            }
             (Model::Qwen2Vl(_), None) => Err(Error::Config(
                 "a Qwen2-VL model needs its own processor".into(),
             )),
@@ -79,7 +94,7 @@ impl Model {
                     .iter()
                     .filter_map(|e| match e {
                         Encoding::Qwen2Vl(q) => Some(q),
-                        Encoding::Llava(_) => None,
+                        _ => None,
                     })
                     .collect();
                 if qwen.len() != encodings.len() {
@@ -89,6 +104,7 @@ impl Model {
                 }
                 model.plan(ids, &qwen)
             }
+            Model::InternVl(model) => model.plan(ids, &internvl_encodings(encodings)?),
         }
     }
 
@@ -99,6 +115,7 @@ impl Model {
                 glance_models::qwen2_vl::QwenVlVersion::V2 => Family::Qwen2Vl,
                 glance_models::qwen2_vl::QwenVlVersion::V2_5 => Family::Qwen25Vl,
             },
+            Model::InternVl(_) => Family::InternVl,
         }
     }
 
@@ -107,6 +124,7 @@ impl Model {
         match self {
             Model::Llava(m) => m.text(),
             Model::Qwen2Vl(m) => m.text(),
+            Model::InternVl(m) => m.text(),
         }
     }
 
@@ -121,6 +139,11 @@ impl Model {
                 image_token_id: m.config().image_token_id,
                 text: &m.config().text,
                 block_diffusion: m.config().block_diffusion.as_ref(),
+            },
+            Model::InternVl(m) => ModelConfig {
+                image_token_id: m.config().image_token_id,
+                text: &m.config().text,
+                block_diffusion: None,
             },
         }
     }
@@ -158,6 +181,7 @@ pub struct Processor {
 enum Kind {
     Llava(Arc<LlavaProcessor>),
     Qwen2Vl(Arc<QwenVlProcessor>),
+    InternVl(Arc<InternVlProcessor>),
 }
 
 /// A processor's tokenizer (dereferences to [`TextProcessor`]).
@@ -171,6 +195,7 @@ impl std::ops::Deref for TextRef {
         match &self.0 {
             Kind::Llava(p) => &p.text,
             Kind::Qwen2Vl(p) => &p.text,
+            Kind::InternVl(p) => &p.text,
         }
     }
 }
@@ -188,12 +213,29 @@ impl Processor {
         }
     }
 
+    pub fn internvl_processor(p: Arc<InternVlProcessor>) -> Self {
+        Self {
+            text: TextRef(Kind::InternVl(p)),
+        }
+    }
+
+    /// The InternVL processor, when the model is one.
+    pub fn internvl(&self) -> Option<&InternVlProcessor> {
+        match &self.text.0 {
+            Kind::InternVl(p) => Some(p),
+            _ => None,
+        }
+    }
+
     /// The LLaVA processor, for tools that run LLaVA checkpoints only.
     pub fn llava(&self) -> Result<&LlavaProcessor> {
         match &self.text.0 {
             Kind::Llava(p) => Ok(p),
             Kind::Qwen2Vl(_) => Err(Error::InvalidParam(
                 "this needs a LLaVA checkpoint; the model is Qwen2-VL".into(),
+            )),
+            Kind::InternVl(_) => Err(Error::InvalidParam(
+                "this needs a LLaVA checkpoint; the model is InternVL".into(),
             )),
         }
     }
@@ -202,7 +244,7 @@ impl Processor {
     pub fn qwen(&self) -> Option<&QwenVlProcessor> {
         match &self.text.0 {
             Kind::Qwen2Vl(p) => Some(p),
-            Kind::Llava(_) => None,
+            _ => None,
         }
     }
 
@@ -212,6 +254,7 @@ impl Processor {
         match &self.text.0 {
             Kind::Llava(p) => p.query_ids(text),
             Kind::Qwen2Vl(p) => p.text.encode_plain(&text.replace(p.image_token(), " ")),
+            Kind::InternVl(p) => p.text.encode_plain(&text.replace(p.image_token(), " ")),
         }
     }
 
@@ -230,4 +273,19 @@ impl Processor {
     ) -> Result<PreparedPrompt> {
         self.llava()?.prepare(prompt, n_images, format)
     }
+}
+
+/// The InternVL encodings of a request's images (an image encoded for another model refused).
+pub(crate) fn internvl_encodings<'a>(
+    encodings: &[&'a Encoding],
+) -> Result<Vec<&'a InternImageEncoding>> {
+    encodings
+        .iter()
+        .map(|e| match e {
+            Encoding::InternVl(x) => Ok(x),
+            _ => Err(Error::Input(
+                "an image was encoded for another model".into(),
+            )),
+        })
+        .collect()
 }

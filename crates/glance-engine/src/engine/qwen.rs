@@ -10,7 +10,8 @@ use crate::request::KeptPatches;
 use crate::request::{ImageInput, Prompt};
 use candle_core::Device;
 use glance_core::{Error, Result};
-use glance_models::llava::PromptFormat;
+use glance_models::internvl::InternVlProcessor;
+use glance_models::llava::{PreparedPrompt, PromptFormat};
 use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_models::processing::chat::ChatMessage;
 use glance_models::qwen2_vl::QwenImageEncoding;
@@ -35,7 +36,7 @@ impl Engine {
             .iter()
             .filter_map(|e| match &e.entry.encoding {
                 Encoding::Qwen2Vl(q) => Some(q),
-                Encoding::Llava(_) => None,
+                _ => None,
             })
             .collect();
         let query = self.processor.query_ids(query)?;
@@ -103,10 +104,11 @@ impl Engine {
         Ok(engine)
     }
 
-    /// [`Engine::render`] for Qwen2-VL, whose image token counts depend on each image's size.
-    pub(super) fn render_qwen<'a>(
+    /// [`Engine::render`] for a family whose image token counts depend on each image's size
+    /// (Qwen2-VL, InternVL).
+    pub(super) fn render_sized<'a, P: SizedPrompts>(
         &self,
-        qwen: &QwenVlProcessor,
+        qwen: &P,
         prompt: &'a Prompt,
         images: Vec<&'a ImageInput>,
         continue_final: bool,
@@ -116,7 +118,7 @@ impl Engine {
             .iter()
             .map(|img| {
                 let (w, h) = image_dims(img, self.options.max_image_pixels)?;
-                qwen.image.tokens_for(h, w)
+                qwen.tokens_for(h, w)
             })
             .collect::<Result<Vec<usize>>>()?;
         let (prompt, query) = match prompt {
@@ -148,9 +150,63 @@ impl Engine {
     }
 }
 
+/// A processor whose prompts hold a number of image tokens that depends on each image's size.
+pub(super) trait SizedPrompts {
+    /// Image tokens an image of `height × width` pixels takes.
+    fn tokens_for(&self, height: usize, width: usize) -> Result<usize>;
+    fn prepare(
+        &self,
+        prompt: &str,
+        tokens: &[usize],
+        format: PromptFormat,
+    ) -> Result<PreparedPrompt>;
+    fn prepare_chat(&self, messages: &[ChatMessage], tokens: &[usize]) -> Result<PreparedPrompt>;
+    fn prepare_continuation(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+    ) -> Result<PreparedPrompt>;
+}
+
+macro_rules! sized_prompts {
+    ($t:ty, |$p:ident, $h:ident, $w:ident| $tokens:expr) => {
+        impl SizedPrompts for $t {
+            fn tokens_for(&self, $h: usize, $w: usize) -> Result<usize> {
+                let $p = self;
+                $tokens
+            }
+            fn prepare(
+                &self,
+                prompt: &str,
+                tokens: &[usize],
+                format: PromptFormat,
+            ) -> Result<PreparedPrompt> {
+                <$t>::prepare(self, prompt, tokens, format)
+            }
+            fn prepare_chat(
+                &self,
+                messages: &[ChatMessage],
+                tokens: &[usize],
+            ) -> Result<PreparedPrompt> {
+                <$t>::prepare_chat(self, messages, tokens)
+            }
+            fn prepare_continuation(
+                &self,
+                messages: &[ChatMessage],
+                tokens: &[usize],
+            ) -> Result<PreparedPrompt> {
+                <$t>::prepare_continuation(self, messages, tokens)
+            }
+        }
+    };
+}
+
+sized_prompts!(QwenVlProcessor, |p, h, w| p.image.tokens_for(h, w));
+sized_prompts!(InternVlProcessor, |p, h, w| p.tokens_for(h, w));
+
 /// `(width, height)` of an image, from its header when given as bytes (size-capped as decoding
 /// is).
-fn image_dims(image: &ImageInput, max_pixels: u64) -> Result<(usize, usize)> {
+pub(super) fn image_dims(image: &ImageInput, max_pixels: u64) -> Result<(usize, usize)> {
     match image {
         ImageInput::Decoded(img) => Ok((img.width() as usize, img.height() as usize)),
         ImageInput::Bytes(bytes) => {

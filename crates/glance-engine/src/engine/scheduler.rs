@@ -113,11 +113,14 @@ enum Source {
         images: Vec<PrefilledImage>,
         prefix: Option<PrefixPlan>,
     },
-    /// A pruned LLaVA plan, prefilled whole (FastV drops rows inside the decoder).
+    /// A pruned LLaVA / InternVL plan (1-D positions), prefilled whole (FastV drops rows inside
+    /// the decoder).
     Pruned {
         pruned: Box<glance_prune::Pruned>,
         /// The unpruned plan's image segments (their token ranges), for the kept patches.
         images: Vec<std::ops::Range<usize>>,
+        /// Each image's token grid `(rows, cols)`, the last `rows · cols` tokens of its range.
+        grids: Vec<(usize, usize)>,
     },
     /// A prompt prefilled while it was prepared (a pruned Qwen2-VL prompt: its 3-D positions
     /// go through its own prefill), with the prompt rows, visual tokens and patches it kept.
@@ -239,11 +242,6 @@ impl Engine {
                     (Source::Ready(Box::new(Some((out.state, kept)))), out.select)
                 }
                 Some(spec) => {
-                    let llava = self.model.llava()?;
-                    let encodings: Vec<_> = encoded
-                        .iter()
-                        .filter_map(|e| e.entry.encoding.llava())
-                        .collect();
                     let query = self.processor.query_ids(&rendered.query)?;
                     let images = plan
                         .segments
@@ -251,13 +249,14 @@ impl Engine {
                         .filter(|s| matches!(s.kind, SegmentKind::Image { .. }))
                         .map(|s| s.source.clone())
                         .collect();
-                    let pruned = glance_prune::transform(llava, plan, &encodings, &query, spec)?;
+                    let (pruned, grids) = self.transform_1d(plan, &encoded, &query, spec)?;
                     let positions = pruned.plan.positions();
                     glance_decode::check_prompt(self.model.text(), positions.len(), &positions)?;
                     let select = pruned.stats.select_time;
                     let source = Source::Pruned {
                         pruned: Box::new(pruned),
                         images,
+                        grids,
                     };
                     (source, select)
                 }
@@ -495,12 +494,14 @@ impl Engine {
                 s.prefill = state.elapsed;
                 state
             }
-            Source::Pruned { pruned, images } => {
-                let llava = self.model.llava()?;
-                let mut state = glance_prune::prefill(llava, pruned)?;
+            Source::Pruned {
+                pruned,
+                images,
+                grids,
+            } => {
+                let mut state = glance_prune::prefill_1d(self.model.text(), pruned)?;
                 attach_images(&mut state, &pruned.plan);
-                let side = llava.config().vision.grid();
-                let patches = kept_patches(images, side, &state.positions);
+                let patches = kept_patches(images, grids, &state.positions);
                 s.kept = Some((state.prompt_len(), pruned.stats.kept_visual_tokens, patches));
                 s.prefill = state.elapsed;
                 state

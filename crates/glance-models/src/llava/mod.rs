@@ -20,7 +20,7 @@ mod vision;
 
 pub use config::{BlockDiffusionConfig, FeatureSelect, LlavaConfig, VisionConfig};
 pub use model::{ImageEncoding, Llava, WeightLayout};
-pub use plan::{PromptPlan, Segment, SegmentKind};
+pub use plan::{plan_1d, PromptPlan, Segment, SegmentKind};
 pub use processor::{LlavaProcessor, PreparedPrompt, ProcessorFiles, PromptFormat};
 pub use projector::Projector;
 pub use vision::{ClipVision, VisionOutput};

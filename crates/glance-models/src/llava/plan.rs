@@ -136,51 +136,74 @@ impl Llava {
                 self.config().image_tokens_per_image()
             )));
         }
-        let text = self.text();
-        let mut segments = Vec::with_capacity(2 * images.len() + 1);
-        let mut next_image = 0;
-        let mut i = 0;
-        while i < ids.len() {
-            let is_image = ids[i] == image_id;
-            let end = i + ids[i..]
-                .iter()
-                .take_while(|&&x| (x == image_id) == is_image)
-                .count();
-            if !is_image {
-                segments.push(Segment {
-                    kind: SegmentKind::Text,
-                    rows: text.embed_tokens(&ids[i..end])?,
-                    positions: (i as u32..end as u32).collect(),
-                    mrope: None,
-                    source: i..end,
-                });
-            }
-            // A run of image tokens holds the next images, each `features.dim(0)` rows long.
-            let mut at = i;
-            while is_image && at < end {
-                let f = images[next_image];
-                let n = f.dim(0)?;
-                if n == 0 || at + n > end {
-                    return Err(Error::Input(format!(
-                        "image {next_image} has {n} features but its run of image tokens holds {}",
-                        end - at
-                    )));
-                }
-                segments.push(Segment {
-                    kind: SegmentKind::Image { index: next_image },
-                    rows: f.clone(),
-                    positions: (at as u32..(at + n) as u32).collect(),
-                    mrope: None,
-                    source: at..at + n,
-                });
-                next_image += 1;
-                at += n;
-            }
-            i = end;
-        }
-        Ok(PromptPlan {
-            ids: ids.to_vec(),
-            segments,
-        })
+        plan_1d(self.text(), image_id, ids, images)
     }
+}
+
+/// The plan of a prompt for a model with 1-D positions (every row at its index): `ids` with every
+/// image placeholder expanded to `image_id` tokens and `images` the projected features
+/// `(n_i, text_hidden)` of each image in prompt order; the runs of image tokens take the images in
+/// order, `n_i` rows each (adjacent images share one run). Text runs are embedded here, once.
+pub fn plan_1d(
+    text: &crate::text::TextModel,
+    image_id: u32,
+    ids: &[u32],
+    images: &[&Tensor],
+) -> Result<PromptPlan> {
+    let mut segments = Vec::with_capacity(2 * images.len() + 1);
+    let mut next_image = 0;
+    let mut i = 0;
+    while i < ids.len() {
+        let is_image = ids[i] == image_id;
+        let end = i + ids[i..]
+            .iter()
+            .take_while(|&&x| (x == image_id) == is_image)
+            .count();
+        if !is_image {
+            segments.push(Segment {
+                kind: SegmentKind::Text,
+                rows: text.embed_tokens(&ids[i..end])?,
+                positions: (i as u32..end as u32).collect(),
+                mrope: None,
+                source: i..end,
+            });
+        }
+        // A run of image tokens holds the next images, each `features.dim(0)` rows long.
+        let mut at = i;
+        while is_image && at < end {
+            let f = images.get(next_image).ok_or_else(|| {
+                Error::Input(format!(
+                    "the prompt has more image tokens than its {} image(s) give",
+                    images.len()
+                ))
+            })?;
+            let n = f.dim(0)?;
+            if n == 0 || at + n > end {
+                return Err(Error::Input(format!(
+                    "image {next_image} has {n} features but its run of image tokens holds {}",
+                    end - at
+                )));
+            }
+            segments.push(Segment {
+                kind: SegmentKind::Image { index: next_image },
+                rows: (*f).clone(),
+                positions: (at as u32..(at + n) as u32).collect(),
+                mrope: None,
+                source: at..at + n,
+            });
+            next_image += 1;
+            at += n;
+        }
+        i = end;
+    }
+    if next_image != images.len() {
+        return Err(Error::Input(format!(
+            "the prompt has image tokens for {next_image} image(s) but {} were given",
+            images.len()
+        )));
+    }
+    Ok(PromptPlan {
+        ids: ids.to_vec(),
+        segments,
+    })
 }

@@ -38,7 +38,9 @@ use image::DynamicImage;
 
 use glance_core::{Error, Result};
 
-pub use config::{CropSize, PreprocessorConfig, ResizeTo, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD};
+pub use config::{
+    image_processor_json, CropSize, PreprocessorConfig, ResizeTo, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD,
+};
 pub use decode::{
     decode_image, decode_image_with_limit, load_image, png_header_only, read_image_bytes,
     DEFAULT_MAX_PIXELS,

@@ -94,22 +94,7 @@ pub struct QwenImageProcessor {
 impl QwenImageProcessor {
     /// Reads `preprocessor_config.json`, else `processor_config.json`'s `image_processor`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
-        let pre = dir.join("preprocessor_config.json");
-        let proc = dir.join("processor_config.json");
-        let (json, path) = if pre.is_file() {
-            (crate::checkpoint::read_json::<Value>(&pre)?, pre)
-        } else if proc.is_file() {
-            let v: Value = crate::checkpoint::read_json(&proc)?;
-            let inner = v.get("image_processor").cloned().ok_or_else(|| {
-                Error::Config(format!("{}: no `image_processor` entry", proc.display()))
-            })?;
-            (inner, proc)
-        } else {
-            return Err(Error::MissingFile {
-                dir: dir.to_path_buf(),
-                what: "preprocessor_config.json or processor_config.json (image settings)".into(),
-            });
-        };
+        let (json, path) = crate::processing::image::image_processor_json(dir)?;
         Self::from_json(&json).map_err(|e| match e {
             Error::Config(m) => Error::Config(format!("{}: {m}", path.display())),
             e => e,

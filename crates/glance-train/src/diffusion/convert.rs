@@ -125,6 +125,11 @@ pub fn build(
                 [layout.text, layout.lm_head],
             ))
         }
+        Target::InternVl(_) => Err(TrainError::Config(
+            "the block-diffusion conversion takes LLaVA and Qwen2-VL / Qwen2.5-VL checkpoints; \
+             InternVL is not supported yet"
+                .into(),
+        )),
     }
 }
 

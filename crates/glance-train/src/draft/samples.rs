@@ -28,6 +28,7 @@ use candle_core::{Device, Tensor};
 use glance_core::SamplingParams;
 use glance_decode::{Autoregressive, DecodeStrategy, GenerateConfig, Sampler};
 use glance_models::family::Family as ModelFamily;
+use glance_models::internvl::{InternVl, InternVlConfig, InternVlProcessor};
 use glance_models::llava::Llava;
 use glance_models::processing::chat::ChatMessage;
 use glance_models::qwen2_vl::{Qwen2Vl, Qwen2VlConfig, QwenVlProcessor};
@@ -119,6 +120,9 @@ pub enum Target {
     /// A Qwen2-VL / Qwen2.5-VL target, with its processor (prompts are rendered by its chat
     /// template; image rows have 3-D positions).
     Qwen2Vl(Box<(Qwen2Vl, QwenVlProcessor)>),
+    /// An InternVL target, with its processor (prompts rendered by its chat template; 1-D
+    /// positions).
+    InternVl(Box<(InternVl, InternVlProcessor)>),
 }
 
 impl Target {
@@ -126,23 +130,12 @@ impl Target {
         match self {
             Target::Llava(m) => m.text(),
             Target::Qwen2Vl(q) => q.0.text(),
+            Target::InternVl(q) => q.0.text(),
         }
     }
 
     pub fn text_config(&self) -> &TextConfig {
         self.text().config()
-    }
-
-    /// The LLaVA target, for what only runs on LLaVA (the block-diffusion conversion).
-    pub fn llava(&self) -> Result<&Llava> {
-        match self {
-            Target::Llava(m) => Ok(m.as_ref()),
-            Target::Qwen2Vl(_) => Err(TrainError::Config(
-                "this takes a LLaVA checkpoint; Qwen2-VL targets are supported by `train draft` \
-                 only"
-                    .into(),
-            )),
-        }
     }
 }
 
@@ -181,6 +174,12 @@ impl SampleSource {
                 let data = WorldData::new(dir, target.config(), device)?;
                 (Target::Llava(Box::new(target)), Some(data))
             }
+            ModelFamily::InternVl => {
+                let config = InternVlConfig::from_dir(dir)?;
+                let processor = InternVlProcessor::from_dir(dir, &config)?;
+                let model = InternVl::load(dir, device)?;
+                (Target::InternVl(Box::new((model, processor))), None)
+            }
             _ => {
                 let config = Qwen2VlConfig::from_dir(dir)?;
                 let processor = QwenVlProcessor::from_dir(dir, &config)?;
@@ -191,6 +190,7 @@ impl SampleSource {
         let text = match (&target, &data) {
             (_, Some(d)) => &d.processor.text,
             (Target::Qwen2Vl(q), None) => &q.1.text,
+            (Target::InternVl(q), None) => &q.1.text,
             (Target::Llava(_), None) => {
                 return Err(TrainError::Config("a LLaVA target needs its data".into()))
             }
@@ -238,6 +238,7 @@ impl SampleSource {
         match (&self.target, &self.data) {
             (_, Some(d)) => d.processor.text.token_id(token),
             (Target::Qwen2Vl(q), None) => q.1.text.token_id(token),
+            (Target::InternVl(q), None) => q.1.text.token_id(token),
             (Target::Llava(_), None) => None,
         }
     }
@@ -307,6 +308,9 @@ impl SampleSource {
             (Target::Llava(target), Some(data)) => (target, data),
             (Target::Qwen2Vl(q), _) => {
                 return self.generate_qwen(&q.0, &q.1, &scene, question, index, max_new)
+            }
+            (Target::InternVl(q), _) => {
+                return self.generate_internvl(&q.0, &q.1, &scene, question, index, max_new)
             }
             (Target::Llava(_), None) => {
                 return Err(TrainError::Config("a LLaVA target needs its data".into()))
@@ -427,6 +431,49 @@ impl SampleSource {
             prompt_ids: prompt.ids,
             positions,
             mrope: Some(mrope),
+            answer,
+            question,
+            world_index: index,
+        })
+    }
+
+    /// [`SampleSource::generate`] for an InternVL target: the question as one user turn with the
+    /// image first, rendered by the target's chat template; the image tiled as its processor
+    /// says.
+    fn generate_internvl(
+        &self,
+        model: &InternVl,
+        processor: &InternVlProcessor,
+        scene: &glance_world::Scene,
+        question: String,
+        index: u64,
+        max_new: usize,
+    ) -> Result<Sample> {
+        let img = image::DynamicImage::ImageRgb8(glance_world::render(scene));
+        let pixels = processor.image.preprocess(&img, &Device::Cpu)?;
+        let enc = model.encode_image(&pixels)?;
+        let tokens = enc.features.dim(0)?;
+        let prompt = processor.prepare_chat(&[ChatMessage::user(&question, 1)], &[tokens])?;
+        let plan = model.plan(&prompt.ids, &[&enc])?;
+        let image_rows = plan
+            .image_rows()
+            .into_iter()
+            .next()
+            .ok_or_else(|| TrainError::Config("the prompt has no image".into()))?;
+        let prompt_rows = plan.rows()?;
+        let p = prompt_rows.dim(0)?;
+        let room = model.text().max_positions().saturating_sub(p);
+        let positions: Vec<u32> = (0..p as u32).collect();
+        let (rows, hidden, answer) =
+            self.answer(prompt_rows, &positions, None, max_new.min(room))?;
+        Ok(Sample {
+            rows,
+            hidden,
+            image_rows,
+            prompt_len: p,
+            prompt_ids: prompt.ids,
+            positions: (0..(p + answer.len()) as u32).collect(),
+            mrope: None,
             answer,
             question,
             world_index: index,

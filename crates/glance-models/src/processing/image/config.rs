@@ -14,6 +14,28 @@ use serde_json::Value as Json;
 
 use glance_core::{Error, Result};
 
+/// The image processor's settings of a checkpoint in either layout: `preprocessor_config.json`
+/// (published checkpoints), else the `image_processor` entry of `processor_config.json` (what
+/// transformers 5's `processor.save_pretrained` writes). Returns the settings and the file read.
+pub fn image_processor_json(dir: &Path) -> Result<(Json, std::path::PathBuf)> {
+    let pre = dir.join("preprocessor_config.json");
+    let proc = dir.join("processor_config.json");
+    if pre.is_file() {
+        return Ok((crate::checkpoint::read_json::<Json>(&pre)?, pre));
+    }
+    if proc.is_file() {
+        let v: Json = crate::checkpoint::read_json(&proc)?;
+        let inner = v.get("image_processor").cloned().ok_or_else(|| {
+            Error::Config(format!("{}: no `image_processor` entry", proc.display()))
+        })?;
+        return Ok((inner, proc));
+    }
+    Err(Error::MissingFile {
+        dir: dir.to_path_buf(),
+        what: "preprocessor_config.json or processor_config.json (image settings)".into(),
+    })
+}
+
 /// OpenAI CLIP's normalisation mean (transformers' `OPENAI_CLIP_MEAN`).
 pub const OPENAI_CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
 /// OpenAI CLIP's normalisation std (transformers' `OPENAI_CLIP_STD`).
