@@ -5,7 +5,9 @@
 //! glance's own per-request options: visual-token pruning and the decoding strategy.
 
 use glance_core::{Error, Result, SamplingParams, TokenId};
-use glance_decode::{DecodeSpec, DecodeStats, DiffusionSettings, TokenLogprob, TreeSettings};
+use glance_decode::{
+    DecodeSpec, DecodeStats, DiffusionSettings, OutputFormat, TokenLogprob, TreeSettings,
+};
 use glance_prune::PruneSpec;
 use serde::Serialize;
 use std::sync::Arc;
@@ -178,6 +180,11 @@ pub struct Request {
     /// Continue the conversation's last message (an assistant message) instead of starting a
     /// new turn.
     pub continue_final_message: bool,
+    /// The answer follows this format (constrained decoding; `None`: free text).
+    pub format: Option<OutputFormat>,
+    /// The chat template's `tools` variable (a list of `{"type": "function", "function": …}`);
+    /// `None`: undefined.
+    pub tools: Option<serde_json::Value>,
 }
 
 impl Request {
@@ -195,6 +202,8 @@ impl Request {
             ignore_eos: false,
             logprobs: None,
             continue_final_message: false,
+            format: None,
+            tools: None,
         }
     }
 

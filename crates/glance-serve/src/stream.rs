@@ -2,6 +2,10 @@
 //! text piece (with its tokens' log-probabilities when asked for), a final chunk with its finish
 //! reason; once every choice has ended, the usage chunk when asked for, then `data: [DONE]`.
 //! Dropping it (the client went away) drops the receiver, which cancels the generations.
+//!
+//! With tools (`tool_choice` other than `none`) a chat answer is held until it ends: only the
+//! whole text tells a call from content. Then its content and its `tool_calls` (each call whole,
+//! with its `index`) come as two deltas before the finish chunk.
 
 use crate::chat::{Api, Msg};
 use crate::error::ApiError;
@@ -135,6 +139,11 @@ impl SseStream {
         }
     }
 
+    /// Whether chat answers are held to their end (tools).
+    fn holds(&self) -> bool {
+        self.shape.api == Api::Chat && self.shape.calls().is_some()
+    }
+
     fn data(&mut self, payload: &str) {
         self.pending
             .push_back(Bytes::from(format!("data: {payload}\n\n")));
@@ -142,10 +151,33 @@ impl SseStream {
 
     fn on(&mut self, msg: Option<Msg>) {
         match msg {
+            Some(Msg::Text(_, _)) if self.holds() => {}
             Some(Msg::Text(i, t)) => self.piece(i, &t, None),
             Some(Msg::Logprob(i, l)) => self.logprobs[i].push(l),
             Some(Msg::Done(i, r)) => {
-                let finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
+                let mut finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
+                if self.holds() {
+                    let (message, f) = openai::message(&self.ids, i, &r, &self.shape);
+                    finish = f.unwrap_or(finish);
+                    match message.get("content") {
+                        Some(Value::String(c)) if !c.is_empty() => {
+                            self.event(i, json!({"content": c}), None)
+                        }
+                        _ => {}
+                    }
+                    if let Some(Value::Array(calls)) = message.get("tool_calls") {
+                        let indexed: Vec<Value> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, c)| {
+                                let mut c = c.clone();
+                                c["index"] = json!(k);
+                                c
+                            })
+                            .collect();
+                        self.event(i, json!({"tool_calls": indexed}), None);
+                    }
+                }
                 self.piece(i, "", Some(finish));
                 self.finished[i] = Some(r);
                 if self.finished.iter().all(Option::is_some) {

@@ -106,6 +106,7 @@ impl Engine {
         images: Vec<&'a ImageInput>,
         continue_final: bool,
         want_query: bool,
+        tools: Option<&serde_json::Value>,
     ) -> Result<Rendered<'a>> {
         let tokens = images
             .iter()
@@ -128,9 +129,9 @@ impl Engine {
                     String::new()
                 };
                 let prepared = if continue_final {
-                    qwen.prepare_continuation(&chat, &tokens)?
+                    qwen.prepare_continuation_with(&chat, &tokens, tools)?
                 } else {
-                    qwen.prepare_chat(&chat, &tokens)?
+                    qwen.prepare_chat_with(&chat, &tokens, tools)?
                 };
                 (prepared, query)
             }

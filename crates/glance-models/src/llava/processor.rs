@@ -176,9 +176,18 @@ impl LlavaProcessor {
     /// tokenises it. Without a template, LLaVA-1.5's format: `USER: <image>\n… ASSISTANT: …`,
     /// turns separated by the EOS text after each answer, system text first.
     pub fn prepare_chat(&self, messages: &[ChatMessage]) -> Result<PreparedPrompt> {
+        self.prepare_chat_with(messages, None)
+    }
+
+    /// [`Self::prepare_chat`] with the template's `tools` variable.
+    pub fn prepare_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         let n_images = messages.iter().map(ChatMessage::num_images).sum();
         let text = match self.text.chat_template() {
-            Some(_) => self.text.apply_chat_template(messages, true)?,
+            Some(_) => self.text.apply_chat_template_with(messages, true, tools)?,
             None => self.plain_chat(messages)?,
         };
         self.tokenize(text, n_images, PromptFormat::Chat)
@@ -188,6 +197,15 @@ impl LlavaProcessor {
     /// answered: rendered without a generation prompt and cut right after that message's text
     /// (trailing whitespace trimmed), as Hugging Face's `continue_final_message` does.
     pub fn prepare_continuation(&self, messages: &[ChatMessage]) -> Result<PreparedPrompt> {
+        self.prepare_continuation_with(messages, None)
+    }
+
+    /// [`Self::prepare_continuation`] with the template's `tools` variable.
+    pub fn prepare_continuation_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         let last = messages.last().map(ChatMessage::text).unwrap_or_default();
         let last = last.trim_end();
         if last.is_empty() {
@@ -197,7 +215,7 @@ impl LlavaProcessor {
         }
         let n_images = messages.iter().map(ChatMessage::num_images).sum();
         let full = match self.text.chat_template() {
-            Some(_) => self.text.apply_chat_template(messages, false)?,
+            Some(_) => self.text.apply_chat_template_with(messages, false, tools)?,
             None => self.plain_chat(messages)?,
         };
         let end = full.rfind(last).map(|i| i + last.len()).ok_or_else(|| {

@@ -157,11 +157,32 @@ impl ContentPart {
 /// A map that iterates in insertion order (minijinja's own maps sort their keys without its
 /// `preserve_order` feature; Python dicts keep insertion order).
 #[derive(Debug)]
-struct OrderedMap(Vec<(&'static str, Value)>);
+struct OrderedMap(Vec<(String, Value)>);
 
 impl OrderedMap {
-    fn value(entries: Vec<(&'static str, Value)>) -> Value {
-        Value::from_object(OrderedMap(entries))
+    fn value(entries: Vec<(&str, Value)>) -> Value {
+        let entries = entries.into_iter().map(|(k, v)| (k.to_string(), v));
+        Value::from_object(OrderedMap(entries.collect()))
+    }
+
+    /// A JSON value as a template value, objects keeping their key order (as Python's `json`
+    /// gives them to transformers' templates).
+    fn json(v: &serde_json::Value) -> Value {
+        use serde_json::Value as J;
+        match v {
+            J::Null => Value::from(()),
+            J::Bool(b) => Value::from(*b),
+            J::Number(n) => match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) => Value::from(i),
+                (None, Some(f)) => Value::from(f),
+                (None, None) => Value::from(n.to_string()),
+            },
+            J::String(s) => Value::from(s.as_str()),
+            J::Array(a) => Value::from(a.iter().map(Self::json).collect::<Vec<_>>()),
+            J::Object(m) => Value::from_object(OrderedMap(
+                m.iter().map(|(k, v)| (k.clone(), Self::json(v))).collect(),
+            )),
+        }
     }
 }
 
@@ -174,12 +195,17 @@ impl Object for OrderedMap {
         let key = key.as_str()?;
         self.0
             .iter()
-            .find(|(k, _)| *k == key)
+            .find(|(k, _)| k == key)
             .map(|(_, v)| v.clone())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(self.0.iter().map(|(k, _)| Value::from(*k)).collect())
+        Enumerator::Values(
+            self.0
+                .iter()
+                .map(|(k, _)| Value::from(k.as_str()))
+                .collect(),
+        )
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
@@ -271,9 +297,25 @@ impl ChatTemplate {
         bos_token: Option<&str>,
         eos_token: Option<&str>,
     ) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, bos_token, eos_token, None)
+    }
+
+    /// [`Self::render`] with the `tools` variable defined (transformers'
+    /// `apply_chat_template(…, tools=…)`: a list of `{"type": "function", "function": {…}}`).
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
         let mut ctx = std::collections::BTreeMap::new();
         ctx.insert("messages", Value::from(messages));
+        if let Some(tools) = tools {
+            ctx.insert("tools", OrderedMap::json(tools));
+        }
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         if let Some(bos) = bos_token {
             ctx.insert("bos_token", Value::from(bos));

@@ -286,6 +286,16 @@ impl QwenVlProcessor {
         messages: &[ChatMessage],
         tokens: &[usize],
     ) -> Result<PreparedPrompt> {
+        self.prepare_chat_with(messages, tokens, None)
+    }
+
+    /// [`Self::prepare_chat`] with the template's `tools` variable.
+    pub fn prepare_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         if self.text.chat_template().is_none() {
             return Err(Error::Template(
                 "this Qwen2-VL checkpoint has no chat template (tokenizer_config.json, \
@@ -293,7 +303,7 @@ impl QwenVlProcessor {
                     .into(),
             ));
         }
-        let text = self.text.apply_chat_template(messages, true)?;
+        let text = self.text.apply_chat_template_with(messages, true, tools)?;
         self.tokenize(text, tokens, PromptFormat::Chat)
     }
 
@@ -304,6 +314,16 @@ impl QwenVlProcessor {
         messages: &[ChatMessage],
         tokens: &[usize],
     ) -> Result<PreparedPrompt> {
+        self.prepare_continuation_with(messages, tokens, None)
+    }
+
+    /// [`Self::prepare_continuation`] with the template's `tools` variable.
+    pub fn prepare_continuation_with(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         let last = messages.last().map(ChatMessage::text).unwrap_or_default();
         let last = last.trim_end();
         if last.is_empty() {
@@ -311,7 +331,7 @@ impl QwenVlProcessor {
                 "the final message to continue has no text".into(),
             ));
         }
-        let full = self.text.apply_chat_template(messages, false)?;
+        let full = self.text.apply_chat_template_with(messages, false, tools)?;
         let end = full.rfind(last).map(|i| i + last.len()).ok_or_else(|| {
             Error::Template(
                 "the chat template does not render the final message's text as given, so it \
