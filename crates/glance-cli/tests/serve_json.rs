@@ -151,41 +151,26 @@ fn json_schema_answers_validate_on_20_prompts_streamed_or_not() {
     }
 }
 
+/// One small tool: the fixture's context is 512 tokens, and its byte-level vocabulary spells
+/// JSON nearly a token a character.
 fn weather_tools() -> Value {
-    json!([
-        {"type": "function", "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {"type": "object",
-                "properties": {"city": {"enum": ["Paris", "Oslo"]},
-                               "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-                "required": ["city", "days"], "additionalProperties": false}}},
-        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
-            "additionalProperties": false}}}
-    ])
+    json!([{"type": "function", "function": {"name": "weather", "parameters": {"type": "object",
+        "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+        "additionalProperties": false}}}])
 }
 
-/// A call's arguments are valid under its function's schema.
+/// A call's arguments are valid under the tool's schema.
 fn assert_call(call: &Value) {
     assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
     assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "weather");
     let args: Value =
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    match call["function"]["name"].as_str().unwrap() {
-        "get_weather" => {
-            assert!(
-                ["Paris", "Oslo"].contains(&args["city"].as_str().unwrap()),
-                "{args}"
-            );
-            assert!((1..=7).contains(&args["days"].as_u64().unwrap()), "{args}");
-        }
-        "get_time" => assert!(
-            ["UTC", "CET"].contains(&args["zone"].as_str().unwrap()),
-            "{args}"
-        ),
-        other => panic!("unknown function {other}"),
-    }
+    assert!(
+        ["Paris", "Oslo"].contains(&args["city"].as_str().unwrap_or("")),
+        "{args}"
+    );
+    assert_eq!(args.as_object().unwrap().len(), 1, "{args}");
 }
 
 #[test]
@@ -214,7 +199,7 @@ fn tools_reach_the_template_and_forced_calls_come_back_as_tool_calls() {
         "{auto}"
     );
     // A named function: its arguments, decoded under its schema.
-    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let named = json!({"type": "function", "function": {"name": "weather"}});
     let b = chat(
         q,
         json!({"temperature": 0, "tools": weather_tools(), "tool_choice": named}),
@@ -225,7 +210,7 @@ fn tools_reach_the_template_and_forced_calls_come_back_as_tool_calls() {
     assert!(choice["message"]["content"].is_null(), "{v}");
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["name"], "weather");
     assert_call(&calls[0]);
     // Streamed: the same call in one delta with its index, then the finish reason.
     let mut sb = b.clone();
@@ -254,7 +239,7 @@ fn tools_reach_the_template_and_forced_calls_come_back_as_tool_calls() {
         json!({"temperature": 1.0, "seed": 3}),
     ] {
         let mut e = json!({"tools": weather_tools(), "tool_choice": "required",
-                           "parallel_tool_calls": false});
+                           "parallel_tool_calls": false, "max_tokens": 100});
         e.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
@@ -346,8 +331,8 @@ r = client.chat.completions.create(
 print(r.choices[0].message.content)
 r = client.chat.completions.create(
     model="llama-gqa", messages=[{{"role": "user", "content": "Weather?"}}],
-    max_tokens=400, temperature=0, tools=tools,
-    tool_choice={{"type": "function", "function": {{"name": "get_weather"}}}})
+    max_tokens=100, temperature=0, tools=tools,
+    tool_choice={{"type": "function", "function": {{"name": "weather"}}}})
 c = r.choices[0].message.tool_calls[0]
 print(json.dumps({{"id": c.id, "type": c.type,
                   "function": {{"name": c.function.name, "arguments": c.function.arguments}}}}))
@@ -371,7 +356,7 @@ print(r.choices[0].finish_reason)
     assert_eq!(lines.len(), 3, "{stdout}");
     assert_valid(lines[0]);
     let call: Value = serde_json::from_str(lines[1]).unwrap();
-    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["name"], "weather");
     assert_call(&call);
     assert_eq!(lines[2], "tool_calls");
 }
