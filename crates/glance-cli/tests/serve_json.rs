@@ -149,6 +149,14 @@ fn json_schema_answers_validate_on_20_prompts_streamed_or_not() {
             "{v}"
         );
     }
+    for (field, value) in [("ignore_eos", json!(true)), ("min_tokens", json!(5))] {
+        let (status, v) = server.chat(&chat(
+            "x",
+            json!({"response_format": format(), field: value}),
+        ));
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+    }
 }
 
 /// One small tool: the fixture's context is 512 tokens, and its byte-level vocabulary spells
@@ -198,6 +206,26 @@ fn tools_reach_the_template_and_forced_calls_come_back_as_tool_calls() {
         auto["choices"][0]["message"]["tool_calls"].is_null(),
         "{auto}"
     );
+    // Streamed, `auto` content arrives as it comes (held back only where a call may start).
+    let mut sb = chat(
+        q,
+        json!({"temperature": 0, "max_tokens": 8, "tools": weather_tools()}),
+    );
+    sb["stream"] = json!(true);
+    let (status, events) = server.chat_stream(&sb);
+    assert_eq!(status, 200);
+    let text = auto["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(stream_text(&events), text);
+    let pieces = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .count();
+    assert!(pieces >= 2, "{events:?}");
     // A named function: its arguments, decoded under its schema.
     let named = json!({"type": "function", "function": {"name": "weather"}});
     let b = chat(

@@ -12,7 +12,7 @@
 
 use crate::chat::Api;
 use crate::error::ApiError;
-use crate::tools::{Choice, Tools};
+use crate::tools::{Call, Choice, Tools};
 use crate::App;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
@@ -189,6 +189,23 @@ impl Shape {
     }
 }
 
+/// The content and the tool calls of an answer's `text` (or of its part not yet streamed), ended
+/// for `finish`: with tools, the calls `text` makes (none when it was cut short); the whole text
+/// is the content when it makes none.
+pub fn answer_parts(
+    shape: &Shape,
+    text: &str,
+    finish: FinishReason,
+) -> (Option<String>, Vec<Call>) {
+    match shape.calls() {
+        Some(tools) if finish != FinishReason::Length => match tools.read(text) {
+            (_, calls) if calls.is_empty() => (Some(text.to_string()), calls),
+            read => read,
+        },
+        _ => (Some(text.to_string()), Vec::new()),
+    }
+}
+
 /// Choice `r`'s message (`content`, and `tool_calls` read from the answer when the request has
 /// tools) and finish reason (`tool_calls` when it made calls).
 pub fn message(
@@ -197,13 +214,12 @@ pub fn message(
     r: &Response,
     shape: &Shape,
 ) -> (Value, Option<&'static str>) {
-    let finish = finish_reason(r.finish_reason);
-    let Some(tools) = shape.calls() else {
-        return (json!({"role": "assistant", "content": r.text}), finish);
-    };
-    let (content, calls) = tools.read(&r.text);
-    if calls.is_empty() || r.finish_reason == FinishReason::Length {
-        return (json!({"role": "assistant", "content": r.text}), finish);
+    let (content, calls) = answer_parts(shape, &r.text, r.finish_reason);
+    if calls.is_empty() {
+        return (
+            json!({"role": "assistant", "content": content}),
+            finish_reason(r.finish_reason),
+        );
     }
     let calls = crate::tools::calls_json(&calls, &ids.id, index);
     (
@@ -514,11 +530,18 @@ impl ChatRequest {
             }
         }
         if let Some(f) = &self.format {
-            if self.ignore_eos == Some(true) {
+            // Past the end of its JSON, end-of-sequence is the only token a grammar allows.
+            let forced_eos = [
+                ("ignore_eos", self.ignore_eos == Some(true)),
+                ("min_tokens", self.min_tokens.is_some_and(|n| n > 0)),
+            ];
+            if let Some((field, _)) = forced_eos.iter().find(|f| f.1) {
                 return Err(ApiError::bad_param(
-                    "ignore_eos",
-                    "ignore_eos cannot be combined with response_format: a structured answer \
-                     ends where its JSON ends",
+                    field,
+                    format!(
+                        "{field} cannot be combined with structured output (response_format or a \
+                         forced tool call): the answer ends where its JSON ends"
+                    ),
                 ));
             }
             if self.tool_plan.as_ref().is_none_or(|t| t.format().is_none()) {

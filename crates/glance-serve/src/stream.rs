@@ -3,14 +3,16 @@
 //! reason; once every choice has ended, the usage chunk when asked for, then `data: [DONE]`.
 //! Dropping it (the client went away) drops the receiver, which cancels the generations.
 //!
-//! With tools (`tool_choice` other than `none`) a chat answer is held until it ends: only the
-//! whole text tells a call from content. Then its content and its `tool_calls` (each call whole,
-//! with its `index`) come as two deltas before the finish chunk.
+//! With tools (`tool_choice` other than `none`) a chat answer is held back where it may be a
+//! call: with `auto`, its text streams up to a `<tool_call>` (or what may start one); a forced
+//! call's whole answer is held. At the end, the rest of the content and the `tool_calls` (each
+//! call whole, with its `index`) come as two deltas before the finish chunk.
 
 use crate::chat::{Api, Msg};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::openai::{self, Ids, Shape};
+use crate::tools::Choice;
 use crate::App;
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -34,6 +36,9 @@ pub(crate) struct SseStream {
     logprobs: Vec<Vec<TokenLogprob>>,
     /// Per choice: bytes of text sent so far (legacy `text_offset`).
     offsets: Vec<usize>,
+    /// Per choice, with tools: the answer so far, and how many of its bytes were sent.
+    held: Vec<String>,
+    sent: Vec<usize>,
     finished: Vec<Option<Box<glance_engine::Response>>>,
     first: Option<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
@@ -57,6 +62,8 @@ impl SseStream {
             pending: VecDeque::new(),
             logprobs: vec![Vec::new(); n],
             offsets: vec![0; n],
+            held: vec![String::new(); n],
+            sent: vec![0; n],
             finished: vec![None; n],
             first,
             rx,
@@ -139,6 +146,20 @@ impl SseStream {
         }
     }
 
+    /// Takes a piece of a held answer: with `tool_choice: "auto"`, sends what cannot be part of
+    /// a call (everything before a `<tool_call>` or the start of one).
+    fn hold(&mut self, i: usize, text: &str) {
+        self.held[i].push_str(text);
+        if self.shape.calls().is_some_and(|t| t.choice == Choice::Auto) {
+            let upto = crate::tools::sendable(&self.held[i]);
+            if upto > self.sent[i] {
+                let piece = self.held[i][self.sent[i]..upto].to_string();
+                self.sent[i] = upto;
+                self.event(i, json!({"content": piece}), None);
+            }
+        }
+    }
+
     /// Whether chat answers are held to their end (tools).
     fn holds(&self) -> bool {
         self.shape.api == Api::Chat && self.shape.calls().is_some()
@@ -151,31 +172,24 @@ impl SseStream {
 
     fn on(&mut self, msg: Option<Msg>) {
         match msg {
-            Some(Msg::Text(_, _)) if self.holds() => {}
+            Some(Msg::Text(i, t)) if self.holds() => self.hold(i, &t),
             Some(Msg::Text(i, t)) => self.piece(i, &t, None),
             Some(Msg::Logprob(i, l)) => self.logprobs[i].push(l),
             Some(Msg::Done(i, r)) => {
                 let mut finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
                 if self.holds() {
-                    let (message, f) = openai::message(&self.ids, i, &r, &self.shape);
-                    finish = f.unwrap_or(finish);
-                    match message.get("content") {
-                        Some(Value::String(c)) if !c.is_empty() => {
-                            self.event(i, json!({"content": c}), None)
-                        }
-                        _ => {}
+                    let rest = r.text.get(self.sent[i]..).unwrap_or_default();
+                    let (content, calls) = openai::answer_parts(&self.shape, rest, r.finish_reason);
+                    if let Some(c) = content.filter(|c| !c.is_empty()) {
+                        self.event(i, json!({"content": c}), None);
                     }
-                    if let Some(Value::Array(calls)) = message.get("tool_calls") {
-                        let indexed: Vec<Value> = calls
-                            .iter()
-                            .enumerate()
-                            .map(|(k, c)| {
-                                let mut c = c.clone();
-                                c["index"] = json!(k);
-                                c
-                            })
-                            .collect();
-                        self.event(i, json!({"tool_calls": indexed}), None);
+                    if !calls.is_empty() {
+                        let mut calls = crate::tools::calls_json(&calls, &self.ids.id, i);
+                        for (k, c) in calls.as_array_mut().into_iter().flatten().enumerate() {
+                            c["index"] = json!(k);
+                        }
+                        self.event(i, json!({"tool_calls": calls}), None);
+                        finish = "tool_calls";
                     }
                 }
                 self.piece(i, "", Some(finish));

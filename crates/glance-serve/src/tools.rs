@@ -228,6 +228,19 @@ impl Tools {
     }
 }
 
+/// How much of an answer with tools offered (`auto`) can be streamed as content: everything
+/// before its first `<tool_call>`, less a tail that may be the start of one.
+pub fn sendable(text: &str) -> usize {
+    if let Some(at) = text.find(OPEN) {
+        return at;
+    }
+    let tail = (1..OPEN.len())
+        .rev()
+        .find(|&k| text.ends_with(&OPEN[..k]))
+        .unwrap_or(0);
+    text.len() - tail
+}
+
 /// A call from `{"name": …, "arguments" | "parameters": {…} or a JSON text}`.
 fn call_of(v: &Value) -> Option<Call> {
     let name = v.get("name")?.as_str()?.to_string();
@@ -327,6 +340,16 @@ mod tests {
         let j = calls_json(&calls, "chatcmpl-ab", 0);
         assert_eq!(j[0]["id"], "call_ab_0_0");
         assert_eq!(j[0]["function"]["arguments"], "{\"city\": \"Rome\"}");
+    }
+
+    #[test]
+    fn content_streams_up_to_what_may_start_a_call() {
+        assert_eq!(sendable("Sunny today."), 12);
+        assert_eq!(sendable("Let me see <tool"), 11);
+        assert_eq!(sendable("a <"), 2);
+        assert_eq!(sendable("a <b"), 4);
+        assert_eq!(sendable("x<tool_call>{\"name\""), 1);
+        assert_eq!(sendable("é<tool_call"), "é".len());
     }
 
     #[test]
