@@ -295,3 +295,21 @@ fn rendered_prompt_size_is_capped() {
         .unwrap();
     assert_eq!(out.len(), n * 1_000_000);
 }
+
+#[test]
+fn tools_reach_the_template_in_their_key_order() {
+    let t = ChatTemplate::new(
+        "{% if tools %}{% for t in tools %}{{ t | tojson }};{{ t.function.name }}{% endfor %}\
+         {% else %}none{% endif %}"
+            .into(),
+    )
+    .unwrap();
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f",
+        "parameters": {"z": 1, "a": [true, null, 1.5, "s"]}}}]);
+    assert_eq!(
+        t.render_with(&[], false, None, None, Some(&tools)).unwrap(),
+        r#"{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [true, null, 1.5, "s"]}}};f"#
+    );
+    // Without tools the variable is undefined, as in transformers.
+    assert_eq!(t.render(&[], false, None, None).unwrap(), "none");
+}
