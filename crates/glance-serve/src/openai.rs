@@ -2,12 +2,13 @@
 //! response and stream-chunk bodies.
 //!
 //! The sampling parameters of OpenAI, vLLM and llama-server map onto the engine's sampler
-//! (`top_k: -1` and `min_p: 0` are vLLM's "off"). Fields OpenAI clients send that glance has no
-//! use for are accepted at their neutral values (`store: false`, `modalities: ["text"]`, …) and refused
-//! with a clear message otherwise. A top-level field glance does not know is ignored and reported
-//! ([`Shape::ignored`]: a log warning and the `glance-ignored-fields` header), as vLLM does, or a
-//! 400 with `--strict` ([`Defaults::strict`]). glance's own per-request options travel under
-//! `"glance"`, where an unknown key is always a 400:
+//! (`top_k: -1` and `min_p: 0` are vLLM's "off"); `response_format` and `tools` become the
+//! engine's grammar and the template's tools (`crate::structured`, `crate::tools`). Fields OpenAI
+//! clients send that glance has no use for are accepted at their neutral values (`store: false`,
+//! `modalities: ["text"]`, …) and refused with a clear message otherwise. A top-level field
+//! glance does not know is ignored and reported ([`Shape::ignored`]: a log warning and the
+//! `glance-ignored-fields` header), as vLLM does, or a 400 with `--strict` ([`Defaults::strict`]).
+//! glance's own per-request options travel under `"glance"`, where an unknown key is always a 400:
 //! `{"prune": {"policy": "adaptive", "keep": 0.125}, "decode": "vispec"}`.
 
 use crate::chat::Api;
