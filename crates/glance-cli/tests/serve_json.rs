@@ -226,6 +226,29 @@ fn tools_reach_the_template_and_forced_calls_come_back_as_tool_calls() {
         })
         .count();
     assert!(pieces >= 2, "{events:?}");
+    // A conversation that carries a call and its result back to the template.
+    let mut b = chat(
+        q,
+        json!({"temperature": 0, "max_tokens": 8, "tools": weather_tools()}),
+    );
+    b["messages"] = json!([
+        {"role": "user", "content": q},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]);
+    let v = ok(&server, &b);
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+            > auto["usage"]["prompt_tokens"].as_u64().unwrap() + 30,
+        "{v}"
+    );
+    b["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("{not json");
+    let (status, v) = server.chat(&b);
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("not JSON"),
+        "{v}"
+    );
     // A named function: its arguments, decoded under its schema.
     let named = json!({"type": "function", "function": {"name": "weather"}});
     let b = chat(

@@ -723,5 +723,8 @@ fn to_chat(m: &Message) -> ChatMessage {
             Part::Image(_) => ContentPart::Image {},
         })
         .collect();
-    ChatMessage::new(m.role.name(), content)
+    ChatMessage {
+        extra: m.extra.clone(),
+        ..ChatMessage::new(m.role.name(), content)
+    }
 }

@@ -53,6 +53,8 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result (OpenAI's `role: "tool"`).
+    Tool,
 }
 
 impl Role {
@@ -61,6 +63,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -73,8 +76,9 @@ impl std::str::FromStr for Role {
             "system" | "developer" => Ok(Role::System),
             "user" => Ok(Role::User),
             "assistant" => Ok(Role::Assistant),
+            "tool" => Ok(Role::Tool),
             other => Err(Error::Input(format!(
-                "unknown message role `{other}` (system, user or assistant)"
+                "unknown message role `{other}` (system, user, assistant or tool)"
             ))),
         }
     }
@@ -92,6 +96,9 @@ pub enum Part {
 pub struct Message {
     pub role: Role,
     pub content: Vec<Part>,
+    /// An assistant turn's `tool_calls` (arguments as objects), a tool result's `tool_call_id`
+    /// and `name`: passed to the chat template as they are.
+    pub extra: Vec<(String, serde_json::Value)>,
 }
 
 impl Message {
@@ -104,6 +111,7 @@ impl Message {
         Self {
             role: Role::User,
             content,
+            extra: Vec::new(),
         }
     }
 
@@ -111,6 +119,7 @@ impl Message {
         Self {
             role: Role::Assistant,
             content: vec![Part::Text(text.to_string())],
+            extra: Vec::new(),
         }
     }
 
@@ -118,6 +127,7 @@ impl Message {
         Self {
             role: Role::System,
             content: vec![Part::Text(text.to_string())],
+            extra: Vec::new(),
         }
     }
 

@@ -45,6 +45,11 @@ pub struct ChatMessage {
     /// Deserialises from a list of parts or from a plain string (one text part).
     #[serde(deserialize_with = "deserialize_content")]
     pub content: Vec<ContentPart>,
+    /// Other keys the template reads, in order: an assistant turn's `tool_calls` (each call's
+    /// `function.arguments` an object, as transformers' templates expect), a tool result's
+    /// `tool_call_id` and `name`.
+    #[serde(default, skip)]
+    pub extra: Vec<(String, serde_json::Value)>,
 }
 
 /// One part of a message's content. Extra keys of an image part (`url`, `path`, `image`) are
@@ -77,6 +82,7 @@ impl ChatMessage {
         Self {
             role: role.to_string(),
             content,
+            extra: Vec::new(),
         }
     }
 
@@ -135,10 +141,16 @@ impl ChatMessage {
 
     fn to_value(&self) -> Value {
         let parts: Vec<Value> = self.content.iter().map(ContentPart::to_value).collect();
-        OrderedMap::value(vec![
+        let mut entries = vec![
             ("role", Value::from(self.role.as_str())),
             ("content", Value::from(parts)),
-        ])
+        ];
+        entries.extend(
+            self.extra
+                .iter()
+                .map(|(k, v)| (k.as_str(), OrderedMap::json(v))),
+        );
+        OrderedMap::value(entries)
     }
 }
 
