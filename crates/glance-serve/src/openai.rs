@@ -13,7 +13,7 @@
 
 use crate::chat::Api;
 use crate::error::ApiError;
-use crate::tools::{Call, Choice, Tools};
+use crate::tools::{Choice, Tools};
 use crate::App;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
@@ -188,45 +188,6 @@ impl Shape {
     pub fn calls(&self) -> Option<&Tools> {
         self.tools.as_ref().filter(|t| t.choice != Choice::None)
     }
-}
-
-/// The content and the tool calls of an answer's `text` (or of its part not yet streamed), ended
-/// for `finish`: with tools, the calls `text` makes (none when it was cut short); the whole text
-/// is the content when it makes none.
-pub fn answer_parts(
-    shape: &Shape,
-    text: &str,
-    finish: FinishReason,
-) -> (Option<String>, Vec<Call>) {
-    match shape.calls() {
-        Some(tools) if finish != FinishReason::Length => match tools.read(text) {
-            (_, calls) if calls.is_empty() => (Some(text.to_string()), calls),
-            read => read,
-        },
-        _ => (Some(text.to_string()), Vec::new()),
-    }
-}
-
-/// Choice `r`'s message (`content`, and `tool_calls` read from the answer when the request has
-/// tools) and finish reason (`tool_calls` when it made calls).
-pub fn message(
-    ids: &Ids,
-    index: usize,
-    r: &Response,
-    shape: &Shape,
-) -> (Value, Option<&'static str>) {
-    let (content, calls) = answer_parts(shape, &r.text, r.finish_reason);
-    if calls.is_empty() {
-        return (
-            json!({"role": "assistant", "content": content}),
-            finish_reason(r.finish_reason),
-        );
-    }
-    let calls = crate::tools::calls_json(&calls, &ids.id, index);
-    (
-        json!({"role": "assistant", "content": content, "tool_calls": calls}),
-        Some("tool_calls"),
-    )
 }
 
 impl ChatRequest {
@@ -739,7 +700,7 @@ pub fn completion_json(engine: &Engine, ids: &Ids, all: &[&Response], shape: &Sh
             let logprobs = shape.logprobs.then(|| {
                 crate::logprobs::chat_logprobs(engine, r.logprobs.as_deref().unwrap_or_default())
             });
-            let (message, finish) = message(ids, i, r, shape);
+            let (message, finish) = crate::tools::message(ids, i, r, shape);
             json!({
                 "index": i,
                 "message": message,

@@ -179,7 +179,8 @@ impl SseStream {
                 let mut finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
                 if self.holds() {
                     let rest = r.text.get(self.sent[i]..).unwrap_or_default();
-                    let (content, calls) = openai::answer_parts(&self.shape, rest, r.finish_reason);
+                    let (content, calls) =
+                        crate::tools::answer_parts(&self.shape, rest, r.finish_reason);
                     if let Some(c) = content.filter(|c| !c.is_empty()) {
                         self.event(i, json!({"content": c}), None);
                     }

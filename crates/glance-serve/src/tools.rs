@@ -16,7 +16,8 @@
 //! * `none`: the tools are shown, the answer is text.
 
 use crate::error::ApiError;
-use glance_engine::{Engine, OutputFormat};
+use crate::openai::{Ids, Shape};
+use glance_engine::{Engine, FinishReason, OutputFormat, Response};
 use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
@@ -226,6 +227,45 @@ impl Tools {
             }
         }
     }
+}
+
+/// The content and the tool calls of an answer's `text` (or of its part not yet streamed), ended
+/// for `finish`: with tools, the calls `text` makes (none when it was cut short); the whole text
+/// is the content when it makes none.
+pub fn answer_parts(
+    shape: &Shape,
+    text: &str,
+    finish: FinishReason,
+) -> (Option<String>, Vec<Call>) {
+    match shape.calls() {
+        Some(tools) if finish != FinishReason::Length => match tools.read(text) {
+            (_, calls) if calls.is_empty() => (Some(text.to_string()), calls),
+            read => read,
+        },
+        _ => (Some(text.to_string()), Vec::new()),
+    }
+}
+
+/// Choice `r`'s message (`content`, and `tool_calls` read from the answer when the request has
+/// tools) and finish reason (`tool_calls` when it made calls).
+pub fn message(
+    ids: &Ids,
+    index: usize,
+    r: &Response,
+    shape: &Shape,
+) -> (Value, Option<&'static str>) {
+    let (content, calls) = answer_parts(shape, &r.text, r.finish_reason);
+    if calls.is_empty() {
+        return (
+            json!({"role": "assistant", "content": content}),
+            crate::openai::finish_reason(r.finish_reason),
+        );
+    }
+    let calls = calls_json(&calls, &ids.id, index);
+    (
+        json!({"role": "assistant", "content": content, "tool_calls": calls}),
+        Some("tool_calls"),
+    )
 }
 
 /// How much of an answer with tools offered (`auto`) can be streamed as content: everything
