@@ -3,6 +3,7 @@
 //!
 //! * [`strategy`]: the [`DecodeStrategy`] seam every strategy implements, the [`DecodeSpec`] a
 //!   request names, and the [`DecodeStats`] a strategy reports;
+//! * [`grammar`]: constrained decoding (JSON schemas) as a mask the sampler applies;
 //! * [`sampler`]: greedy and seeded temperature / top-k / top-p sampling — the one place sampling
 //!   settings live;
 //! * [`autoregressive`]: one token per forward pass, the reference every faster strategy must
@@ -19,6 +20,7 @@
 pub mod autoregressive;
 pub mod cost;
 pub mod diffusion;
+pub mod grammar;
 pub mod sampler;
 pub mod speculative;
 pub mod step;
@@ -33,6 +35,7 @@ pub use cost::{CostModel, DraftCost};
 pub use diffusion::{
     BlockDiffusion, DiffusionMode, DiffusionOptions, DiffusionSettings, OptionNames,
 };
+pub use grammar::{Grammar, GrammarVocab, OutputFormat};
 pub use sampler::{LogprobSink, Sampler, TokenLogprob};
 pub use speculative::{Speculative, TreeSettings};
 pub use step::{run_alone, shared_pass, DecodeState, Pass, PassOutput};

@@ -13,6 +13,9 @@
 //! processes each node's row given exactly the tokens before it — the distribution
 //! autoregressive decoding would use there, which keeps lossless strategies lossless.
 //!
+//! **Grammar** ([`Sampler::with_grammar`], `crate::grammar`): last, every token the grammar
+//! forbids after the history (and the path) is masked to `-inf`; each emitted token advances it.
+//!
 //! **Log-probabilities** ([`Sampler::with_logprobs`]): for every picked or accepted token, its
 //! log-probability and the most likely alternatives under the log-softmax of the *processed*
 //! logits (before temperature and truncation), pushed to a [`LogprobSink`] in emission order.
@@ -22,6 +25,7 @@
 //! logits come from NaN / infinite weights or activations, and the text they would produce is
 //! garbage. (`-inf` entries next to finite ones are ordinary masked tokens.)
 
+use crate::grammar::Grammar;
 use glance_core::{Error, Result, Rng, SamplingParams, TokenId};
 use serde::Serialize;
 use std::borrow::Cow;
@@ -56,6 +60,24 @@ pub struct Sampler {
     /// Times each token is in the answer (kept only when a penalty reads it).
     counts: HashMap<TokenId, u32>,
     logprobs: Option<(usize, LogprobSink)>,
+    /// The grammar the answer follows (behind a lock: masking a path reads it through `&self`).
+    grammar: Option<GrammarCell>,
+}
+
+/// A [`Grammar`] the sampler masks with; a clone is an independent copy.
+#[derive(Debug)]
+struct GrammarCell(Mutex<Grammar>);
+
+impl GrammarCell {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Grammar> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Clone for GrammarCell {
+    fn clone(&self) -> Self {
+        GrammarCell(Mutex::new(self.lock().clone()))
+    }
 }
 
 impl Sampler {
@@ -71,6 +93,7 @@ impl Sampler {
             generated: 0,
             counts: HashMap::new(),
             logprobs: None,
+            grammar: None,
         })
     }
 
@@ -91,6 +114,18 @@ impl Sampler {
     pub fn with_logprobs(mut self, top: usize, sink: LogprobSink) -> Self {
         self.logprobs = Some((top.min(glance_core::MAX_TOP_LOGPROBS), sink));
         self
+    }
+
+    /// Masks every token `grammar` forbids (after the other processors).
+    pub fn with_grammar(mut self, grammar: Grammar) -> Self {
+        self.grammar = Some(GrammarCell(Mutex::new(grammar)));
+        self.neutral = false;
+        self
+    }
+
+    /// Whether the answer so far is complete under the grammar (`None`: no grammar).
+    pub fn grammar_complete(&self) -> Option<bool> {
+        self.grammar.as_ref().map(|g| g.lock().is_complete())
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -180,6 +215,9 @@ impl Sampler {
                 }
             }
         }
+        if let Some(g) = &self.grammar {
+            g.lock().mask(&mut row, path);
+        }
         Cow::Owned(row)
     }
 
@@ -253,6 +291,9 @@ impl Sampler {
 
     fn push(&mut self, token: TokenId) {
         self.generated += 1;
+        if let Some(g) = &self.grammar {
+            g.lock().advance(token);
+        }
         let p = &self.params;
         if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
             *self.counts.entry(token).or_insert(0) += 1;

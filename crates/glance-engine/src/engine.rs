@@ -26,8 +26,8 @@ use crate::request::{ImageInput, KeptPatches, Message, Part, Prompt, Request};
 use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_decode::{
-    Autoregressive, BlockDiffusion, DecodeSpec, DecodeStrategy, DiffusionSettings, LogprobSink,
-    Prefilled, PrefilledImage, Sampler, Speculative,
+    Autoregressive, BlockDiffusion, DecodeSpec, DecodeStrategy, DiffusionSettings, Grammar,
+    GrammarVocab, LogprobSink, OutputFormat, Prefilled, PrefilledImage, Sampler, Speculative,
 };
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::family::Family;
@@ -70,6 +70,9 @@ pub struct Engine {
     cost: Mutex<Option<glance_decode::CostModel>>,
     /// The kinds of the heads `--draft` names, once read ([`auto`]).
     named_kinds: std::sync::OnceLock<Vec<&'static str>>,
+    /// The tokens as bytes for constrained decoding, built on first use (`Err`: the tokenizer
+    /// cannot spell arbitrary text).
+    grammar_vocab: std::sync::OnceLock<std::result::Result<GrammarVocab, String>>,
     /// What `auto`'s greedy requests accepted, per draft head (by its address).
     acceptance: Mutex<HashMap<usize, Arc<Mutex<glance_decode::speculative::plan::Acceptance>>>>,
     load_time: Duration,
@@ -176,6 +179,7 @@ impl Engine {
             drafts: Mutex::new(HashMap::new()),
             cost: Mutex::new(None),
             named_kinds: std::sync::OnceLock::new(),
+            grammar_vocab: std::sync::OnceLock::new(),
             acceptance: Mutex::new(HashMap::new()),
             options,
             load_time: Duration::ZERO,
@@ -420,7 +424,7 @@ impl Engine {
     /// logits are an [`Error::NonFinite`] naming the first layer whose output is not finite.
     pub fn prompt_logits(&self, prompt: &Prompt) -> Result<Tensor> {
         let logits = self.pool.install(|| {
-            let rendered = self.render(prompt, false, false)?;
+            let rendered = self.render(prompt, false, false, None)?;
             let encoded = self.encode_all(&rendered.images)?;
             let plan = self.plan(&rendered.prompt.ids, &encoded)?;
             let text = self.model.text();
@@ -440,6 +444,32 @@ impl Engine {
             return Err(self.pool.install(|| self.explain_non_finite(e, prompt)));
         }
         Ok(logits)
+    }
+
+    /// `format` compiled over the model's tokens: [`Error::Input`] when the tokenizer cannot
+    /// spell arbitrary text (glance-tiny's word-level vocabulary), [`Error::InvalidParam`] for a
+    /// schema llguidance refuses.
+    pub fn grammar(&self, format: &OutputFormat) -> Result<Grammar> {
+        let vocab = self.grammar_vocab.get_or_init(|| {
+            let text = &self.processor.text;
+            let json = text
+                .tokenizer()
+                .to_string(false)
+                .map_err(|e| e.to_string())
+                .and_then(|s| serde_json::from_str(&s).map_err(|e| e.to_string()))?;
+            GrammarVocab::from_tokenizer_json(
+                &json,
+                self.model.text().vocab_size(),
+                text.eos_token_ids(),
+            )
+            .map_err(|e| e.to_string())
+        });
+        match vocab {
+            Ok(v) => v.compile(format),
+            Err(e) => Err(Error::Input(format!(
+                "this model cannot produce structured output: {e}"
+            ))),
+        }
     }
 
     /// The request's sampler, knowing its prompt and end-of-sequence tokens, and where it records
@@ -477,20 +507,22 @@ impl Engine {
     }
 
     /// Renders the prompt and tokenises it (a conversation's last message continued with
-    /// `continue_final`); with `want_query`, also the text query.
+    /// `continue_final`, the template's `tools` variable set to `tools`); with `want_query`, also
+    /// the text query.
     fn render<'a>(
         &self,
         prompt: &'a Prompt,
         continue_final: bool,
         want_query: bool,
+        tools: Option<&serde_json::Value>,
     ) -> Result<Rendered<'a>> {
         let images = prompt.images();
         crate::messages::check_image_count(images.len(), self.options.max_images)?;
         if let Some(qwen) = self.processor.qwen() {
-            return self.render_sized(qwen, prompt, images, continue_final, want_query);
+            return self.render_sized(qwen, prompt, images, continue_final, want_query, tools);
         }
         if let Some(internvl) = self.processor.internvl() {
-            return self.render_sized(internvl, prompt, images, continue_final, want_query);
+            return self.render_sized(internvl, prompt, images, continue_final, want_query, tools);
         }
         let (prompt, query) = match prompt {
             Prompt::Raw { text, images } => (
@@ -507,9 +539,11 @@ impl Engine {
                     String::new()
                 };
                 let prepared = if continue_final {
-                    self.processor.llava()?.prepare_continuation(&chat)?
+                    self.processor
+                        .llava()?
+                        .prepare_continuation_with(&chat, tools)?
                 } else {
-                    self.processor.prepare_chat(&chat)?
+                    self.processor.llava()?.prepare_chat_with(&chat, tools)?
                 };
                 (prepared, query)
             }
@@ -692,5 +726,8 @@ fn to_chat(m: &Message) -> ChatMessage {
             Part::Image(_) => ContentPart::Image {},
         })
         .collect();
-    ChatMessage::new(m.role.name(), content)
+    ChatMessage {
+        extra: m.extra.clone(),
+        ..ChatMessage::new(m.role.name(), content)
+    }
 }

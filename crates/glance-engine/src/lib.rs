@@ -33,6 +33,7 @@ pub use request::{
 };
 
 pub use glance_decode::{
-    DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames, TokenLogprob,
+    DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames, OutputFormat,
+    TokenLogprob,
 };
 pub use glance_prune::{Budget, Policy, PruneSpec};

@@ -158,7 +158,43 @@ fn parse_message(m: &Value, sources: &ImageSources) -> Result<Message> {
             ))
         }
     };
-    Ok(Message { role, content })
+    Ok(Message {
+        role,
+        content,
+        extra: tool_fields(obj)?,
+    })
+}
+
+/// The tool fields of a message: `tool_calls` (each `function.arguments`, OpenAI's JSON text,
+/// parsed into the object chat templates read), `tool_call_id` and `name`.
+fn tool_fields(obj: &serde_json::Map<String, Value>) -> Result<Vec<(String, Value)>> {
+    let mut extra = Vec::new();
+    if let Some(calls) = obj.get("tool_calls").filter(|c| !c.is_null()) {
+        let mut calls = calls.clone();
+        let list = calls
+            .as_array_mut()
+            .ok_or_else(|| Error::Input("`tool_calls` must be a list".into()))?;
+        for call in list {
+            let Some(args) = call.pointer_mut("/function/arguments") else {
+                return Err(Error::Input(
+                    "a tool call needs `function` with `name` and `arguments`".into(),
+                ));
+            };
+            if let Value::String(text) = args {
+                let parsed = serde_json::from_str(text).map_err(|e| {
+                    Error::Input(format!("a tool call's arguments are not JSON: {e}"))
+                })?;
+                *args = parsed;
+            }
+        }
+        extra.push(("tool_calls".to_string(), calls));
+    }
+    for key in ["tool_call_id", "name"] {
+        if let Some(v) = obj.get(key).filter(|v| !v.is_null()) {
+            extra.push((key.to_string(), v.clone()));
+        }
+    }
+    Ok(extra)
 }
 
 fn parse_part(p: &Value, sources: &ImageSources) -> Result<Part> {

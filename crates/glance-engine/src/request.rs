@@ -5,7 +5,9 @@
 //! glance's own per-request options: visual-token pruning and the decoding strategy.
 
 use glance_core::{Error, Result, SamplingParams, TokenId};
-use glance_decode::{DecodeSpec, DecodeStats, DiffusionSettings, TokenLogprob, TreeSettings};
+use glance_decode::{
+    DecodeSpec, DecodeStats, DiffusionSettings, OutputFormat, TokenLogprob, TreeSettings,
+};
 use glance_prune::PruneSpec;
 use serde::Serialize;
 use std::sync::Arc;
@@ -51,6 +53,8 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result (OpenAI's `role: "tool"`).
+    Tool,
 }
 
 impl Role {
@@ -59,6 +63,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -71,8 +76,9 @@ impl std::str::FromStr for Role {
             "system" | "developer" => Ok(Role::System),
             "user" => Ok(Role::User),
             "assistant" => Ok(Role::Assistant),
+            "tool" => Ok(Role::Tool),
             other => Err(Error::Input(format!(
-                "unknown message role `{other}` (system, user or assistant)"
+                "unknown message role `{other}` (system, user, assistant or tool)"
             ))),
         }
     }
@@ -90,6 +96,9 @@ pub enum Part {
 pub struct Message {
     pub role: Role,
     pub content: Vec<Part>,
+    /// An assistant turn's `tool_calls` (arguments as objects), a tool result's `tool_call_id`
+    /// and `name`: passed to the chat template as they are.
+    pub extra: Vec<(String, serde_json::Value)>,
 }
 
 impl Message {
@@ -102,6 +111,7 @@ impl Message {
         Self {
             role: Role::User,
             content,
+            extra: Vec::new(),
         }
     }
 
@@ -109,6 +119,7 @@ impl Message {
         Self {
             role: Role::Assistant,
             content: vec![Part::Text(text.to_string())],
+            extra: Vec::new(),
         }
     }
 
@@ -116,6 +127,7 @@ impl Message {
         Self {
             role: Role::System,
             content: vec![Part::Text(text.to_string())],
+            extra: Vec::new(),
         }
     }
 
@@ -178,6 +190,11 @@ pub struct Request {
     /// Continue the conversation's last message (an assistant message) instead of starting a
     /// new turn.
     pub continue_final_message: bool,
+    /// The answer follows this format (constrained decoding; `None`: free text).
+    pub format: Option<OutputFormat>,
+    /// The chat template's `tools` variable (a list of `{"type": "function", "function": …}`);
+    /// `None`: undefined.
+    pub tools: Option<serde_json::Value>,
 }
 
 impl Request {
@@ -195,6 +212,8 @@ impl Request {
             ignore_eos: false,
             logprobs: None,
             continue_final_message: false,
+            format: None,
+            tools: None,
         }
     }
 

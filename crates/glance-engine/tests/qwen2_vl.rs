@@ -45,7 +45,11 @@ fn prompt(case: &Value) -> Prompt {
                     _ => Part::Text(p["text"].as_str().unwrap().to_string()),
                 })
                 .collect();
-            Message { role, content }
+            Message {
+                role,
+                content,
+                extra: Vec::new(),
+            }
         })
         .collect();
     Prompt::Chat(messages)

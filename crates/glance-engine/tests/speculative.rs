@@ -414,3 +414,132 @@ fn glance_tiny_with_its_shipped_heads_is_lossless_and_accepts_deep() {
         "ViSpec on descriptions: {per_pass:.2} tokens per target pass"
     );
 }
+
+/// A bounded schema (every string and list short, every number small): a random model's answer
+/// under it ends within a few hundred tokens.
+fn bounded_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "count": {"type": "integer", "minimum": 0, "maximum": 99},
+            "ok": {"type": "boolean"},
+            "color": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2}
+        },
+        "required": ["name", "count", "ok", "color", "tags"],
+        "additionalProperties": false
+    })
+}
+
+/// `v` is valid under [`bounded_schema`] (checked by hand, property by property).
+fn assert_bounded(v: &Value, what: &str) {
+    let o = v.as_object().unwrap_or_else(|| panic!("{what}: {v}"));
+    let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["color", "count", "name", "ok", "tags"],
+        "{what}: {v}"
+    );
+    assert!(
+        o["name"].as_str().is_some_and(|s| s.chars().count() <= 6),
+        "{what}: {v}"
+    );
+    assert!(o["count"].as_u64().is_some_and(|c| c <= 99), "{what}: {v}");
+    assert!(o["ok"].is_boolean(), "{what}: {v}");
+    assert!(
+        ["red", "green", "blue"].contains(&o["color"].as_str().unwrap_or("")),
+        "{what}: {v}"
+    );
+    let tags = o["tags"].as_array().unwrap();
+    assert!(tags.len() <= 2, "{what}: {v}");
+    assert!(
+        tags.iter()
+            .all(|t| t.as_str().is_some_and(|s| s.chars().count() <= 3)),
+        "{what}: {v}"
+    );
+}
+
+/// Constrained decoding under speculation: the grammar masks each tree node's row given that
+/// node's own history, so a draft that breaks the schema is never accepted and the greedy answer
+/// is autoregressive decoding's — with untrained heads (drafts rejected) and with the oracle (its
+/// unconstrained drafts accepted wherever the schema allows them). Every answer is valid JSON under
+/// the schema, ended by end-of-sequence.
+#[test]
+fn constrained_answers_are_the_same_with_and_without_speculation() {
+    let format = glance_engine::OutputFormat::JsonSchema(bounded_schema());
+    for model in MODELS {
+        let e = engine(model);
+        e.set_draft(Arc::new(random_head(model, Some(4), true, 1)));
+        e.set_draft(Arc::new(random_head(model, None, false, 2)));
+        let mut ar = request(
+            &["astronaut.png"],
+            "Describe the image as JSON.",
+            300,
+            DecodeSpec::Ar,
+        );
+        ar.format = Some(format.clone());
+        let want = run(&e, &ar);
+        assert_eq!(
+            want.finish_reason,
+            glance_engine::FinishReason::Eos,
+            "{model}: {}",
+            want.text
+        );
+        assert_bounded(&serde_json::from_str(&want.text).unwrap(), model);
+        // Unconstrained, the same prompt is not JSON: the mask made the answer.
+        let free = run(
+            &e,
+            &Request {
+                format: None,
+                ..ar.clone()
+            },
+        );
+        assert!(
+            serde_json::from_str::<Value>(&free.text).is_err(),
+            "{model}: {}",
+            free.text
+        );
+        for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+            for tree in [TreeSettings::default(), TreeSettings::chain(4)] {
+                let r = Request {
+                    decode: spec,
+                    tree: Some(tree.clone()),
+                    ..ar.clone()
+                };
+                let got = run(&e, &r);
+                assert_eq!(got.token_ids, want.token_ids, "{model} {spec} {tree:?}");
+            }
+        }
+        e.set_draft(Arc::new(Oracle(Arc::new(
+            Llava::load(&fixtures().join("models").join(model), &Device::Cpu).unwrap(),
+        ))));
+        let tree = TreeSettings {
+            min_confidence: 0.0,
+            ..TreeSettings::chain(4)
+        };
+        let r = Request {
+            decode: DecodeSpec::Vispec,
+            tree: Some(tree),
+            ..ar.clone()
+        };
+        let got = run(&e, &r);
+        assert_eq!(got.token_ids, want.token_ids, "{model} oracle");
+        let c = &got.decode.counters;
+        // Some drafts pass the mask (accepted), some do not (rejected: the answer is AR's).
+        assert!(
+            c["accepted_tokens"] > 0 && c["accepted_tokens"] < c["draft_tokens"],
+            "{c:?}"
+        );
+        // A schema the compiler refuses is an input error.
+        let bad = Request {
+            format: Some(glance_engine::OutputFormat::JsonSchema(
+                serde_json::json!({"type": 7}),
+            )),
+            ..ar.clone()
+        };
+        let err = e.generate(&bad, &mut |_| Flow::Continue).unwrap_err();
+        assert!(matches!(err, glance_core::Error::InvalidParam(_)), "{err}");
+    }
+}

@@ -99,6 +99,8 @@ pub fn parse(app: &App, body: &[u8]) -> Result<(Vec<glance_engine::Request>, Sha
         "messages",
         "continue_final_message",
         "add_generation_prompt",
+        "tools",
+        "tool_choice",
     ] {
         if fields.contains_key(chat_only) {
             return Err(ApiError::bad_param(
@@ -115,7 +117,7 @@ pub fn parse(app: &App, body: &[u8]) -> Result<(Vec<glance_engine::Request>, Sha
         .map_err(|e| ApiError::internal(format!("re-encoding the request: {e}")))?;
     let c = &app.config;
     let texts = prompts.clone();
-    let request = ChatRequest::parse(&body)?;
+    let mut request = ChatRequest::parse(&body)?;
     request.check_json_output(&app.engine)?;
     let (requests, mut shape) = request.translate(&c.model_name, &c.defaults, move |_| {
         Ok(texts

@@ -22,6 +22,8 @@ pub mod openai;
 pub mod page;
 pub mod slots;
 mod stream;
+pub mod structured;
+pub mod tools;
 
 use crate::batcher::Batcher;
 use crate::error::ApiError;

@@ -2,16 +2,18 @@
 //! response and stream-chunk bodies.
 //!
 //! The sampling parameters of OpenAI, vLLM and llama-server map onto the engine's sampler
-//! (`top_k: -1` and `min_p: 0` are vLLM's "off"). Fields OpenAI clients send that glance has no
-//! use for are accepted at their neutral values (`store: false`, empty `tools`, …) and refused
-//! with a clear message otherwise. A top-level field glance does not know is ignored and reported
-//! ([`Shape::ignored`]: a log warning and the `glance-ignored-fields` header), as vLLM does, or a
-//! 400 with `--strict` ([`Defaults::strict`]). glance's own per-request options travel under
-//! `"glance"`, where an unknown key is always a 400:
+//! (`top_k: -1` and `min_p: 0` are vLLM's "off"); `response_format` and `tools` become the
+//! engine's grammar and the template's tools (`crate::structured`, `crate::tools`). Fields OpenAI
+//! clients send that glance has no use for are accepted at their neutral values (`store: false`,
+//! `modalities: ["text"]`, …) and refused with a clear message otherwise. A top-level field
+//! glance does not know is ignored and reported ([`Shape::ignored`]: a log warning and the
+//! `glance-ignored-fields` header), as vLLM does, or a 400 with `--strict` ([`Defaults::strict`]).
+//! glance's own per-request options travel under `"glance"`, where an unknown key is always a 400:
 //! `{"prune": {"policy": "adaptive", "keep": 0.125}, "decode": "vispec"}`.
 
 use crate::chat::Api;
 use crate::error::ApiError;
+use crate::tools::{Choice, Tools};
 use crate::App;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
@@ -31,7 +33,7 @@ pub const MAX_CHOICES: usize = 16;
 pub fn parse_chat(app: &App, body: &[u8]) -> Result<(Vec<Request>, Shape), ApiError> {
     let c = &app.config;
     let max_images = app.engine.options().max_images;
-    let request = ChatRequest::parse(body)?;
+    let mut request = ChatRequest::parse(body)?;
     request.check_json_output(&app.engine)?;
     request.into_requests(&c.model_name, &c.image_sources, max_images, &c.defaults)
 }
@@ -76,6 +78,12 @@ pub struct ChatRequest {
     pub service_tier: Option<String>,
     pub modalities: Option<Vec<String>>,
     pub glance: Option<GlanceOptions>,
+    /// The grammar of the answer, from `response_format` ([`Self::check_json_output`]).
+    #[serde(skip)]
+    pub format: Option<glance_engine::OutputFormat>,
+    /// The tools and how the answer is read ([`Self::check_json_output`]).
+    #[serde(skip)]
+    pub tool_plan: Option<Tools>,
     /// Every other top-level field: ignored (reported), or refused with `--strict`.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, Value>,
@@ -171,6 +179,15 @@ pub struct Shape {
     pub logprobs: bool,
     /// Unknown top-level fields that were ignored, sorted.
     pub ignored: Vec<String>,
+    /// The request's tools: answers are read into `tool_calls`.
+    pub tools: Option<Tools>,
+}
+
+impl Shape {
+    /// The tools whose calls answers are read for (not with `tool_choice: "none"`).
+    pub fn calls(&self) -> Option<&Tools> {
+        self.tools.as_ref().filter(|t| t.choice != Choice::None)
+    }
 }
 
 impl ChatRequest {
@@ -248,7 +265,8 @@ impl ChatRequest {
                 ));
             }
         }
-        let ignored: Vec<String> = self.unknown.keys().cloned().collect();
+        let mut ignored: Vec<String> = self.unknown.keys().cloned().collect();
+        ignored.sort();
         if let (true, Some(field)) = (defaults.strict, ignored.first()) {
             return Err(ApiError::bad_param(
                 field,
@@ -357,6 +375,11 @@ impl ChatRequest {
                     ignore_eos: self.ignore_eos.unwrap_or(false),
                     logprobs: logprobs.map(|n| n as usize),
                     continue_final_message: continue_final,
+                    format: self.format.clone(),
+                    tools: self
+                        .tool_plan
+                        .as_ref()
+                        .map(|t| Value::Array(t.list.clone())),
                     max_new_tokens: max_tokens as usize,
                     stop: stop.clone(),
                     prune: prune.clone(),
@@ -376,6 +399,7 @@ impl ChatRequest {
             include_usage,
             logprobs: logprobs.is_some(),
             ignored,
+            tools: self.tool_plan.clone(),
         };
         Ok((requests, shape))
     }
@@ -443,40 +467,50 @@ impl ChatRequest {
         Ok(p)
     }
 
-    /// Refuses JSON output (`response_format` json_object / json_schema, `tools`) on a model
-    /// whose vocabulary cannot spell JSON (glance-tiny's word-level tokens have no braces or
-    /// quotes), naming the reason; [`Self::check_neutral`] refuses them on the other models.
-    pub fn check_json_output(&self, engine: &Engine) -> Result<(), ApiError> {
-        let wants_json = self
-            .response_format
-            .as_ref()
-            .is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"));
-        let param = match (
-            wants_json,
-            self.tools.as_ref().is_some_and(|t| !t.is_empty()),
-        ) {
-            (true, _) => "response_format",
-            (false, true) => "tools",
-            (false, false) => return Ok(()),
-        };
-        let t = &engine.processor().text;
-        let probe = "{\"a\": [1]}";
-        let spelled = t
-            .encode_plain(probe)
-            .and_then(|ids| t.decode(&ids, false))
-            .is_ok_and(|s| s.replace(' ', "") == probe.replace(' ', ""));
-        if spelled {
-            return Ok(());
+    /// Reads `response_format` (and the tools a request forces) into the grammar the answer
+    /// follows, checked against the model: a 400 on a model whose vocabulary cannot spell JSON
+    /// (glance-tiny's word-level tokens have no braces or quotes) or for a schema the grammar
+    /// compiler refuses.
+    pub fn check_json_output(&mut self, engine: &Engine) -> Result<(), ApiError> {
+        self.format = crate::structured::output_format(self.response_format.as_ref())?;
+        self.tool_plan = Tools::parse(
+            self.tools.as_deref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+        )?;
+        if let Some(t) = &self.tool_plan {
+            t.check(engine)?;
+            if let Some(f) = t.format() {
+                if self.format.is_some() {
+                    return Err(ApiError::bad_param(
+                        "response_format",
+                        "response_format cannot be combined with a tool_choice that forces a \
+                         call (the call's arguments are the structured answer)",
+                    ));
+                }
+                self.format = Some(f);
+            }
         }
-        Err(ApiError::bad_param(
-            param,
-            format!(
-                "{param}: this model's vocabulary ({} tokens) cannot spell JSON (it has no braces \
-                 or quotes, as glance-tiny's word-level vocabulary), so it cannot produce \
-                 structured output or tool calls",
-                t.vocab_size()
-            ),
-        ))
+        if let Some(f) = &self.format {
+            // Past the end of its JSON, end-of-sequence is the only token a grammar allows.
+            let forced_eos = [
+                ("ignore_eos", self.ignore_eos == Some(true)),
+                ("min_tokens", self.min_tokens.is_some_and(|n| n > 0)),
+            ];
+            if let Some((field, _)) = forced_eos.iter().find(|f| f.1) {
+                return Err(ApiError::bad_param(
+                    field,
+                    format!(
+                        "{field} cannot be combined with structured output (response_format or a \
+                         forced tool call): the answer ends where its JSON ends"
+                    ),
+                ));
+            }
+            if self.tool_plan.as_ref().is_none_or(|t| t.format().is_none()) {
+                crate::structured::check(engine, f, "response_format")?;
+            }
+        }
+        Ok(())
     }
 
     /// Refuses any non-neutral value of a field glance does not implement.
@@ -487,22 +521,6 @@ impl ChatRequest {
                 format!("{param}: {what} is not supported by glance"),
             ))
         };
-        if let Some(f) = &self.response_format {
-            if f.get("type").and_then(Value::as_str) != Some("text") {
-                return refuse(
-                    "response_format",
-                    "structured output (a format other than {\"type\": \"text\"})",
-                );
-            }
-        }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return refuse("tools", "tool calling");
-        }
-        if let Some(c) = &self.tool_choice {
-            if !(c.is_null() || c.as_str() == Some("none") || c.as_str() == Some("auto")) {
-                return refuse("tool_choice", "forcing a tool");
-            }
-        }
         if self.store == Some(true) {
             return refuse("store", "storing completions");
         }
@@ -682,11 +700,12 @@ pub fn completion_json(engine: &Engine, ids: &Ids, all: &[&Response], shape: &Sh
             let logprobs = shape.logprobs.then(|| {
                 crate::logprobs::chat_logprobs(engine, r.logprobs.as_deref().unwrap_or_default())
             });
+            let (message, finish) = crate::tools::message(ids, i, r, shape);
             json!({
                 "index": i,
-                "message": {"role": "assistant", "content": r.text},
+                "message": message,
                 "logprobs": logprobs,
-                "finish_reason": finish_reason(r.finish_reason),
+                "finish_reason": finish,
             })
         })
         .collect();

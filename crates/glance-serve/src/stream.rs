@@ -2,11 +2,17 @@
 //! text piece (with its tokens' log-probabilities when asked for), a final chunk with its finish
 //! reason; once every choice has ended, the usage chunk when asked for, then `data: [DONE]`.
 //! Dropping it (the client went away) drops the receiver, which cancels the generations.
+//!
+//! With tools (`tool_choice` other than `none`) a chat answer is held back where it may be a
+//! call: with `auto`, its text streams up to a `<tool_call>` (or what may start one); a forced
+//! call's whole answer is held. At the end, the rest of the content and the `tool_calls` (each
+//! call whole, with its `index`) come as two deltas before the finish chunk.
 
 use crate::chat::{Api, Msg};
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::openai::{self, Ids, Shape};
+use crate::tools::Choice;
 use crate::App;
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -30,6 +36,9 @@ pub(crate) struct SseStream {
     logprobs: Vec<Vec<TokenLogprob>>,
     /// Per choice: bytes of text sent so far (legacy `text_offset`).
     offsets: Vec<usize>,
+    /// Per choice, with tools: the answer so far, and how many of its bytes were sent.
+    held: Vec<String>,
+    sent: Vec<usize>,
     finished: Vec<Option<Box<glance_engine::Response>>>,
     first: Option<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
@@ -53,6 +62,8 @@ impl SseStream {
             pending: VecDeque::new(),
             logprobs: vec![Vec::new(); n],
             offsets: vec![0; n],
+            held: vec![String::new(); n],
+            sent: vec![0; n],
             finished: vec![None; n],
             first,
             rx,
@@ -135,6 +146,25 @@ impl SseStream {
         }
     }
 
+    /// Takes a piece of a held answer: with `tool_choice: "auto"`, sends what cannot be part of
+    /// a call (everything before a `<tool_call>` or the start of one).
+    fn hold(&mut self, i: usize, text: &str) {
+        self.held[i].push_str(text);
+        if self.shape.calls().is_some_and(|t| t.choice == Choice::Auto) {
+            let upto = crate::tools::sendable(&self.held[i]);
+            if upto > self.sent[i] {
+                let piece = self.held[i][self.sent[i]..upto].to_string();
+                self.sent[i] = upto;
+                self.event(i, json!({"content": piece}), None);
+            }
+        }
+    }
+
+    /// Whether chat answers are held to their end (tools).
+    fn holds(&self) -> bool {
+        self.shape.api == Api::Chat && self.shape.calls().is_some()
+    }
+
     fn data(&mut self, payload: &str) {
         self.pending
             .push_back(Bytes::from(format!("data: {payload}\n\n")));
@@ -142,10 +172,27 @@ impl SseStream {
 
     fn on(&mut self, msg: Option<Msg>) {
         match msg {
+            Some(Msg::Text(i, t)) if self.holds() => self.hold(i, &t),
             Some(Msg::Text(i, t)) => self.piece(i, &t, None),
             Some(Msg::Logprob(i, l)) => self.logprobs[i].push(l),
             Some(Msg::Done(i, r)) => {
-                let finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
+                let mut finish = openai::finish_reason(r.finish_reason).unwrap_or("stop");
+                if self.holds() {
+                    let rest = r.text.get(self.sent[i]..).unwrap_or_default();
+                    let (content, calls) =
+                        crate::tools::answer_parts(&self.shape, rest, r.finish_reason);
+                    if let Some(c) = content.filter(|c| !c.is_empty()) {
+                        self.event(i, json!({"content": c}), None);
+                    }
+                    if !calls.is_empty() {
+                        let mut calls = crate::tools::calls_json(&calls, &self.ids.id, i);
+                        for (k, c) in calls.as_array_mut().into_iter().flatten().enumerate() {
+                            c["index"] = json!(k);
+                        }
+                        self.event(i, json!({"tool_calls": calls}), None);
+                        finish = "tool_calls";
+                    }
+                }
                 self.piece(i, "", Some(finish));
                 self.finished[i] = Some(r);
                 if self.finished.iter().all(Option::is_some) {

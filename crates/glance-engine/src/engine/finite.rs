@@ -54,7 +54,7 @@ impl Engine {
 
     /// Where `prompt`'s forward pass first gives a non-finite value, in words.
     fn locate_non_finite(&self, prompt: &Prompt) -> Result<String> {
-        let rendered = self.render(prompt, false, false)?;
+        let rendered = self.render(prompt, false, false, None)?;
         let encoded = self.encode_all(&rendered.images)?;
         for (i, e) in encoded.iter().enumerate() {
             let enc = &e.entry.encoding;

@@ -113,6 +113,7 @@ impl Engine {
         images: Vec<&'a ImageInput>,
         continue_final: bool,
         want_query: bool,
+        tools: Option<&serde_json::Value>,
     ) -> Result<Rendered<'a>> {
         let tokens = images
             .iter()
@@ -135,9 +136,9 @@ impl Engine {
                     String::new()
                 };
                 let prepared = if continue_final {
-                    qwen.prepare_continuation(&chat, &tokens)?
+                    qwen.prepare_continuation_with(&chat, &tokens, tools)?
                 } else {
-                    qwen.prepare_chat(&chat, &tokens)?
+                    qwen.prepare_chat_with(&chat, &tokens, tools)?
                 };
                 (prepared, query)
             }
@@ -160,11 +161,17 @@ pub(super) trait SizedPrompts {
         tokens: &[usize],
         format: PromptFormat,
     ) -> Result<PreparedPrompt>;
-    fn prepare_chat(&self, messages: &[ChatMessage], tokens: &[usize]) -> Result<PreparedPrompt>;
-    fn prepare_continuation(
+    fn prepare_chat_with(
         &self,
         messages: &[ChatMessage],
         tokens: &[usize],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt>;
+    fn prepare_continuation_with(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+        tools: Option<&serde_json::Value>,
     ) -> Result<PreparedPrompt>;
 }
 
@@ -183,19 +190,21 @@ macro_rules! sized_prompts {
             ) -> Result<PreparedPrompt> {
                 <$t>::prepare(self, prompt, tokens, format)
             }
-            fn prepare_chat(
+            fn prepare_chat_with(
                 &self,
                 messages: &[ChatMessage],
                 tokens: &[usize],
+                tools: Option<&serde_json::Value>,
             ) -> Result<PreparedPrompt> {
-                <$t>::prepare_chat(self, messages, tokens)
+                <$t>::prepare_chat_with(self, messages, tokens, tools)
             }
-            fn prepare_continuation(
+            fn prepare_continuation_with(
                 &self,
                 messages: &[ChatMessage],
                 tokens: &[usize],
+                tools: Option<&serde_json::Value>,
             ) -> Result<PreparedPrompt> {
-                <$t>::prepare_continuation(self, messages, tokens)
+                <$t>::prepare_continuation_with(self, messages, tokens, tools)
             }
         }
     };

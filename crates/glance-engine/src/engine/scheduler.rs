@@ -140,6 +140,8 @@ pub struct Prepared {
     prompt_ids: Vec<TokenId>,
     ignore_eos: bool,
     logprobs: Option<usize>,
+    /// The grammar the answer follows, compiled.
+    grammar: Option<glance_decode::Grammar>,
     max_new_tokens: usize,
     stop: Vec<String>,
     usage: Usage,
@@ -219,6 +221,7 @@ impl Engine {
                 &request.prompt,
                 request.continue_final_message,
                 prune.is_some_and(|p| p.policy.uses_query()),
+                request.tools.as_ref(),
             )?;
             let encoded = self.encode_all(&rendered.images)?;
             let (vision, saved, image_hits) = super::encode_costs(&encoded);
@@ -276,6 +279,11 @@ impl Engine {
                 prompt_ids,
                 ignore_eos: request.ignore_eos,
                 logprobs: request.logprobs,
+                grammar: request
+                    .format
+                    .as_ref()
+                    .map(|f| self.grammar(f))
+                    .transpose()?,
                 max_new_tokens: request.max_new_tokens,
                 stop: request.stop.clone(),
                 image_hits,
@@ -358,6 +366,10 @@ impl Engine {
         };
         let (sampler, sink) =
             self.sampler(&prepared.sampling, prepared.logprobs, &prepared.prompt_ids)?;
+        let sampler = match prepared.grammar.take() {
+            Some(g) => sampler.with_grammar(g),
+            None => sampler,
+        };
         let config = GenerateConfig {
             max_new_tokens: prepared.max_new_tokens,
             eos_token_ids: self.eos(prepared.ignore_eos).to_vec(),

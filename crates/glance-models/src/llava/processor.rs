@@ -4,7 +4,7 @@
 
 use super::config::LlavaConfig;
 use crate::checkpoint::required_file;
-use crate::processing::chat::{expand_image_tokens, ChatMessage};
+use crate::processing::chat::{cut_after_final, expand_image_tokens, ChatMessage};
 use crate::processing::image::{ImageProcessor, PreprocessorConfig};
 use crate::processing::tokenizer::TextProcessor;
 use glance_core::{Error, Result};
@@ -176,9 +176,18 @@ impl LlavaProcessor {
     /// tokenises it. Without a template, LLaVA-1.5's format: `USER: <image>\n… ASSISTANT: …`,
     /// turns separated by the EOS text after each answer, system text first.
     pub fn prepare_chat(&self, messages: &[ChatMessage]) -> Result<PreparedPrompt> {
+        self.prepare_chat_with(messages, None)
+    }
+
+    /// [`Self::prepare_chat`] with the template's `tools` variable.
+    pub fn prepare_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         let n_images = messages.iter().map(ChatMessage::num_images).sum();
         let text = match self.text.chat_template() {
-            Some(_) => self.text.apply_chat_template(messages, true)?,
+            Some(_) => self.text.apply_chat_template_with(messages, true, tools)?,
             None => self.plain_chat(messages)?,
         };
         self.tokenize(text, n_images, PromptFormat::Chat)
@@ -188,26 +197,21 @@ impl LlavaProcessor {
     /// answered: rendered without a generation prompt and cut right after that message's text
     /// (trailing whitespace trimmed), as Hugging Face's `continue_final_message` does.
     pub fn prepare_continuation(&self, messages: &[ChatMessage]) -> Result<PreparedPrompt> {
-        let last = messages.last().map(ChatMessage::text).unwrap_or_default();
-        let last = last.trim_end();
-        if last.is_empty() {
-            return Err(Error::Input(
-                "the final message to continue has no text".to_string(),
-            ));
-        }
+        self.prepare_continuation_with(messages, None)
+    }
+
+    /// [`Self::prepare_continuation`] with the template's `tools` variable.
+    pub fn prepare_continuation_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         let n_images = messages.iter().map(ChatMessage::num_images).sum();
         let full = match self.text.chat_template() {
-            Some(_) => self.text.apply_chat_template(messages, false)?,
+            Some(_) => self.text.apply_chat_template_with(messages, false, tools)?,
             None => self.plain_chat(messages)?,
         };
-        let end = full.rfind(last).map(|i| i + last.len()).ok_or_else(|| {
-            Error::Template(
-                "the chat template does not render the final message's text as given, so it \
-                 cannot be continued"
-                    .to_string(),
-            )
-        })?;
-        self.tokenize(full[..end].to_string(), n_images, PromptFormat::Chat)
+        self.tokenize(cut_after_final(&full, messages)?, n_images, PromptFormat::Chat)
     }
 
     /// The conversation in LLaVA-1.5's plain format (models without a chat template).

@@ -45,6 +45,11 @@ pub struct ChatMessage {
     /// Deserialises from a list of parts or from a plain string (one text part).
     #[serde(deserialize_with = "deserialize_content")]
     pub content: Vec<ContentPart>,
+    /// Other keys the template reads, in order: an assistant turn's `tool_calls` (each call's
+    /// `function.arguments` an object, as transformers' templates expect), a tool result's
+    /// `tool_call_id` and `name`.
+    #[serde(default, skip)]
+    pub extra: Vec<(String, serde_json::Value)>,
 }
 
 /// One part of a message's content. Extra keys of an image part (`url`, `path`, `image`) are
@@ -77,6 +82,7 @@ impl ChatMessage {
         Self {
             role: role.to_string(),
             content,
+            extra: Vec::new(),
         }
     }
 
@@ -135,10 +141,16 @@ impl ChatMessage {
 
     fn to_value(&self) -> Value {
         let parts: Vec<Value> = self.content.iter().map(ContentPart::to_value).collect();
-        OrderedMap::value(vec![
+        let mut entries = vec![
             ("role", Value::from(self.role.as_str())),
             ("content", Value::from(parts)),
-        ])
+        ];
+        entries.extend(
+            self.extra
+                .iter()
+                .map(|(k, v)| (k.as_str(), OrderedMap::json(v))),
+        );
+        OrderedMap::value(entries)
     }
 }
 
@@ -157,11 +169,32 @@ impl ContentPart {
 /// A map that iterates in insertion order (minijinja's own maps sort their keys without its
 /// `preserve_order` feature; Python dicts keep insertion order).
 #[derive(Debug)]
-struct OrderedMap(Vec<(&'static str, Value)>);
+struct OrderedMap(Vec<(String, Value)>);
 
 impl OrderedMap {
-    fn value(entries: Vec<(&'static str, Value)>) -> Value {
-        Value::from_object(OrderedMap(entries))
+    fn value(entries: Vec<(&str, Value)>) -> Value {
+        let entries = entries.into_iter().map(|(k, v)| (k.to_string(), v));
+        Value::from_object(OrderedMap(entries.collect()))
+    }
+
+    /// A JSON value as a template value, objects keeping their key order (as Python's `json`
+    /// gives them to transformers' templates).
+    fn json(v: &serde_json::Value) -> Value {
+        use serde_json::Value as J;
+        match v {
+            J::Null => Value::from(()),
+            J::Bool(b) => Value::from(*b),
+            J::Number(n) => match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) => Value::from(i),
+                (None, Some(f)) => Value::from(f),
+                (None, None) => Value::from(n.to_string()),
+            },
+            J::String(s) => Value::from(s.as_str()),
+            J::Array(a) => Value::from(a.iter().map(Self::json).collect::<Vec<_>>()),
+            J::Object(m) => Value::from_object(OrderedMap(
+                m.iter().map(|(k, v)| (k.clone(), Self::json(v))).collect(),
+            )),
+        }
     }
 }
 
@@ -174,12 +207,17 @@ impl Object for OrderedMap {
         let key = key.as_str()?;
         self.0
             .iter()
-            .find(|(k, _)| *k == key)
+            .find(|(k, _)| k == key)
             .map(|(_, v)| v.clone())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(self.0.iter().map(|(k, _)| Value::from(*k)).collect())
+        Enumerator::Values(
+            self.0
+                .iter()
+                .map(|(k, _)| Value::from(k.as_str()))
+                .collect(),
+        )
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
@@ -271,9 +309,25 @@ impl ChatTemplate {
         bos_token: Option<&str>,
         eos_token: Option<&str>,
     ) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, bos_token, eos_token, None)
+    }
+
+    /// [`Self::render`] with the `tools` variable defined (transformers'
+    /// `apply_chat_template(…, tools=…)`: a list of `{"type": "function", "function": {…}}`).
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
         let mut ctx = std::collections::BTreeMap::new();
         ctx.insert("messages", Value::from(messages));
+        if let Some(tools) = tools {
+            ctx.insert("tools", OrderedMap::json(tools));
+        }
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         if let Some(bos) = bos_token {
             ctx.insert("bos_token", Value::from(bos));
@@ -407,6 +461,27 @@ fn parse_generation_tag(s: &str) -> Option<(usize, &str, &str, bool)> {
 /// Replaces every occurrence of `image_token` in `prompt` by `n` copies of it, as `LlavaProcessor`
 /// does (`sample.replace(image_token, image_token * num_image_tokens)`). An empty `image_token`
 /// leaves the prompt unchanged.
+/// The rendering `full` of a conversation (without a generation prompt) cut right after its
+/// last message's text (trailing whitespace trimmed), as Hugging Face's `continue_final_message`
+/// does: the prompt that continues that message rather than answering it.
+pub fn cut_after_final(full: &str, messages: &[ChatMessage]) -> Result<String> {
+    let last = messages.last().map(ChatMessage::text).unwrap_or_default();
+    let last = last.trim_end();
+    if last.is_empty() {
+        return Err(Error::Input(
+            "the final message to continue has no text".to_string(),
+        ));
+    }
+    let end = full.rfind(last).map(|i| i + last.len()).ok_or_else(|| {
+        Error::Template(
+            "the chat template does not render the final message's text as given, so it \
+             cannot be continued"
+                .to_string(),
+        )
+    })?;
+    Ok(full[..end].to_string())
+}
+
 pub fn expand_image_tokens(prompt: &str, image_token: &str, n: usize) -> String {
     if image_token.is_empty() {
         return prompt.to_string();

@@ -340,14 +340,25 @@ impl TextProcessor {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with(messages, add_generation_prompt, None)
+    }
+
+    /// [`Self::apply_chat_template`] with the template's `tools` variable.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         let template = self.chat_template.as_ref().ok_or_else(|| {
             Error::Template("the model directory has no chat template".to_string())
         })?;
-        template.render(
+        template.render_with(
             messages,
             add_generation_prompt,
             self.bos_token(),
             self.eos_token(),
+            tools,
         )
     }
 

@@ -10,7 +10,7 @@
 
 use super::config::Qwen2VlConfig;
 use crate::llava::{PreparedPrompt, PromptFormat};
-use crate::processing::chat::ChatMessage;
+use crate::processing::chat::{cut_after_final, ChatMessage};
 use crate::processing::image::{ImageProcessor, PreprocessorConfig, ResizeTo};
 use crate::processing::tokenizer::TextProcessor;
 use candle_core::{Device, Tensor};
@@ -271,6 +271,16 @@ impl QwenVlProcessor {
         messages: &[ChatMessage],
         tokens: &[usize],
     ) -> Result<PreparedPrompt> {
+        self.prepare_chat_with(messages, tokens, None)
+    }
+
+    /// [`Self::prepare_chat`] with the template's `tools` variable.
+    pub fn prepare_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         if self.text.chat_template().is_none() {
             return Err(Error::Template(
                 "this Qwen2-VL checkpoint has no chat template (tokenizer_config.json, \
@@ -278,7 +288,7 @@ impl QwenVlProcessor {
                     .into(),
             ));
         }
-        let text = self.text.apply_chat_template(messages, true)?;
+        let text = self.text.apply_chat_template_with(messages, true, tools)?;
         self.tokenize(text, tokens, PromptFormat::Chat)
     }
 
@@ -289,22 +299,18 @@ impl QwenVlProcessor {
         messages: &[ChatMessage],
         tokens: &[usize],
     ) -> Result<PreparedPrompt> {
-        let last = messages.last().map(ChatMessage::text).unwrap_or_default();
-        let last = last.trim_end();
-        if last.is_empty() {
-            return Err(Error::Input(
-                "the final message to continue has no text".into(),
-            ));
-        }
-        let full = self.text.apply_chat_template(messages, false)?;
-        let end = full.rfind(last).map(|i| i + last.len()).ok_or_else(|| {
-            Error::Template(
-                "the chat template does not render the final message's text as given, so it \
-                 cannot be continued"
-                    .into(),
-            )
-        })?;
-        self.tokenize(full[..end].to_string(), tokens, PromptFormat::Chat)
+        self.prepare_continuation_with(messages, tokens, None)
+    }
+
+    /// [`Self::prepare_continuation`] with the template's `tools` variable.
+    pub fn prepare_continuation_with(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
+        let full = self.text.apply_chat_template_with(messages, false, tools)?;
+        self.tokenize(cut_after_final(&full, messages)?, tokens, PromptFormat::Chat)
     }
 
     /// `prompt` as one user turn (images first) in `Chat` format, or as given (`<|image_pad|>`

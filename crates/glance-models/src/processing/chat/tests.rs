@@ -295,3 +295,46 @@ fn rendered_prompt_size_is_capped() {
         .unwrap();
     assert_eq!(out.len(), n * 1_000_000);
 }
+
+#[test]
+fn tool_calls_and_results_reach_the_template() {
+    let t = ChatTemplate::new(
+        "{% for m in messages %}{{ m.role }}:{% for c in m.tool_calls or [] %}\
+         {{ c.function.name }}({{ c.function.arguments.city }}){% endfor %}\
+         {{ m.tool_call_id or '' }}|{% endfor %}"
+            .into(),
+    )
+    .unwrap();
+    let mut call = ChatMessage::new("assistant", vec![]);
+    call.extra.push((
+        "tool_calls".into(),
+        serde_json::json!([{"id": "c1", "type": "function",
+            "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]),
+    ));
+    let mut result = ChatMessage::new("tool", vec![]);
+    result
+        .extra
+        .push(("tool_call_id".into(), serde_json::json!("c1")));
+    assert_eq!(
+        t.render(&[call, result], false, None, None).unwrap(),
+        "assistant:weather(Oslo)|tool:c1|"
+    );
+}
+
+#[test]
+fn tools_reach_the_template_in_their_key_order() {
+    let t = ChatTemplate::new(
+        "{% if tools %}{% for t in tools %}{{ t | tojson }};{{ t.function.name }}{% endfor %}\
+         {% else %}none{% endif %}"
+            .into(),
+    )
+    .unwrap();
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f",
+        "parameters": {"z": 1, "a": [true, null, 1.5, "s"]}}}]);
+    assert_eq!(
+        t.render_with(&[], false, None, None, Some(&tools)).unwrap(),
+        r#"{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [true, null, 1.5, "s"]}}};f"#
+    );
+    // Without tools the variable is undefined, as in transformers.
+    assert_eq!(t.render(&[], false, None, None).unwrap(), "none");
+}
