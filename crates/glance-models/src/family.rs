@@ -11,6 +11,9 @@ use std::path::Path;
 pub enum Family {
     /// `LlavaForConditionalGeneration` (LLaVA-1.5 layout).
     Llava,
+    /// `LlavaNextForConditionalGeneration` (LLaVA-1.6, anyres images): loads as
+    /// [`crate::llava::Llava`].
+    LlavaNext,
     /// `Qwen2VLForConditionalGeneration`.
     Qwen2Vl,
     /// `Qwen2_5_VLForConditionalGeneration`.
@@ -20,6 +23,11 @@ pub enum Family {
 /// `(architectures entry, model_type, family)`.
 const KNOWN: &[(&str, &str, Family)] = &[
     ("LlavaForConditionalGeneration", "llava", Family::Llava),
+    (
+        "LlavaNextForConditionalGeneration",
+        "llava_next",
+        Family::LlavaNext,
+    ),
     (
         "Qwen2VLForConditionalGeneration",
         "qwen2_vl",
@@ -33,10 +41,7 @@ const KNOWN: &[(&str, &str, Family)] = &[
 ];
 
 /// Architectures users bring that glance recognises but does not run yet.
-const NOT_YET: &[&str] = &[
-    "LlavaNextForConditionalGeneration",
-    "InternVLForConditionalGeneration",
-];
+const NOT_YET: &[&str] = &["InternVLForConditionalGeneration"];
 
 impl Family {
     /// The family of a parsed `config.json`: the first `architectures` entry glance knows, else
@@ -88,6 +93,11 @@ impl Family {
         })
     }
 
+    /// Whether the checkpoint loads as [`crate::llava::Llava`] (LLaVA-1.5 or LLaVA-NeXT).
+    pub fn is_llava(self) -> bool {
+        matches!(self, Family::Llava | Family::LlavaNext)
+    }
+
     /// Whether the decoder turns rows with 3-D (M-RoPE) positions.
     pub fn uses_mrope(self) -> bool {
         matches!(self, Family::Qwen2Vl | Family::Qwen25Vl)
@@ -111,11 +121,15 @@ mod tests {
             Family::Qwen2Vl
         );
         assert_eq!(f(json!({"model_type": "llava"})).unwrap(), Family::Llava);
-        let e = f(json!({"architectures": ["LlavaNextForConditionalGeneration"]}))
+        assert_eq!(
+            f(json!({"architectures": ["LlavaNextForConditionalGeneration"]})).unwrap(),
+            Family::LlavaNext
+        );
+        let e = f(json!({"architectures": ["InternVLForConditionalGeneration"]}))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("LlavaNextForConditionalGeneration") && e.contains("not supported yet"),
+            e.contains("InternVLForConditionalGeneration") && e.contains("not supported yet"),
             "{e}"
         );
         assert!(f(json!({})).is_err());

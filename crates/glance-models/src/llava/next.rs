@@ -1,0 +1,116 @@
+//! LLaVA-NeXT's image encoding: the base image and every tile through the CLIP tower and the
+//! projector, then `pack_image_features` (transformers `modeling_llava_next.py`): the base image's
+//! tokens, then the tiles' patch grid stitched into one, unpadded, each of its rows closed by the
+//! `image_newline` row.
+
+use super::anyres::{Anyres, AnyresPixels};
+use super::model::{ImageEncoding, Llava};
+use candle_core::Tensor;
+use glance_core::{Error, Result};
+
+/// Where an image's tokens lie in its packed encoding (LLaVA-NeXT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedLayout {
+    /// Tokens of the base image (`grid²`), first.
+    pub base: usize,
+    /// Patches per side of the base image's grid.
+    pub grid: usize,
+    /// The unpadded tile grid `(rows, cols)` that follows; each row is followed by one newline
+    /// token, so it holds `rows · (cols + 1)` tokens.
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl PackedLayout {
+    pub fn len(&self) -> usize {
+        self.base + self.rows * (self.cols + 1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether packed token `i` is a newline row.
+    pub fn is_newline(&self, i: usize) -> bool {
+        i >= self.base && (i - self.base) % (self.cols + 1) == self.cols
+    }
+}
+
+impl Llava {
+    /// The anyres geometry of a LLaVA-NeXT model; `None` for LLaVA-1.5.
+    pub fn anyres(&self) -> Option<Anyres> {
+        let c = self.config();
+        c.grid_pinpoints.as_ref().map(|p| Anyres {
+            pinpoints: p.clone(),
+            tile: c.vision.image_size,
+            grid: c.vision.grid(),
+        })
+    }
+
+    /// Where the tokens of an image of `height × width` pixels lie in its encoding.
+    pub fn packed_layout(&self, height: usize, width: usize) -> Result<PackedLayout> {
+        let g = self
+            .anyres()
+            .ok_or_else(|| Error::InvalidParam("anyres images need a LLaVA-NeXT model".into()))?;
+        let (rows, cols) = g.unpadded(height, width);
+        Ok(PackedLayout {
+            base: g.grid * g.grid,
+            grid: g.grid,
+            rows: rows.len(),
+            cols: cols.len(),
+        })
+    }
+
+    /// Encodes one pre-processed LLaVA-NeXT image: `features` `(tokens, text_hidden)` packed as
+    /// the module docs say; `vision_hidden` and `cls_attention` are the base image's.
+    pub fn encode_anyres(&self, image: &AnyresPixels) -> Result<ImageEncoding> {
+        let g = self
+            .anyres()
+            .ok_or_else(|| Error::InvalidParam("anyres images need a LLaVA-NeXT model".into()))?;
+        let newline = self.image_newline().ok_or_else(|| Error::MissingTensor {
+            name: "image_newline".into(),
+        })?;
+        let (height, width) = image.size;
+        let (tr, tc) = g.tiles(height, width);
+        let n = image.pixels.dim(0)?;
+        if n != 1 + tr * tc {
+            return Err(Error::Input(format!(
+                "a {width}x{height} image takes the base image and {} tiles, the pixels hold {n}",
+                tr * tc
+            )));
+        }
+        let mut base = None;
+        let mut selected = Vec::with_capacity(n);
+        for i in 0..n {
+            // (3, tile, tile) -> (grid², vision_hidden · n_layers)
+            let tower = self.encode_tower(&image.pixels.get(i)?)?;
+            selected.push(tower.features.clone());
+            if i == 0 {
+                base = Some(tower);
+            }
+        }
+        let base = base.expect("n >= 1");
+        // ((1 + tiles) · grid², vision) -> ((1 + tiles) · grid², text_hidden)
+        let projected = self.projector().forward(&Tensor::cat(&selected, 0)?)?;
+        let (gs, d) = (g.grid, projected.dim(1)?);
+        let g2 = gs * gs;
+        // (tiles · grid², d) -> (tr, tc, grid, grid, d) -> (tr, grid, tc, grid, d) -> (tr·grid, tc·grid, d)
+        let tiles = projected
+            .narrow(0, g2, tr * tc * g2)?
+            .reshape((tr, tc, gs, gs, d))?
+            .permute((0, 2, 1, 3, 4))?
+            .contiguous()?
+            .reshape((tr * gs, tc * gs, d))?;
+        let (rows, cols) = g.unpadded(height, width);
+        let (uh, uw) = (rows.len(), cols.len());
+        // (uh, uw, d) ++ newline (uh, 1, d) -> (uh, uw + 1, d) -> (uh · (uw + 1), d)
+        let grid = tiles.narrow(0, rows.start, uh)?.narrow(1, cols.start, uw)?;
+        let nl = newline.reshape((1, 1, d))?.broadcast_as((uh, 1, d))?;
+        let grid = Tensor::cat(&[&grid, &nl], 1)?.reshape((uh * (uw + 1), d))?;
+        Ok(ImageEncoding {
+            features: Tensor::cat(&[&projected.narrow(0, 0, g2)?, &grid], 0)?,
+            vision_hidden: base.vision_hidden,
+            cls_attention: base.cls_attention,
+        })
+    }
+}
