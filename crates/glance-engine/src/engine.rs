@@ -107,7 +107,7 @@ impl Engine {
         let threads = options.validate()?;
         let pool = thread_pool(threads)?;
         let start = Instant::now();
-        if Family::of_dir(dir)? != Family::Llava {
+        if !Family::of_dir(dir)?.is_llava() {
             return Self::load_qwen(dir, options, pool, threads, start);
         }
         let (model, processor) = pool.install(|| -> Result<_> {
@@ -486,10 +486,22 @@ impl Engine {
         if let Some(qwen) = self.processor.qwen() {
             return self.render_qwen(qwen, prompt, images, continue_final, want_query);
         }
+        let llava = self.processor.llava()?;
+        // Each image's token count: LLaVA-NeXT's depends on the image's size (read from its
+        // header before any pixel is decoded).
+        let tokens = images
+            .iter()
+            .map(|img| match llava.anyres() {
+                Some(_) => {
+                    let (w, h) = qwen::image_dims(img, self.options.max_image_pixels)?;
+                    Ok(llava.tokens_for(h, w))
+                }
+                None => Ok(llava.tokens_for(0, 0)),
+            })
+            .collect::<Result<Vec<usize>>>()?;
         let (prompt, query) = match prompt {
-            Prompt::Raw { text, images } => (
-                self.processor
-                    .prepare(text, images.len(), PromptFormat::Raw)?,
+            Prompt::Raw { text, .. } => (
+                llava.prepare_sized(text, &tokens, PromptFormat::Raw)?,
                 text.clone(),
             ),
             Prompt::Chat(messages) => {
@@ -501,9 +513,9 @@ impl Engine {
                     String::new()
                 };
                 let prepared = if continue_final {
-                    self.processor.llava()?.prepare_continuation(&chat)?
+                    llava.prepare_continuation_sized(&chat, &tokens)?
                 } else {
-                    self.processor.prepare_chat(&chat)?
+                    llava.prepare_chat_sized(&chat, &tokens)?
                 };
                 (prepared, query)
             }

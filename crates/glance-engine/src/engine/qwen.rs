@@ -145,7 +145,7 @@ impl Engine {
 
 /// `(width, height)` of an image, from its header when given as bytes (size-capped as decoding
 /// is).
-fn image_dims(image: &ImageInput, max_pixels: u64) -> Result<(usize, usize)> {
+pub(super) fn image_dims(image: &ImageInput, max_pixels: u64) -> Result<(usize, usize)> {
     match image {
         ImageInput::Decoded(img) => Ok((img.width() as usize, img.height() as usize)),
         ImageInput::Bytes(bytes) => {

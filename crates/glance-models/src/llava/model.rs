@@ -220,7 +220,15 @@ impl Llava {
     }
 
     /// Vision tower + feature selection + projector for one image, `pixels` `(3, H, W)`.
+    /// LLaVA-NeXT images are tiled first: see [`Llava::encode_anyres`] and
+    /// [`Llava::encode_picture`].
     pub fn encode_image(&self, pixels: &Tensor) -> Result<ImageEncoding> {
+        if self.config.is_next() {
+            return Err(glance_core::Error::InvalidParam(
+                "a LLaVA-NeXT image is tiled before encoding: use encode_anyres / encode_picture"
+                    .into(),
+            ));
+        }
         let tower = self.encode_tower(pixels)?;
         Ok(ImageEncoding {
             features: self.projector.forward(&tower.features)?,

@@ -5,8 +5,10 @@
 
 use super::anyres::{Anyres, AnyresPixels};
 use super::model::{ImageEncoding, Llava};
+use super::processor::LlavaProcessor;
 use candle_core::Tensor;
 use glance_core::{Error, Result};
+use glance_nn::CausalLm;
 
 /// Where an image's tokens lie in its packed encoding (LLaVA-NeXT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +61,20 @@ impl Llava {
             rows: rows.len(),
             cols: cols.len(),
         })
+    }
+
+    /// Pre-processes and encodes one image with `processor` (this model's): tiled for LLaVA-NeXT,
+    /// one fixed-size image for LLaVA-1.5.
+    pub fn encode_picture(
+        &self,
+        processor: &LlavaProcessor,
+        img: &image::DynamicImage,
+    ) -> Result<ImageEncoding> {
+        let device = self.text().device().clone();
+        match processor.anyres() {
+            Some(a) => self.encode_anyres(&a.preprocess(img, &device)?),
+            None => self.encode_image(&processor.image.preprocess_tensor(img, &device)?),
+        }
     }
 
     /// Encodes one pre-processed LLaVA-NeXT image: `features` `(tokens, text_hidden)` packed as

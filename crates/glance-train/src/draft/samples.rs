@@ -161,7 +161,7 @@ impl SampleSource {
         device: &Device,
     ) -> Result<Self> {
         let (target, data) = match ModelFamily::of_dir(dir)? {
-            ModelFamily::Llava => {
+            f if f.is_llava() => {
                 let target = Llava::load(dir, device)?;
                 let data = WorldData::new(dir, target.config(), device)?;
                 (Target::Llava(Box::new(target)), Some(data))
@@ -281,9 +281,8 @@ impl SampleSource {
             }
         };
         let (target, data) = data;
-        let pixels = data.pixels(&scene)?;
         // (n_image, hidden)
-        let features = target.encode_image(&pixels)?.features;
+        let features = data.encode(target, &scene)?.features;
         let mut ids = data.prefix().to_vec();
         ids.extend(data.prompt_tail(&question)?);
         let plan = target.plan(&ids, &[&features])?;

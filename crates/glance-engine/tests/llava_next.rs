@@ -1,0 +1,267 @@
+//! LLaVA-NeXT through the whole request path (image file bytes → header size → anyres token
+//! counts → chat template → tiles → vision tower → packed features → prefill → decoding strategy)
+//! against transformers' fixtures (`fixtures/llava_next/`, `scripts/make_llava_next_fixtures.py`):
+//! the prompt's logits, visual token counts and greedy tokens, with and without the caches,
+//! batched, with speculative decoding and with every pruning policy.
+
+use candle_core::{Device, Tensor};
+use glance_engine::{
+    Budget, DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Message, Part, Policy,
+    Prompt, PruneSpec, Request, Role,
+};
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llava_next")
+}
+
+fn manifest() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join("manifest.json")).unwrap()).unwrap()
+}
+
+/// The case's conversation with each image part as the image file's bytes.
+fn prompt(case: &Value) -> Prompt {
+    let messages = case["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let role = match m["role"].as_str().unwrap() {
+                "system" => Role::System,
+                "assistant" => Role::Assistant,
+                _ => Role::User,
+            };
+            let content = m["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| match p["type"].as_str().unwrap() {
+                    "image" => {
+                        let path = root().join("images").join(p["image"].as_str().unwrap());
+                        Part::Image(ImageInput::bytes(std::fs::read(path).unwrap()))
+                    }
+                    _ => Part::Text(p["text"].as_str().unwrap().to_string()),
+                })
+                .collect();
+            Message { role, content }
+        })
+        .collect();
+    Prompt::Chat(messages)
+}
+
+fn tensors(case: &Value) -> std::collections::HashMap<String, Tensor> {
+    candle_core::safetensors::load(root().join(case["tensors"].as_str().unwrap()), &Device::Cpu)
+        .unwrap()
+}
+
+fn ids(t: &Tensor) -> Vec<u32> {
+    t.to_vec1::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|x| x as u32)
+        .collect()
+}
+
+fn cases(m: &Value) -> Vec<Value> {
+    m["cases"].as_array().unwrap().clone()
+}
+
+fn two_image_case(m: &Value, model: &str) -> Value {
+    cases(m)
+        .into_iter()
+        .find(|c| c["model"] == model && c["images"].as_array().unwrap().len() == 2)
+        .unwrap()
+}
+
+#[test]
+fn prompt_logits_tokens_and_greedy_answers_equal_transformers() {
+    let m = manifest();
+    for options in [EngineOptions::single_request(), EngineOptions::default()] {
+        let mut engines = std::collections::HashMap::new();
+        for c in cases(&m) {
+            let name = c["name"].as_str().unwrap();
+            let model = c["model"].as_str().unwrap().to_string();
+            let e = engines
+                .entry(model.clone())
+                .or_insert_with(|| Engine::load(&root().join(&model), options.clone()).unwrap());
+            let t = tensors(&c);
+            let p = prompt(&c);
+            // The fixture keeps the text rows' logits.
+            let rows = Tensor::new(ids(&t["logits_rows"]), &Device::Cpu).unwrap();
+            let logits = e.prompt_logits(&p).unwrap().index_select(&rows, 0).unwrap();
+            let d: f32 = (&logits - &t["logits"])
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar()
+                .unwrap();
+            assert!(d <= 1e-4, "{name}: logits differ by {d}");
+            let want = ids(&t["greedy_ids"]);
+            // Twice: the second time through the image and prefix caches (when on).
+            for _ in 0..2 {
+                let r = Request {
+                    max_new_tokens: want.len(),
+                    ignore_eos: true,
+                    decode: DecodeSpec::Ar,
+                    ..Request::new(p.clone())
+                };
+                let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+                assert_eq!(got.token_ids, want, "{name}: greedy tokens");
+                assert_eq!(
+                    got.usage.visual_tokens,
+                    c["n_image_tokens"].as_u64().unwrap() as usize,
+                    "{name}: visual tokens"
+                );
+                assert_eq!(
+                    got.usage.prompt_tokens,
+                    c["seq_len"].as_u64().unwrap() as usize
+                );
+            }
+        }
+    }
+}
+
+/// Every case of a model in one batch (all joining at once, prompts prefilled in chunks of 16
+/// rows) answers as each does alone.
+#[test]
+fn batched_requests_answer_as_alone() {
+    let m = manifest();
+    for model in ["models/llava-next-mistral", "models/llava-next-vicuna"] {
+        let e = Engine::load(&root().join(model), EngineOptions::default()).unwrap();
+        let reqs: Vec<Request> = cases(&m)
+            .iter()
+            .filter(|c| c["model"] == model)
+            .map(|c| Request {
+                max_new_tokens: 8,
+                ignore_eos: true,
+                ..Request::new(prompt(c))
+            })
+            .collect();
+        assert!(reqs.len() >= 3);
+        let solo: Vec<Vec<u32>> = reqs
+            .iter()
+            .map(|r| e.generate(r, &mut |_| Flow::Continue).unwrap().token_ids)
+            .collect();
+        let mut seqs: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let sink = Box::new(|_: Event| Flow::Continue);
+                e.sequence(e.prepare(r).unwrap(), sink).unwrap()
+            })
+            .collect();
+        let mut steps = 0;
+        while seqs.iter().any(|s| !s.is_done()) {
+            e.step(&mut seqs, 16);
+            steps += 1;
+            assert!(steps < 1000, "the batch never finished");
+        }
+        for (i, s) in seqs.into_iter().enumerate() {
+            let got = s.into_response().unwrap();
+            assert_eq!(got.token_ids, solo[i], "{model} request {i}");
+        }
+    }
+}
+
+/// A draft head shaped for the target in `dir`, random weights.
+fn random_head(
+    dir: &std::path::Path,
+    adaptor: Option<usize>,
+    injection: bool,
+    seed: u64,
+) -> glance_models::draft::DraftHead {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let config =
+        glance_models::draft::DraftConfig::for_target(&config["text_config"], adaptor, injection)
+            .unwrap();
+    glance_models::draft::DraftHead::from_var_builder(
+        &glance_models::random::random_var_builder(seed, &Device::Cpu),
+        config,
+        glance_nn::Mode::Infer,
+    )
+    .unwrap()
+}
+
+/// Speculative decoding is lossless on anyres prompts: greedy ViSpec and EAGLE output (untrained
+/// heads, tree and chain) is autoregressive decoding's, token for token.
+#[test]
+fn greedy_speculative_output_equals_autoregressive() {
+    let m = manifest();
+    for (name, facts) in m["models"].as_object().unwrap() {
+        let dir = root().join(facts["dir"].as_str().unwrap());
+        let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+        e.set_draft(std::sync::Arc::new(random_head(&dir, Some(4), true, 1)));
+        e.set_draft(std::sync::Arc::new(random_head(&dir, None, false, 2)));
+        let case = two_image_case(&m, facts["dir"].as_str().unwrap());
+        let ar = Request {
+            max_new_tokens: 16,
+            ignore_eos: true,
+            decode: DecodeSpec::Ar,
+            ..Request::new(prompt(&case))
+        };
+        let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
+        for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+            for tree in [
+                glance_decode::TreeSettings::default(),
+                glance_decode::TreeSettings::chain(4),
+            ] {
+                let r = Request {
+                    decode: spec,
+                    tree: Some(tree.clone()),
+                    ..ar.clone()
+                };
+                let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+                assert_eq!(got.token_ids, want.token_ids, "{name} {spec} {tree:?}");
+                assert!(got.decode.counters["drafts"] >= 1);
+            }
+        }
+    }
+}
+
+/// `--weights` bf16 / q8 / q4 run the whole request path: the answer has every token, and the
+/// prompt's logits stay near f32's (random weights, so only loosely).
+#[test]
+fn packed_weight_formats_answer() {
+    let m = manifest();
+    let c = two_image_case(&m, "models/llava-next-mistral");
+    let dir = root().join("models/llava-next-mistral");
+    let want = Engine::load(&dir, EngineOptions::single_request())
+        .unwrap()
+        .prompt_logits(&prompt(&c))
+        .unwrap();
+    for (f, max_err) in [
+        (glance_engine::WeightFormat::Bf16, 0.2),
+        (glance_engine::WeightFormat::Q8, 0.5),
+        (glance_engine::WeightFormat::Q4, 4.0),
+    ] {
+        let e = Engine::load(&dir, EngineOptions::single_request().with_weights(f)).unwrap();
+        let got = e.prompt_logits(&prompt(&c)).unwrap();
+        let d: f32 = (&got - &want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        println!("{f}: max-abs {d:.3}");
+        assert!(d > 0.0 && d <= max_err, "{f}: logits differ by {d}");
+        let r = Request {
+            max_new_tokens: 6,
+            ignore_eos: true,
+            ..Request::new(prompt(&c))
+        };
+        let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+        assert_eq!(got.token_ids.len(), 6, "{f}");
+        assert_eq!(
+            got.usage.visual_tokens,
+            c["n_image_tokens"].as_u64().unwrap() as usize
+        );
+    }
+}
+
+#[allow(dead_code)]
+fn unused(_: Budget, _: Policy, _: PruneSpec) {}
