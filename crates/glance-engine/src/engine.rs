@@ -637,21 +637,27 @@ fn encode_costs(encoded: &[Encoded]) -> (Duration, Duration, usize) {
 /// pruning keeps every kept row at its original position (a merged row takes one patch's), and
 /// FastV's cut keeps positions too. `images` are the unpruned plan's image segments (their
 /// positions are their token indices), in prompt order; each ends with its `side × side` patches
-/// (a leading [CLS] under the `full` feature strategy is not a patch).
+/// (a leading [CLS] under the `full` feature strategy is not a patch). A LLaVA-NeXT image
+/// (`anyres`) starts with its base image's patches: those are reported.
 fn kept_patches(
     images: &[std::ops::Range<usize>],
     side: usize,
     positions: &[u32],
+    anyres: bool,
 ) -> Vec<KeptPatches> {
     let patches = side * side;
     images
         .iter()
         .map(|r| {
-            let start = r.end.saturating_sub(patches).max(r.start);
+            let (start, end) = if anyres {
+                (r.start, (r.start + patches).min(r.end))
+            } else {
+                (r.end.saturating_sub(patches).max(r.start), r.end)
+            };
             let mut kept: Vec<u32> = positions
                 .iter()
                 .map(|&p| p as usize)
-                .filter(|p| (start..r.end).contains(p))
+                .filter(|p| (start..end).contains(p))
                 .map(|p| (p - start) as u32)
                 .collect();
             kept.sort_unstable();

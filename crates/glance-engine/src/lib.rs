@@ -35,4 +35,4 @@ pub use request::{
 pub use glance_decode::{
     DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames, TokenLogprob,
 };
-pub use glance_prune::{Budget, Policy, PruneSpec};
+pub use glance_prune::{Budget, Policy, PruneSpec, TileBudget};

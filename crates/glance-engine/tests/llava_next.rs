@@ -186,7 +186,7 @@ fn random_head(
 }
 
 /// Speculative decoding is lossless on anyres prompts: greedy ViSpec and EAGLE output (untrained
-/// heads, tree and chain) is autoregressive decoding's, token for token.
+/// heads, tree and chain, with and without pruning) is autoregressive decoding's, token for token.
 #[test]
 fn greedy_speculative_output_equals_autoregressive() {
     let m = manifest();
@@ -196,26 +196,33 @@ fn greedy_speculative_output_equals_autoregressive() {
         e.set_draft(std::sync::Arc::new(random_head(&dir, Some(4), true, 1)));
         e.set_draft(std::sync::Arc::new(random_head(&dir, None, false, 2)));
         let case = two_image_case(&m, facts["dir"].as_str().unwrap());
-        let ar = Request {
-            max_new_tokens: 16,
-            ignore_eos: true,
-            decode: DecodeSpec::Ar,
-            ..Request::new(prompt(&case))
-        };
-        let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
-        for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
-            for tree in [
-                glance_decode::TreeSettings::default(),
-                glance_decode::TreeSettings::chain(4),
-            ] {
-                let r = Request {
-                    decode: spec,
-                    tree: Some(tree.clone()),
-                    ..ar.clone()
-                };
-                let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
-                assert_eq!(got.token_ids, want.token_ids, "{name} {spec} {tree:?}");
-                assert!(got.decode.counters["drafts"] >= 1);
+        for prune in [
+            None,
+            Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.5))),
+        ] {
+            let ar = Request {
+                max_new_tokens: 16,
+                ignore_eos: true,
+                decode: DecodeSpec::Ar,
+                prune: prune.clone(),
+                ..Request::new(prompt(&case))
+            };
+            let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
+            for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+                for tree in [
+                    glance_decode::TreeSettings::default(),
+                    glance_decode::TreeSettings::chain(4),
+                ] {
+                    let r = Request {
+                        decode: spec,
+                        tree: Some(tree.clone()),
+                        ..ar.clone()
+                    };
+                    let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+                    let label = format!("{name} {spec} {tree:?} prune {prune:?}");
+                    assert_eq!(got.token_ids, want.token_ids, "{label}");
+                    assert!(got.decode.counters["drafts"] >= 1);
+                }
             }
         }
     }
@@ -263,5 +270,171 @@ fn packed_weight_formats_answer() {
     }
 }
 
-#[allow(dead_code)]
-fn unused(_: Budget, _: Policy, _: PruneSpec) {}
+/// Every pruning policy, with the global and the per-tile (HiRED) budget, on a two-image prompt:
+/// each image keeps its budget, every newline row at its own position, every other kept row at
+/// the position of the token it is (or, merged, stands for); the pruned prompt decodes end to
+/// end through the engine.
+#[test]
+fn every_pruning_policy_keeps_positions_and_newline_rows() {
+    use glance_engine::TileBudget;
+    use glance_models::llava::{Llava, LlavaConfig, LlavaProcessor, SegmentKind};
+    let m = manifest();
+    let c = two_image_case(&m, "models/llava-next-vicuna");
+    let dir = root().join("models/llava-next-vicuna");
+    let model = Llava::load(&dir, &Device::Cpu).unwrap();
+    let processor = LlavaProcessor::from_dir(&dir, &LlavaConfig::from_dir(&dir).unwrap()).unwrap();
+    let encodings: Vec<_> = c["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let img =
+                glance_models::processing::image::load_image(&root().join(i.as_str().unwrap()))
+                    .unwrap();
+            model.encode_picture(&processor, &img).unwrap()
+        })
+        .collect();
+    let refs: Vec<_> = encodings.iter().collect();
+    let ids = ids(&tensors(&c)["input_ids"]);
+    let feats: Vec<&Tensor> = encodings.iter().map(|e| &e.features).collect();
+    let query = processor
+        .query_ids("Describe the picture in detail.")
+        .unwrap();
+    let budget = Budget::Ratio(0.3);
+    let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+    for policy in Policy::ALL
+        .into_iter()
+        .filter(|p| !matches!(p, Policy::None | Policy::FastV))
+    {
+        for tiles in [TileBudget::Global, TileBudget::PerTile] {
+            let label = format!("{policy} {tiles:?}");
+            let spec = PruneSpec {
+                tiles,
+                ..PruneSpec::new(policy, budget)
+            };
+            let plan = model.plan(&ids, &feats).unwrap();
+            let pruned = glance_prune::transform(&model, plan, &refs, &query, &spec).unwrap();
+            let mut kept = 0;
+            for seg in &pruned.plan.segments {
+                let SegmentKind::Image { index } = seg.kind else {
+                    continue;
+                };
+                let enc = &encodings[index];
+                let layout = enc.anyres.as_ref().unwrap().layout;
+                let start = seg.source.start;
+                assert_eq!(seg.positions.len(), budget.resolve(layout.len()), "{label}");
+                assert!(seg.positions.windows(2).all(|w| w[0] < w[1]), "{label}");
+                let local: Vec<usize> = seg.positions.iter().map(|&p| p as usize - start).collect();
+                assert!(local.iter().all(|&i| i < layout.len()), "{label}");
+                let newlines = (0..layout.len()).filter(|&i| layout.is_newline(i));
+                for i in newlines {
+                    assert!(local.contains(&i), "{label}: newline row {i} dropped");
+                }
+                // Subset policies keep the rows themselves.
+                if !matches!(policy, Policy::Pool | Policy::Hier) {
+                    let idx = Tensor::new(
+                        local.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+                        &Device::Cpu,
+                    )
+                    .unwrap();
+                    let want = enc.features.index_select(&idx, 0).unwrap();
+                    let d: f32 = (&seg.rows - &want)
+                        .unwrap()
+                        .abs()
+                        .unwrap()
+                        .max_all()
+                        .unwrap()
+                        .to_scalar()
+                        .unwrap();
+                    assert_eq!(d, 0.0, "{label}: a kept row moved");
+                }
+                kept += seg.positions.len();
+            }
+            assert_eq!(pruned.stats.kept_visual_tokens, kept, "{label}");
+            let r = Request {
+                prune: Some(spec.clone()),
+                max_new_tokens: 4,
+                ignore_eos: true,
+                ..Request::new(prompt(&c))
+            };
+            let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+            assert_eq!(got.token_ids.len(), 4, "{label}");
+            assert_eq!(got.usage.kept_visual_tokens, kept, "{label}");
+            assert_eq!(
+                got.usage.prompt_rows,
+                got.usage.prompt_tokens - (got.usage.visual_tokens - kept),
+                "{label}"
+            );
+            let base = (layout_side(&model), layout_side(&model));
+            for k in &got.kept_patches {
+                assert_eq!((k.rows, k.cols), base, "{label}");
+                assert!(k.kept.iter().all(|&i| (i as usize) < base.0 * base.1));
+            }
+        }
+    }
+    // FastV cuts inside the decoder: it runs on anyres prompts too, and a per-tile budget is
+    // refused for it by name.
+    let r = Request {
+        prune: Some(PruneSpec::new(Policy::FastV, budget)),
+        max_new_tokens: 4,
+        ignore_eos: true,
+        ..Request::new(prompt(&c))
+    };
+    let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+    assert_eq!(got.token_ids.len(), 4);
+    assert!(got.usage.kept_visual_tokens < got.usage.visual_tokens);
+    let spec = PruneSpec {
+        tiles: TileBudget::PerTile,
+        ..PruneSpec::new(Policy::FastV, budget)
+    };
+    assert!(spec
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("per-tile"));
+}
+
+/// The per-tile budget shares the tiles' part by the base image's attention: on an image whose
+/// tiles differ, some tile keeps a different number of tokens than under the global budget's
+/// uniform share, and the totals agree.
+#[test]
+fn per_tile_budget_follows_tile_saliency() {
+    use glance_engine::TileBudget;
+    use glance_models::llava::{Llava, LlavaConfig, LlavaProcessor};
+    let dir = root().join("models/llava-next-mistral");
+    let model = Llava::load(&dir, &Device::Cpu).unwrap();
+    let processor = LlavaProcessor::from_dir(&dir, &LlavaConfig::from_dir(&dir).unwrap()).unwrap();
+    let img =
+        glance_models::processing::image::load_image(&root().join("images/astronaut.png")).unwrap();
+    let enc = model.encode_picture(&processor, &img).unwrap();
+    let s = enc.anyres.as_ref().unwrap();
+    let layout = s.layout;
+    let n = layout.len();
+    let prompt_ids: Vec<u32> = vec![model.config().image_token_id; n];
+    let per_tile = |tiles: TileBudget| -> Vec<usize> {
+        let spec = PruneSpec {
+            tiles,
+            ..PruneSpec::new(Policy::Saliency, Budget::Ratio(0.3))
+        };
+        let plan = model.plan(&prompt_ids, &[&enc.features]).unwrap();
+        let pruned = glance_prune::transform(&model, plan, &[&enc], &[], &spec).unwrap();
+        let mut counts = vec![0; s.tiles.0 * s.tiles.1];
+        for &p in &pruned.plan.segments[0].positions {
+            let i = p as usize;
+            if i >= layout.base && !layout.is_newline(i) {
+                let g = i - layout.base;
+                let (r, c) = (g / (layout.cols + 1), g % (layout.cols + 1));
+                counts[s.tile_of[r * layout.cols + c]] += 1;
+            }
+        }
+        counts
+    };
+    let (global, tiled) = (per_tile(TileBudget::Global), per_tile(TileBudget::PerTile));
+    println!("kept per tile: global {global:?}, per-tile {tiled:?}");
+    assert_eq!(global.iter().sum::<usize>(), tiled.iter().sum::<usize>());
+    assert_ne!(global, tiled);
+}
+
+fn layout_side(model: &glance_models::llava::Llava) -> usize {
+    model.config().vision.grid()
+}

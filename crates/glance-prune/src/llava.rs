@@ -91,24 +91,36 @@ pub fn llava_input(
             patches + prefix
         )));
     }
-    // (1 + patches, vision_hidden), [CLS] first
-    let vh = &enc.vision_hidden;
     Ok((
         prefix,
-        PruneInput {
-            tokens: enc.features.narrow(0, prefix, patches)?,
-            grid,
-            vision: Some(vh.narrow(0, 1, patches)?),
-            cls: Some(vh.get(0)?),
-            // (heads, 1 + patches) -> (heads, patches)
-            cls_attention: enc
-                .cls_attention
-                .as_ref()
-                .map(|a| a.narrow(1, 1, patches))
-                .transpose()?,
-            query,
-        },
+        clip_input(enc, enc.features.narrow(0, prefix, patches)?, grid, query)?,
     ))
+}
+
+/// The candidates of one CLIP image: `tokens` its `grid` of projected patch tokens, the signals
+/// from `enc`'s tower outputs (of the same image).
+pub(crate) fn clip_input(
+    enc: &ImageEncoding,
+    tokens: Tensor,
+    grid: Grid,
+    query: Option<Tensor>,
+) -> Result<PruneInput> {
+    let patches = grid.len();
+    // (1 + patches, vision_hidden), [CLS] first
+    let vh = &enc.vision_hidden;
+    Ok(PruneInput {
+        tokens,
+        grid,
+        vision: Some(vh.narrow(0, 1, patches)?),
+        cls: Some(vh.get(0)?),
+        // (heads, 1 + patches) -> (heads, patches)
+        cls_attention: enc
+            .cls_attention
+            .as_ref()
+            .map(|a| a.narrow(1, 1, patches))
+            .transpose()?,
+        query,
+    })
 }
 
 /// The pruning step: `plan` (built from the prompt by [`Llava::plan`]) with its images pruned as
@@ -187,6 +199,21 @@ pub fn transform(
                 };
                 let enc = images[index];
                 let (s, len) = (seg.source.start, seg.source.len());
+                if let Some(signals) = &enc.anyres {
+                    // LLaVA-NeXT: base image and tiles, newline rows kept.
+                    let (rows, kept) = crate::next::prune(
+                        enc,
+                        signals,
+                        query.clone(),
+                        pruner.as_ref(),
+                        spec,
+                        len,
+                    )?;
+                    seg.positions = kept.iter().map(|&i| (s + i) as u32).collect();
+                    seg.rows = rows;
+                    kept_total += kept.len();
+                    continue;
+                }
                 let (prefix, input) = llava_input(model, enc, query.clone())?;
                 let k = spec.budget.resolve(len).saturating_sub(prefix).max(1);
                 let kept = select(pruner.as_ref(), &input, k)?;

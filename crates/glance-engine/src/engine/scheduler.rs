@@ -500,7 +500,8 @@ impl Engine {
                 let mut state = glance_prune::prefill(llava, pruned)?;
                 attach_images(&mut state, &pruned.plan);
                 let side = llava.config().vision.grid();
-                let patches = kept_patches(images, side, &state.positions);
+                let patches =
+                    kept_patches(images, side, &state.positions, llava.config().is_next());
                 s.kept = Some((state.prompt_len(), pruned.stats.kept_visual_tokens, patches));
                 s.prefill = state.elapsed;
                 state

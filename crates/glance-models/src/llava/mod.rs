@@ -34,7 +34,7 @@ pub use config::{
     BlockDiffusionConfig, FeatureSelect, LlavaConfig, VisionConfig, DEFAULT_PINPOINTS,
 };
 pub use model::{ImageEncoding, Llava, WeightLayout};
-pub use next::PackedLayout;
+pub use next::{AnyresSignals, PackedLayout};
 pub use plan::{PromptPlan, Segment, SegmentKind};
 pub use processor::{LlavaProcessor, PreparedPrompt, ProcessorFiles, PromptFormat};
 pub use projector::Projector;

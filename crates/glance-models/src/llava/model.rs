@@ -87,6 +87,9 @@ pub struct ImageEncoding {
     pub vision_hidden: Tensor,
     /// [CLS]→token attention at that layer, `(heads, 1 + patches)`.
     pub cls_attention: Option<Tensor>,
+    /// LLaVA-NeXT: where the packed tokens lie and the tiles' own signals (the fields above are
+    /// the base image's). `None` for LLaVA-1.5.
+    pub anyres: Option<super::next::AnyresSignals>,
 }
 
 pub struct Llava {
@@ -234,6 +237,7 @@ impl Llava {
             features: self.projector.forward(&tower.features)?,
             vision_hidden: tower.vision_hidden,
             cls_attention: tower.cls_attention,
+            anyres: None,
         })
     }
 
@@ -260,6 +264,7 @@ impl Llava {
             features: feats,
             vision_hidden: out.hidden_states[deepest_pos].clone(),
             cls_attention: out.cls_attention,
+            anyres: None,
         })
     }
 

@@ -78,7 +78,8 @@ impl Llava {
     }
 
     /// Encodes one pre-processed LLaVA-NeXT image: `features` `(tokens, text_hidden)` packed as
-    /// the module docs say; `vision_hidden` and `cls_attention` are the base image's.
+    /// the module docs say; `vision_hidden` and `cls_attention` are the base image's, `anyres`
+    /// holds the layout and the tiles' signals.
     pub fn encode_anyres(&self, image: &AnyresPixels) -> Result<ImageEncoding> {
         let g = self
             .anyres()
@@ -95,38 +96,97 @@ impl Llava {
                 tr * tc
             )));
         }
+        let g2 = g.grid * g.grid;
+        let (mut selected, mut hidden, mut attention) = (Vec::new(), Vec::new(), Vec::new());
         let mut base = None;
-        let mut selected = Vec::with_capacity(n);
         for i in 0..n {
             // (3, tile, tile) -> (grid², vision_hidden · n_layers)
             let tower = self.encode_tower(&image.pixels.get(i)?)?;
             selected.push(tower.features.clone());
             if i == 0 {
                 base = Some(tower);
+                continue;
+            }
+            // The tile's own signals without its [CLS]: (grid², vision), (grid², heads).
+            hidden.push(tower.vision_hidden.narrow(0, 1, g2)?);
+            if let Some(a) = &tower.cls_attention {
+                attention.push(a.narrow(1, 1, g2)?.t()?);
             }
         }
         let base = base.expect("n >= 1");
         // ((1 + tiles) · grid², vision) -> ((1 + tiles) · grid², text_hidden)
         let projected = self.projector().forward(&Tensor::cat(&selected, 0)?)?;
-        let (gs, d) = (g.grid, projected.dim(1)?);
-        let g2 = gs * gs;
-        // (tiles · grid², d) -> (tr, tc, grid, grid, d) -> (tr, grid, tc, grid, d) -> (tr·grid, tc·grid, d)
-        let tiles = projected
-            .narrow(0, g2, tr * tc * g2)?
-            .reshape((tr, tc, gs, gs, d))?
-            .permute((0, 2, 1, 3, 4))?
-            .contiguous()?
-            .reshape((tr * gs, tc * gs, d))?;
+        let d = projected.dim(1)?;
         let (rows, cols) = g.unpadded(height, width);
         let (uh, uw) = (rows.len(), cols.len());
-        // (uh, uw, d) ++ newline (uh, 1, d) -> (uh, uw + 1, d) -> (uh · (uw + 1), d)
-        let grid = tiles.narrow(0, rows.start, uh)?.narrow(1, cols.start, uw)?;
+        let stitch = |x: &Tensor| stitch(x, (tr, tc), g.grid, (&rows, &cols));
+        // (uh · uw, d) ++ newline -> (uh, uw + 1, d) -> (uh · (uw + 1), d)
+        let grid = stitch(&projected.narrow(0, g2, tr * tc * g2)?)?.reshape((uh, uw, d))?;
         let nl = newline.reshape((1, 1, d))?.broadcast_as((uh, 1, d))?;
         let grid = Tensor::cat(&[&grid, &nl], 1)?.reshape((uh * (uw + 1), d))?;
+        let signals = AnyresSignals {
+            layout: PackedLayout {
+                base: g2,
+                grid: g.grid,
+                rows: uh,
+                cols: uw,
+            },
+            tiles: (tr, tc),
+            tile_of: (0..uh * uw)
+                .map(|i| {
+                    let (r, c) = (rows.start + i / uw, cols.start + i % uw);
+                    (r / g.grid) * tc + c / g.grid
+                })
+                .collect(),
+            vision: stitch(&Tensor::cat(&hidden, 0)?)?,
+            cls_attention: if attention.is_empty() {
+                None
+            } else {
+                Some(stitch(&Tensor::cat(&attention, 0)?)?.t()?.contiguous()?)
+            },
+        };
         Ok(ImageEncoding {
             features: Tensor::cat(&[&projected.narrow(0, 0, g2)?, &grid], 0)?,
             vision_hidden: base.vision_hidden,
             cls_attention: base.cls_attention,
+            anyres: Some(signals),
         })
     }
+}
+
+/// A LLaVA-NeXT image's layout and its tiles' signals, per token of the unpadded grid (row-major,
+/// without the newline rows).
+#[derive(Debug, Clone)]
+pub struct AnyresSignals {
+    pub layout: PackedLayout,
+    /// The tile grid `(rows, cols)` before unpadding.
+    pub tiles: (usize, usize),
+    /// The tile (row-major index) each grid token comes from.
+    pub tile_of: Vec<usize>,
+    /// Vision-tower features at the deepest feature layer `(rows · cols, vision_hidden)`.
+    pub vision: Tensor,
+    /// Each token's own tile's [CLS]→token attention at that layer, `(heads, rows · cols)`.
+    pub cls_attention: Option<Tensor>,
+}
+
+/// Per-tile rows `(tiles · grid², d)` → the tiles' grid stitched together (row-major over
+/// tiles, then patches) and unpadded to `rows × cols`: `(rows.len() · cols.len(), d)`.
+fn stitch(
+    x: &Tensor,
+    (tr, tc): (usize, usize),
+    grid: usize,
+    (rows, cols): (&std::ops::Range<usize>, &std::ops::Range<usize>),
+) -> Result<Tensor> {
+    let d = x.dim(1)?;
+    // (tr, tc, grid, grid, d) -> (tr, grid, tc, grid, d) -> (tr · grid, tc · grid, d)
+    let full = x
+        .reshape((tr, tc, grid, grid, d))?
+        .permute((0, 2, 1, 3, 4))?
+        .contiguous()?
+        .reshape((tr * grid, tc * grid, d))?;
+    Ok(full
+        .narrow(0, rows.start, rows.len())?
+        .narrow(1, cols.start, cols.len())?
+        .contiguous()?
+        .reshape((rows.len() * cols.len(), d))?)
 }
