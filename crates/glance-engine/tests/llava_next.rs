@@ -438,3 +438,34 @@ fn per_tile_budget_follows_tile_saliency() {
 fn layout_side(model: &glance_models::llava::Llava) -> usize {
     model.config().vision.grid()
 }
+
+/// Images far more elongated than any pinpoint unpad to one row, or to newline rows only: every
+/// policy still prunes them (the base image carries the budget) and answers.
+#[test]
+fn extreme_aspect_images_prune_and_answer() {
+    let dir = root().join("models/llava-next-vicuna");
+    let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+    for (w, h) in [(1000u32, 1u32), (1, 1000)] {
+        let img = image::DynamicImage::ImageRgb8(image::RgbImage::from_pixel(
+            w,
+            h,
+            image::Rgb([200, 10, 10]),
+        ));
+        for policy in [Policy::Adaptive, Policy::Pool, Policy::Hier, Policy::FastV] {
+            let mut r = Request::chat(
+                "What colour is the strip?",
+                vec![ImageInput::decoded(img.clone())],
+            );
+            r.prune = Some(PruneSpec::new(policy, Budget::Ratio(0.25)));
+            r.max_new_tokens = 3;
+            r.ignore_eos = true;
+            let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+            assert_eq!(got.token_ids.len(), 3, "{w}x{h} {policy}");
+            assert!(
+                got.usage.kept_visual_tokens < got.usage.visual_tokens,
+                "{w}x{h} {policy}: {:?}",
+                got.usage
+            );
+        }
+    }
+}

@@ -285,3 +285,25 @@ fn packed_layout_marks_the_newline_rows() {
     px.size = (200, 300);
     assert!(model.encode_anyres(&px).is_err());
 }
+
+/// Images far more elongated than any pinpoint: transformers keeps no pinpoint's pixels, takes
+/// the first, and unpads to a single row, or to rows of newline tokens only. The counts are
+/// transformers' (`LlavaNextProcessor` on the fixture model, checked by hand), and such images
+/// encode to that many rows.
+#[test]
+fn extreme_aspect_ratios_count_and_encode_like_transformers() {
+    let m = manifest();
+    let (_, dir) = models(&m).into_iter().next().unwrap();
+    let proc = processor(&dir);
+    let model = Llava::load(&dir, &Device::Cpu).unwrap();
+    for ((w, h), want) in [((1000, 1), 64), ((1, 1000), 56), ((300, 2), 64)] {
+        assert_eq!(proc.tokens_for(h, w), want, "{w}x{h}");
+        let img = image::DynamicImage::ImageRgb8(image::RgbImage::from_pixel(
+            w as u32,
+            h as u32,
+            image::Rgb([200, 10, 10]),
+        ));
+        let enc = model.encode_picture(&proc, &img).unwrap();
+        assert_eq!(enc.features.dim(0).unwrap(), want, "{w}x{h}");
+    }
+}

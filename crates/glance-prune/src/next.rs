@@ -85,6 +85,9 @@ fn tile_saliency(enc: &ImageEncoding, s: &AnyresSignals) -> Result<Option<Vec<f6
         return Ok(None);
     };
     let l = &s.layout;
+    if l.rows == 0 || l.cols == 0 {
+        return Ok(None);
+    }
     // (heads, 1 + grid²) -> (grid²,)
     let per_patch: Vec<f32> = att
         .narrow(1, 1, l.grid * l.grid)?
@@ -154,7 +157,8 @@ pub(crate) fn prune(
         .budget
         .resolve(len)
         .saturating_sub(l.rows)
-        .clamp(2, n_base + n_grid);
+        .max(2)
+        .min(n_base + n_grid);
     let split = allocate(k, &[n_base as f64, n_grid as f64], &[n_base, n_grid]);
     let (k_base, k_grid) = (split[0].max(1), split[1].max(1));
     // (kept rows, their packed indices) of each part.

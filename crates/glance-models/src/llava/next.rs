@@ -125,12 +125,7 @@ impl Llava {
         let nl = newline.reshape((1, 1, d))?.broadcast_as((uh, 1, d))?;
         let grid = Tensor::cat(&[&grid, &nl], 1)?.reshape((uh * (uw + 1), d))?;
         let signals = AnyresSignals {
-            layout: PackedLayout {
-                base: g2,
-                grid: g.grid,
-                rows: uh,
-                cols: uw,
-            },
+            layout: self.packed_layout(height, width)?,
             tiles: (tr, tc),
             tile_of: (0..uh * uw)
                 .map(|i| {
