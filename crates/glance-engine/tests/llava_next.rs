@@ -2,7 +2,8 @@
 //! counts → chat template → tiles → vision tower → packed features → prefill → decoding strategy)
 //! against transformers' fixtures (`fixtures/llava_next/`, `scripts/make_llava_next_fixtures.py`):
 //! the prompt's logits, visual token counts and greedy tokens, with and without the caches,
-//! batched, with speculative decoding and with every pruning policy.
+//! batched, with speculative and block-diffusion decoding, packed weights and every pruning
+//! policy.
 
 use candle_core::{Device, Tensor};
 use glance_engine::{
@@ -467,5 +468,43 @@ fn extreme_aspect_images_prune_and_answer() {
                 got.usage
             );
         }
+    }
+}
+
+/// Block diffusion's self-speculative modes are lossless on anyres prompts: a LLaVA-NeXT copy
+/// marked as converted (`block_diffusion` in its config.json; the causal weights are all the
+/// lossless contract needs) decodes, linear and quadratic, exactly as autoregressive decoding.
+#[test]
+fn block_diffusion_self_speculation_equals_autoregressive() {
+    let m = manifest();
+    let src = root().join("models/llava-next-mistral");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("llava-next-dvlm");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    // <unk> (id 0), never in the fixtures' prompts, stands in for the trained mask token.
+    config["block_diffusion"] = serde_json::json!({"mask_token_id": 0, "block_size": 4});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let e = Engine::load(&dir, EngineOptions::default()).unwrap();
+    let case = two_image_case(&m, "models/llava-next-mistral");
+    let ar = Request {
+        max_new_tokens: 12,
+        ignore_eos: true,
+        decode: DecodeSpec::Ar,
+        ..Request::new(prompt(&case))
+    };
+    let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
+    for spec in [DecodeSpec::DiffusionLinear, DecodeSpec::DiffusionQuadratic] {
+        let r = Request {
+            decode: spec,
+            ..ar.clone()
+        };
+        let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
+        assert_eq!(got.token_ids, want.token_ids, "{spec}");
+        assert_eq!(got.decode.strategy, spec.name());
     }
 }
