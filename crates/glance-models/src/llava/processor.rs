@@ -79,7 +79,7 @@ impl LlavaProcessor {
             ),
         };
         let pre = PreprocessorConfig::from_json(&image_json)
-            .map_err(|m| Error::Config(format!("{}: {preprocessor}: {m}", dir.display())))?;
+            .map_err(|m| Error::Config(format!("{}: {m}", dir.join(preprocessor).display())))?;
         // The placeholder is an added token (`<image>`); processor_config.json names it when
         // present.
         let named: Option<String> = processor_json
