@@ -437,6 +437,11 @@ pub struct PruneArgs {
     /// boundary of a shallower model).
     #[arg(long, value_name = "LAYER")]
     pub prune_layer: Option<usize>,
+    /// LLaVA-NeXT: share each image's budget between its base image and tiles by size
+    /// (`global`, the default) or by the base image's attention over each tile (`per-tile`,
+    /// HiRED).
+    #[arg(long, value_name = "global|per-tile")]
+    pub prune_tiles: Option<String>,
 }
 
 /// The default budget when a policy is given without `--keep`.
@@ -469,6 +474,9 @@ impl PruneArgs {
                 bail!("--prune-layer only applies to --prune fastv");
             }
             spec.fastv_layer = Some(l);
+        }
+        if let Some(t) = &self.prune_tiles {
+            spec.tiles = t.parse()?;
         }
         spec.validate()?;
         Ok(spec)

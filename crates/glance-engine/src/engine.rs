@@ -112,7 +112,7 @@ impl Engine {
         let pool = thread_pool(threads)?;
         let start = Instant::now();
         match Family::of_dir(dir)? {
-            Family::Llava => {}
+            f if f.is_llava() => {}
             Family::InternVl => return Self::load_internvl(dir, options, pool, threads, start),
             _ => return Self::load_qwen(dir, options, pool, threads, start),
         }
@@ -524,10 +524,22 @@ impl Engine {
         if let Some(internvl) = self.processor.internvl() {
             return self.render_sized(internvl, prompt, images, continue_final, want_query, tools);
         }
+        let llava = self.processor.llava()?;
+        // Each image's token count: LLaVA-NeXT's depends on the image's size (read from its
+        // header before any pixel is decoded).
+        let tokens = images
+            .iter()
+            .map(|img| match llava.anyres() {
+                Some(_) => {
+                    let (w, h) = qwen::image_dims(img, self.options.max_image_pixels)?;
+                    Ok(llava.tokens_for(h, w))
+                }
+                None => Ok(llava.tokens_for(0, 0)),
+            })
+            .collect::<Result<Vec<usize>>>()?;
         let (prompt, query) = match prompt {
-            Prompt::Raw { text, images } => (
-                self.processor
-                    .prepare(text, images.len(), PromptFormat::Raw)?,
+            Prompt::Raw { text, .. } => (
+                llava.prepare_sized(text, &tokens, PromptFormat::Raw)?,
                 text.clone(),
             ),
             Prompt::Chat(messages) => {
@@ -539,11 +551,9 @@ impl Engine {
                     String::new()
                 };
                 let prepared = if continue_final {
-                    self.processor
-                        .llava()?
-                        .prepare_continuation_with(&chat, tools)?
+                    llava.prepare_continuation_sized(&chat, &tokens, tools)?
                 } else {
-                    self.processor.llava()?.prepare_chat_with(&chat, tools)?
+                    llava.prepare_chat_sized(&chat, &tokens, tools)?
                 };
                 (prepared, query)
             }
@@ -665,22 +675,28 @@ fn encode_costs(encoded: &[Encoded]) -> (Duration, Duration, usize) {
 /// pruning keeps every kept row at its original position (a merged row takes one patch's), and
 /// FastV's cut keeps positions too. `images` are the unpruned plan's image segments (their
 /// positions are their token indices), in prompt order; each ends with its `side × side` patches
-/// (a leading [CLS] under the `full` feature strategy is not a patch).
+/// (a leading [CLS] under the `full` feature strategy is not a patch). A LLaVA-NeXT image
+/// (`anyres`) starts with its base image's patches: those are reported.
 fn kept_patches(
     images: &[std::ops::Range<usize>],
     grids: &[(usize, usize)],
     positions: &[u32],
+    anyres: bool,
 ) -> Vec<KeptPatches> {
     images
         .iter()
         .zip(grids)
         .map(|(r, &(rows, cols))| {
             let patches = rows * cols;
-            let start = r.end.saturating_sub(patches).max(r.start);
+            let (start, end) = if anyres {
+                (r.start, (r.start + patches).min(r.end))
+            } else {
+                (r.end.saturating_sub(patches).max(r.start), r.end)
+            };
             let mut kept: Vec<u32> = positions
                 .iter()
                 .map(|&p| p as usize)
-                .filter(|p| (start..r.end).contains(p))
+                .filter(|p| (start..end).contains(p))
                 .map(|p| (p - start) as u32)
                 .collect();
             kept.sort_unstable();

@@ -342,7 +342,9 @@ pub fn evaluate_specs(
         });
     }
     let seconds = start.elapsed().as_secs_f64();
-    let visual = engine.model().llava()?.config().image_tokens_per_image();
+    // Every world image has the same size (LLaVA-NeXT's count depends on it).
+    let side = glance_world::IMAGE_SIZE as usize;
+    let visual = engine.processor().llava()?.tokens_for(side, side);
     Ok(specs
         .iter()
         .zip(accs)

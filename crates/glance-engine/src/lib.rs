@@ -36,4 +36,4 @@ pub use glance_decode::{
     DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames, OutputFormat,
     TokenLogprob,
 };
-pub use glance_prune::{Budget, Policy, PruneSpec};
+pub use glance_prune::{Budget, Policy, PruneSpec, TileBudget};

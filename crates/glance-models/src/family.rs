@@ -11,6 +11,9 @@ use std::path::Path;
 pub enum Family {
     /// `LlavaForConditionalGeneration` (LLaVA-1.5 layout).
     Llava,
+    /// `LlavaNextForConditionalGeneration` (LLaVA-1.6, anyres images): loads as
+    /// [`crate::llava::Llava`].
+    LlavaNext,
     /// `Qwen2VLForConditionalGeneration`.
     Qwen2Vl,
     /// `Qwen2_5_VLForConditionalGeneration`.
@@ -22,6 +25,11 @@ pub enum Family {
 /// `(architectures entry, model_type, family)`.
 const KNOWN: &[(&str, &str, Family)] = &[
     ("LlavaForConditionalGeneration", "llava", Family::Llava),
+    (
+        "LlavaNextForConditionalGeneration",
+        "llava_next",
+        Family::LlavaNext,
+    ),
     (
         "Qwen2VLForConditionalGeneration",
         "qwen2_vl",
@@ -40,7 +48,7 @@ const KNOWN: &[(&str, &str, Family)] = &[
 ];
 
 /// Architectures users bring that glance recognises but does not run yet.
-const NOT_YET: &[&str] = &["LlavaNextForConditionalGeneration", "InternVLChatModel"];
+const NOT_YET: &[&str] = &["InternVLChatModel"];
 
 impl Family {
     /// The family of a parsed `config.json`: the first `architectures` entry glance knows, else
@@ -92,6 +100,11 @@ impl Family {
         })
     }
 
+    /// Whether the checkpoint loads as [`crate::llava::Llava`] (LLaVA-1.5 or LLaVA-NeXT).
+    pub fn is_llava(self) -> bool {
+        matches!(self, Family::Llava | Family::LlavaNext)
+    }
+
     /// Whether the decoder turns rows with 3-D (M-RoPE) positions.
     pub fn uses_mrope(self) -> bool {
         matches!(self, Family::Qwen2Vl | Family::Qwen25Vl)
@@ -123,15 +136,15 @@ mod tests {
             f(json!({"model_type": "internvl"})).unwrap(),
             Family::InternVl
         );
+        assert_eq!(
+            f(json!({"architectures": ["LlavaNextForConditionalGeneration"]})).unwrap(),
+            Family::LlavaNext
+        );
         let e = f(json!({"architectures": ["InternVLChatModel"]}))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("not supported yet"), "{e}");
-        let e = f(json!({"architectures": ["LlavaNextForConditionalGeneration"]}))
-            .unwrap_err()
-            .to_string();
         assert!(
-            e.contains("LlavaNextForConditionalGeneration") && e.contains("not supported yet"),
+            e.contains("InternVLChatModel") && e.contains("not supported yet"),
             "{e}"
         );
         assert!(f(json!({})).is_err());

@@ -11,11 +11,12 @@ use glance_core::{Error, Result};
 use serde_json::{json, Value};
 
 /// The text backbones, smallest first.
-pub const TEXT_PRESETS: [&str; 4] = [
+pub const TEXT_PRESETS: [&str; 5] = [
     "llama-134m",
     "tinyllama-1.1b",
     "sheared-llama-2.7b",
     "llama-2-7b",
+    "mistral-7b",
 ];
 
 /// Qwen2.5-VL's decoders (Qwen2 with M-RoPE, their real vocabularies): the language models of
@@ -27,13 +28,16 @@ pub const QWEN_PRESETS: [&str; 2] = ["qwen2.5-vl-3b", "qwen2.5-vl-7b"];
 pub const INTERNVL_PRESETS: [&str; 1] = ["internvl2.5-4b"];
 
 /// Whole LLaVA models: `llava-7b` is LLaVA-1.5-7B's shape (CLIP ViT-L/14-336 in front of
-/// Llama-2-7B), see [`llava_preset`].
-pub const LLAVA_PRESETS: [&str; 1] = ["llava-7b"];
+/// Llama-2-7B); `llava-next-7b` LLaVA-NeXT-7B's (llava-hf/llava-v1.6-mistral-7b-hf: the same
+/// tower, anyres tiling over the default pinpoints, up to 2,928 visual tokens an image, in front
+/// of Mistral-7B-Instruct-v0.2), see [`llava_preset`].
+pub const LLAVA_PRESETS: [&str; 2] = ["llava-7b", "llava-next-7b"];
 
 /// The LLaVA preset `name` ([`LLAVA_PRESETS`]), or `None` if `name` is not one.
 pub fn llava_preset(name: &str) -> Option<Result<LlavaConfig>> {
     match name {
         "llava-7b" => Some(llava_config("llama-2-7b")),
+        "llava-next-7b" => Some(llava_next_config("mistral-7b")),
         _ => None,
     }
 }
@@ -56,6 +60,11 @@ pub fn text_config_value(name: &str) -> Result<Value> {
         "llama-2-7b" => json!({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
             "num_key_value_heads": 32, "max_position_embeddings": 4096}),
+        // Mistral-7B-Instruct-v0.2, as llava-v1.6-mistral-7b-hf's text_config (no sliding window).
+        "mistral-7b" => json!({"model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
         "qwen2.5-vl-3b" => json!({"model_type": "qwen2_5_vl_text", "vocab_size": 151936,
             "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
             "num_attention_heads": 16, "num_key_value_heads": 2, "max_position_embeddings": 128000,
@@ -119,6 +128,23 @@ pub fn internvl_config() -> Result<crate::internvl::InternVlConfig> {
     }))
 }
 
+/// LLaVA-NeXT-7B's vision shape (LLaVA-1.5's tower, the default `image_grid_pinpoints`) in front
+/// of the text backbone `name`.
+pub fn llava_next_config(name: &str) -> Result<LlavaConfig> {
+    let mut text = text_config_value(name)?;
+    text["vocab_size"] = json!(LLAVA_VOCAB);
+    LlavaConfig::from_value(&json!({
+        "architectures": ["LlavaNextForConditionalGeneration"], "model_type": "llava_next",
+        "image_token_index": 32000, "projector_hidden_act": "gelu",
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
+        "image_grid_pinpoints": crate::llava::DEFAULT_PINPOINTS,
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024,
+            "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+            "image_size": 336, "patch_size": 14, "hidden_act": "quick_gelu"},
+        "text_config": text,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +182,17 @@ mod tests {
         assert_eq!((l.text.hidden_size, l.text.num_layers), (4096, 32));
         assert_eq!(l.vision.hidden_size, 1024);
         assert!(llava_preset("llama-2-7b").is_none());
+        // LLaVA-NeXT-7B: Mistral-7B (~7.2B parameters, GQA 32/8) behind anyres tiling; a
+        // 672x672 image (2x2 tiles) is its largest, 576 + 48 · 49 = 2,928 tokens.
+        let n = llava_preset("llava-next-7b").unwrap().unwrap();
+        assert!(n.is_next());
+        assert_eq!((n.text.hidden_size, n.text.num_kv_heads), (4096, 8));
+        assert!((7.1e9..7.3e9).contains(&(n.text.num_parameters() as f64)));
+        let tiles = crate::llava::Anyres {
+            pinpoints: n.grid_pinpoints.clone().unwrap(),
+            tile: n.vision.image_size,
+            grid: n.vision.grid(),
+        };
+        assert_eq!(tiles.tokens_for(672, 672), 2928);
     }
 }

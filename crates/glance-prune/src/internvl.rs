@@ -7,7 +7,7 @@
 //! pixel shuffle folded into it) and, as the global feature, the last tile's [CLS] — the
 //! thumbnail's, which sees the whole image, when the image was tiled.
 
-use crate::llava::{transform_1d, Pruned};
+use crate::llava::{transform_1d, Candidates, Pruned};
 use crate::policy::PruneSpec;
 use crate::{Grid, PruneInput};
 use candle_core::Tensor;
@@ -68,6 +68,11 @@ pub fn transform_internvl(
         images.len(),
         query_ids,
         spec,
-        |index, query| Ok((0, internvl_input(model, images[index], query)?)),
+        |index, query| {
+            Ok(Candidates::Plain {
+                prefix: 0,
+                input: internvl_input(model, images[index], query)?,
+            })
+        },
     )
 }

@@ -19,7 +19,9 @@
 //!
 //! Every policy but `fastv` runs before the LLM ([`Pruner`]); `fastv` is a prefill strategy
 //! ([`fastv::prefill`]). Qwen2-VL prompts go through [`transform_qwen`] / [`prefill_qwen`] (kept
-//! tokens keep their 3-D positions). [`prefill_llava`] does the whole job for a LLaVA model: select, splice the
+//! tokens keep their 3-D positions). LLaVA-NeXT images are pruned as a base image and a tile grid
+//! (`next.rs`: newline rows kept, budget shared globally or per tile, [`TileBudget`]).
+//! [`prefill_llava`] does the whole job for a LLaVA model: select, splice the
 //! kept rows into the prompt at their original position ids (text after the image keeps its
 //! positions too), prefill, and hand back a [`glance_decode::Prefilled`] that any decoder continues.
 //!
@@ -31,6 +33,7 @@ pub mod fastv;
 mod internvl;
 mod llava;
 mod merge;
+mod next;
 mod policy;
 mod qwen;
 mod select;
@@ -42,7 +45,8 @@ pub use llava::{
     Pruned, PrunedPrefill,
 };
 pub use merge::{grid_windows, Hier, Pool};
-pub use policy::{Budget, Policy, PruneSpec, Stage};
+pub use next::allocate;
+pub use policy::{Budget, Policy, PruneSpec, Stage, TileBudget};
 pub use qwen::{prefill_qwen, qwen_input, transform_qwen};
 pub use select::{adaptive_split, Adaptive, Mix, Random, Saliency, SplitChoice, Text};
 

@@ -92,24 +92,36 @@ pub fn llava_input(
             patches + prefix
         )));
     }
-    // (1 + patches, vision_hidden), [CLS] first
-    let vh = &enc.vision_hidden;
     Ok((
         prefix,
-        PruneInput {
-            tokens: enc.features.narrow(0, prefix, patches)?,
-            grid,
-            vision: Some(vh.narrow(0, 1, patches)?),
-            cls: Some(vh.get(0)?),
-            // (heads, 1 + patches) -> (heads, patches)
-            cls_attention: enc
-                .cls_attention
-                .as_ref()
-                .map(|a| a.narrow(1, 1, patches))
-                .transpose()?,
-            query,
-        },
+        clip_input(enc, enc.features.narrow(0, prefix, patches)?, grid, query)?,
     ))
+}
+
+/// The candidates of one CLIP image: `tokens` its `grid` of projected patch tokens, the signals
+/// from `enc`'s tower outputs (of the same image).
+pub(crate) fn clip_input(
+    enc: &ImageEncoding,
+    tokens: Tensor,
+    grid: Grid,
+    query: Option<Tensor>,
+) -> Result<PruneInput> {
+    let patches = grid.len();
+    // (1 + patches, vision_hidden), [CLS] first
+    let vh = &enc.vision_hidden;
+    Ok(PruneInput {
+        tokens,
+        grid,
+        vision: Some(vh.narrow(0, 1, patches)?),
+        cls: Some(vh.get(0)?),
+        // (heads, 1 + patches) -> (heads, patches)
+        cls_attention: enc
+            .cls_attention
+            .as_ref()
+            .map(|a| a.narrow(1, 1, patches))
+            .transpose()?,
+        query,
+    })
 }
 
 /// The pruning step: `plan` (built from the prompt by [`Llava::plan`]) with its images pruned as
@@ -130,21 +142,39 @@ pub fn transform(
         images.len(),
         query_ids,
         spec,
-        |index, query| llava_input(model, images[index], query),
+        |index, query| {
+            let enc = images[index];
+            Ok(match &enc.anyres {
+                Some(signals) => Candidates::Anyres(enc, signals),
+                None => {
+                    let (prefix, input) = llava_input(model, enc, query)?;
+                    Candidates::Plain { prefix, input }
+                }
+            })
+        },
     )
 }
 
-/// The pruning step of any model with 1-D positions (LLaVA, InternVL): `plan` with its images
-/// pruned as `spec` says, kept rows at their own position ids. `n_images` encodings are behind
-/// `input_of(index, query)`, which gives image `index`'s `(prefix, candidates)`: `prefix` leading
-/// rows always kept and not candidates. `text` embeds the query and runs FastV.
-pub fn transform_1d(
+/// One image's candidates for [`transform_1d`].
+pub enum Candidates<'a> {
+    /// `prefix` leading rows always kept and not candidates, then `input`'s candidates.
+    Plain { prefix: usize, input: PruneInput },
+    /// A LLaVA-NeXT image: its base image and tiles as two candidate grids, the newline rows
+    /// kept ([`crate::next`]).
+    Anyres(&'a ImageEncoding, &'a glance_models::llava::AnyresSignals),
+}
+
+/// The pruning step of any model with 1-D positions (LLaVA, LLaVA-NeXT, InternVL): `plan` with
+/// its images pruned as `spec` says, kept rows at their own position ids. `n_images` encodings
+/// are behind `input_of(index, query)`, which gives image `index`'s [`Candidates`]. `text` embeds
+/// the query and runs FastV.
+pub fn transform_1d<'a>(
     text: &TextModel,
     mut plan: PromptPlan,
     n_images: usize,
     query_ids: &[u32],
     spec: &PruneSpec,
-    input_of: impl Fn(usize, Option<Tensor>) -> Result<(usize, PruneInput)>,
+    input_of: impl Fn(usize, Option<Tensor>) -> Result<Candidates<'a>>,
 ) -> Result<Pruned> {
     spec.validate()?;
     let visual_tokens = plan.visual_tokens();
@@ -208,7 +238,23 @@ pub fn transform_1d(
                     continue;
                 };
                 let (s, len) = (seg.source.start, seg.source.len());
-                let (prefix, input) = input_of(index, query.clone())?;
+                let (prefix, input) = match input_of(index, query.clone())? {
+                    Candidates::Plain { prefix, input } => (prefix, input),
+                    Candidates::Anyres(enc, signals) => {
+                        let (rows, kept) = crate::next::prune(
+                            enc,
+                            signals,
+                            query.clone(),
+                            pruner.as_ref(),
+                            spec,
+                            len,
+                        )?;
+                        seg.positions = kept.iter().map(|&i| (s + i) as u32).collect();
+                        seg.rows = rows;
+                        kept_total += kept.len();
+                        continue;
+                    }
+                };
                 let k = spec.budget.resolve(len).saturating_sub(prefix).max(1);
                 let kept = select(pruner.as_ref(), &input, k)?;
                 let mut positions: Vec<u32> = (s..s + prefix).map(|p| p as u32).collect();

@@ -162,6 +162,33 @@ impl FromStr for Budget {
     }
 }
 
+/// How a LLaVA-NeXT image's budget is shared between its base image and its tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TileBudget {
+    /// By size: the base image and the tile grid keep the same share of their tokens.
+    #[default]
+    Global,
+    /// HiRED-style (Arif et al., "HiRED: Attention-Guided Token Dropping for Efficient Inference
+    /// of High-Resolution Vision-Language Models", 2024): the base image keeps its size share; the
+    /// rest is shared among the tiles in proportion to the base image's [CLS] attention over each
+    /// tile's area, and each tile selects its own.
+    PerTile,
+}
+
+impl std::str::FromStr for TileBudget {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "global" => Ok(Self::Global),
+            "per-tile" | "tile" => Ok(Self::PerTile),
+            other => Err(Error::InvalidParam(format!(
+                "unknown tile budget `{other}` (global or per-tile)"
+            ))),
+        }
+    }
+}
+
 /// A full pruning request: the policy, the budget and the policies' knobs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PruneSpec {
@@ -176,6 +203,8 @@ pub struct PruneSpec {
     /// FastV's pruning layer `l` (rows are dropped after decoder layer `l`, i.e. before layer
     /// index `l`); `None` → `min(2, layers - 1)` (FastV's K = 2).
     pub fastv_layer: Option<usize>,
+    /// LLaVA-NeXT: how each image's budget is shared between its base image and tiles.
+    pub tiles: TileBudget,
 }
 
 impl Default for PruneSpec {
@@ -193,6 +222,7 @@ impl PruneSpec {
             seed: 0,
             mix_saliency_share: 0.5,
             fastv_layer: None,
+            tiles: TileBudget::Global,
         }
     }
 
@@ -203,6 +233,12 @@ impl PruneSpec {
             return Err(Error::InvalidParam(format!(
                 "the mix share must be in [0, 1], got {}",
                 self.mix_saliency_share
+            )));
+        }
+        if self.tiles == TileBudget::PerTile && self.policy.stage() != Stage::PreLlm {
+            return Err(Error::InvalidParam(format!(
+                "a per-tile budget needs a policy that selects before the LLM, not `{}`",
+                self.policy
             )));
         }
         if self.fastv_layer == Some(0) {

@@ -152,6 +152,8 @@ pub struct PruneOptions {
     pub tau: Option<f32>,
     /// FastV's pruning layer.
     pub layer: Option<usize>,
+    /// LLaVA-NeXT: `global` (default) or `per-tile` (HiRED) budget sharing.
+    pub tiles: Option<String>,
 }
 
 /// Server-wide defaults for what a request does not say.
@@ -593,6 +595,9 @@ impl PruneOptions {
                 ));
             }
             spec.fastv_layer = Some(l);
+        }
+        if let Some(t) = &self.tiles {
+            spec.tiles = t.parse().map_err(bad)?;
         }
         spec.validate().map_err(bad)?;
         Ok((!spec.is_noop()).then_some(spec))

@@ -131,7 +131,13 @@ impl WorldData {
     /// `dir` holds the model files written by [`crate::export::write_model_files`].
     pub fn new(dir: &Path, config: &LlavaConfig, device: &Device) -> Result<Self> {
         let processor = LlavaProcessor::from_dir(dir, config)?;
-        let probe = processor.prepare("x", 1, glance_models::llava::PromptFormat::Chat)?;
+        // Every world image has the same size, so one count holds (LLaVA-NeXT's depends on it).
+        let side = glance_world::IMAGE_SIZE as usize;
+        let probe = processor.prepare_sized(
+            "x",
+            &[processor.tokens_for(side, side)],
+            glance_models::llava::PromptFormat::Chat,
+        )?;
         let image_id = config.image_token_id;
         let last_image = probe
             .ids
@@ -164,6 +170,16 @@ impl WorldData {
     pub fn scene(&self, split: Split, index: u64) -> Result<(u64, Scene)> {
         let seed = split.seed(index)?;
         Ok((seed, Scene::generate(seed)))
+    }
+
+    /// Renders a scene and encodes it with `model` (this data's model): tiled for LLaVA-NeXT.
+    pub fn encode(
+        &self,
+        model: &glance_models::llava::Llava,
+        scene: &Scene,
+    ) -> Result<glance_models::llava::ImageEncoding> {
+        let img = DynamicImage::ImageRgb8(render(scene));
+        Ok(model.encode_picture(&self.processor, &img)?)
     }
 
     /// Renders and pre-processes a scene.

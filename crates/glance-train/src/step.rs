@@ -274,6 +274,7 @@ pub fn image_encoding(model: &TrainModel, stage: Stage, pixels: &Tensor) -> Resu
                 features: model.train.projector().forward(&tower.features.detach())?,
                 vision_hidden: tower.vision_hidden.detach(),
                 cls_attention: tower.cls_attention.map(|a| a.detach()),
+                anyres: None,
             })
         }
     }

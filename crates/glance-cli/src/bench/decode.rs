@@ -224,7 +224,7 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
         Some(dir) => match &args.twin.twin {
             Some(shape) => glance_models::twin::llava_config(dir, shape).map(|c| c.text),
             None => match glance_models::family::Family::of_dir(dir)? {
-                glance_models::family::Family::Llava => {
+                f if f.is_llava() => {
                     glance_models::llava::LlavaConfig::from_dir(dir).map(|c| c.text)
                 }
                 glance_models::family::Family::InternVl => {

@@ -54,14 +54,21 @@ impl Model {
                 Ok((encoding, preprocess, start.elapsed()))
             }
             (Model::Llava(model), _) => {
-                let pixels = processor
-                    .llava()?
-                    .image
-                    .preprocess_tensor(img, &Device::Cpu)?;
-                let preprocess = started.elapsed();
-                let start = Instant::now();
-                let encoding = Encoding::Llava(model.encode_image(&pixels)?);
-                Ok((encoding, preprocess, start.elapsed()))
+                let llava = processor.llava()?;
+                let (preprocess, start, encoding) = match llava.anyres() {
+                    // LLaVA-NeXT: base image and tiles.
+                    Some(anyres) => {
+                        let pixels = anyres.preprocess(img, &Device::Cpu)?;
+                        let (preprocess, start) = (started.elapsed(), Instant::now());
+                        (preprocess, start, model.encode_anyres(&pixels)?)
+                    }
+                    None => {
+                        let pixels = llava.image.preprocess_tensor(img, &Device::Cpu)?;
+                        let (preprocess, start) = (started.elapsed(), Instant::now());
+                        (preprocess, start, model.encode_image(&pixels)?)
+                    }
+                };
+                Ok((Encoding::Llava(encoding), preprocess, start.elapsed()))
             }
             (Model::InternVl(model), _) => {
                 let pixels = processor
@@ -110,6 +117,7 @@ impl Model {
 
     pub fn family(&self) -> Family {
         match self {
+            Model::Llava(m) if m.config().is_next() => Family::LlavaNext,
             Model::Llava(_) => Family::Llava,
             Model::Qwen2Vl(m) => match m.config().version {
                 glance_models::qwen2_vl::QwenVlVersion::V2 => Family::Qwen2Vl,

@@ -513,7 +513,9 @@ impl Engine {
             } => {
                 let mut state = glance_prune::prefill_1d(self.model.text(), pruned)?;
                 attach_images(&mut state, &pruned.plan);
-                let patches = kept_patches(images, grids, &state.positions);
+                // A LLaVA-NeXT image reports its base image's patches.
+                let anyres = self.model.llava().is_ok_and(|m| m.config().is_next());
+                let patches = kept_patches(images, grids, &state.positions, anyres);
                 s.kept = Some((state.prompt_len(), pruned.stats.kept_visual_tokens, patches));
                 s.prefill = state.elapsed;
                 state

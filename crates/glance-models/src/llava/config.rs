@@ -118,7 +118,14 @@ pub struct LlavaConfig {
     pub feature_layers: Vec<usize>,
     /// Set on a model converted for block-diffusion decoding (`glance train diffusion`).
     pub block_diffusion: Option<BlockDiffusionConfig>,
+    /// LLaVA-NeXT (`llava_next`): the `image_grid_pinpoints`, each `[height, width]` in pixels
+    /// (multiples of `vision.image_size`). `None`: LLaVA-1.5, one fixed-size image per picture.
+    pub grid_pinpoints: Option<Vec<[usize; 2]>>,
 }
+
+/// `LlavaNextConfig`'s default `image_grid_pinpoints`.
+pub const DEFAULT_PINPOINTS: [[usize; 2]; 5] =
+    [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]];
 
 /// The `block_diffusion` entry of a converted model's `config.json` (glance's own key; Hugging
 /// Face loaders ignore it): the mask token the conversion trained, and the block size decoding
@@ -153,6 +160,8 @@ struct Raw {
     vision_feature_layer: Option<Value>,
     #[serde(default)]
     block_diffusion: Option<BlockDiffusionConfig>,
+    #[serde(default)]
+    image_grid_pinpoints: Option<Vec<[usize; 2]>>,
 }
 
 impl LlavaConfig {
@@ -169,14 +178,19 @@ impl LlavaConfig {
     pub fn from_value(v: &Value) -> Result<Self> {
         let raw: Raw =
             serde_json::from_value(v.clone()).map_err(|e| Error::Config(e.to_string()))?;
-        let is_llava = raw.model_type.as_deref() == Some("llava")
-            || raw
-                .architectures
+        let arch = |name: &str| {
+            raw.architectures
                 .as_ref()
-                .is_some_and(|a| a.iter().any(|s| s == "LlavaForConditionalGeneration"));
+                .is_some_and(|a| a.iter().any(|s| s == name))
+        };
+        let is_next = raw.model_type.as_deref() == Some("llava_next")
+            || arch("LlavaNextForConditionalGeneration");
+        let is_llava = raw.model_type.as_deref() == Some("llava")
+            || arch("LlavaForConditionalGeneration")
+            || is_next;
         if !is_llava {
             return Err(Error::Config(format!(
-                "model_type {:?} is not a LLaVA checkpoint (expected \"llava\")",
+                "model_type {:?} is not a LLaVA checkpoint (expected \"llava\" or \"llava_next\")",
                 raw.model_type
             )));
         }
@@ -263,21 +277,45 @@ impl LlavaConfig {
                 )));
             }
         }
+        let feature_select = raw
+            .vision_feature_select_strategy
+            .unwrap_or(FeatureSelect::Default);
+        let grid_pinpoints = if is_next {
+            let p = raw
+                .image_grid_pinpoints
+                .unwrap_or_else(|| DEFAULT_PINPOINTS.to_vec());
+            super::anyres::check_pinpoints(&p, vision.image_size)?;
+            if feature_select != FeatureSelect::Default {
+                return Err(Error::Config(
+                    "LLaVA-NeXT needs vision_feature_select_strategy \"default\" (its tiles are \
+                     patch grids without [CLS])"
+                        .into(),
+                ));
+            }
+            Some(p)
+        } else {
+            None
+        };
         Ok(Self {
+            grid_pinpoints,
             block_diffusion: raw.block_diffusion,
             vision,
             text,
             image_token_id,
             projector_hidden_act: raw.projector_hidden_act.unwrap_or(Activation::Gelu),
             projector_bias: raw.multimodal_projector_bias.unwrap_or(true),
-            feature_select: raw
-                .vision_feature_select_strategy
-                .unwrap_or(FeatureSelect::Default),
+            feature_select,
             feature_layers,
         })
     }
 
-    /// Image tokens one image expands to in the prompt.
+    /// Whether this is a LLaVA-NeXT (anyres) model.
+    pub fn is_next(&self) -> bool {
+        self.grid_pinpoints.is_some()
+    }
+
+    /// Image tokens one image expands to in the prompt (LLaVA-NeXT: the base image's; the whole
+    /// count depends on the image's size, see [`super::Anyres::tokens_for`]).
     pub fn image_tokens_per_image(&self) -> usize {
         match self.feature_select {
             FeatureSelect::Default => self.vision.num_patches(),

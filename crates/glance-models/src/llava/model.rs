@@ -19,6 +19,8 @@ pub struct WeightLayout {
     pub lm_head: String,
     pub vision: String,
     pub projector: String,
+    /// LLaVA-NeXT's `image_newline` tensor.
+    pub newline: String,
 }
 
 impl WeightLayout {
@@ -30,6 +32,7 @@ impl WeightLayout {
             lm_head: "language_model.lm_head".into(),
             vision: "vision_tower.vision_model".into(),
             projector: "multi_modal_projector".into(),
+            newline: "image_newline".into(),
         }
     }
 
@@ -44,6 +47,7 @@ impl WeightLayout {
                 lm_head: "lm_head".into(),
                 vision: "model.vision_tower.vision_model".into(),
                 projector: "model.multi_modal_projector".into(),
+                newline: "model.image_newline".into(),
             }
         } else {
             Self::hub()
@@ -59,6 +63,12 @@ impl WeightLayout {
             .find(|p| has(p, "embeddings.class_embedding"))
         {
             l.vision = v.to_string();
+        }
+        if let Some(n) = ["image_newline", "model.image_newline"]
+            .into_iter()
+            .find(|n| vb.contains_tensor(n))
+        {
+            l.newline = n.into();
         }
         if !has(&l.lm_head, "weight") && has("lm_head", "weight") {
             l.lm_head = "lm_head".into();
@@ -77,6 +87,9 @@ pub struct ImageEncoding {
     pub vision_hidden: Tensor,
     /// [CLS]→token attention at that layer, `(heads, 1 + patches)`.
     pub cls_attention: Option<Tensor>,
+    /// LLaVA-NeXT: where the packed tokens lie and the tiles' own signals (the fields above are
+    /// the base image's). `None` for LLaVA-1.5.
+    pub anyres: Option<super::next::AnyresSignals>,
 }
 
 pub struct Llava {
@@ -84,6 +97,8 @@ pub struct Llava {
     vision: ClipVision,
     projector: Projector,
     text: TextModel,
+    /// LLaVA-NeXT: the `(text_hidden,)` row closing each row of an image's tile grid.
+    image_newline: Option<Tensor>,
 }
 
 impl Llava {
@@ -162,11 +177,21 @@ impl Llava {
             mode,
             load,
         )?;
+        let image_newline = if config.is_next() {
+            Some(glance_nn::weights::param(
+                vb,
+                config.text.hidden_size,
+                &layout.newline,
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
             config,
             vision,
             projector,
             text,
+            image_newline,
         })
     }
 
@@ -192,13 +217,27 @@ impl Llava {
         &self.projector
     }
 
+    /// LLaVA-NeXT's newline row `(text_hidden,)`; `None` for LLaVA-1.5.
+    pub fn image_newline(&self) -> Option<&Tensor> {
+        self.image_newline.as_ref()
+    }
+
     /// Vision tower + feature selection + projector for one image, `pixels` `(3, H, W)`.
+    /// LLaVA-NeXT images are tiled first: see [`Llava::encode_anyres`] and
+    /// [`Llava::encode_picture`].
     pub fn encode_image(&self, pixels: &Tensor) -> Result<ImageEncoding> {
+        if self.config.is_next() {
+            return Err(glance_core::Error::InvalidParam(
+                "a LLaVA-NeXT image is tiled before encoding: use encode_anyres / encode_picture"
+                    .into(),
+            ));
+        }
         let tower = self.encode_tower(pixels)?;
         Ok(ImageEncoding {
             features: self.projector.forward(&tower.features)?,
             vision_hidden: tower.vision_hidden,
             cls_attention: tower.cls_attention,
+            anyres: None,
         })
     }
 
@@ -225,6 +264,7 @@ impl Llava {
             features: feats,
             vision_hidden: out.hidden_states[deepest_pos].clone(),
             cls_attention: out.cls_attention,
+            anyres: None,
         })
     }
 

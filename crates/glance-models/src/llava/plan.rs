@@ -129,11 +129,15 @@ impl Llava {
             features += f.dim(0)?;
         }
         if placeholders != features {
+            let each = if self.config().is_next() {
+                "tokens by their sizes".to_string()
+            } else {
+                format!("{} tokens", self.config().image_tokens_per_image())
+            };
             return Err(Error::Input(format!(
                 "the prompt has {placeholders} image-token positions but the images give {features} \
-                 features ({} image(s) of {} tokens)",
+                 features ({} image(s) of {each})",
                 images.len(),
-                self.config().image_tokens_per_image()
             )));
         }
         plan_1d(self.text(), image_id, ids, images)

@@ -2,9 +2,10 @@
 //! the image's token count, plus pixel tensors — as transformers' `LlavaProcessor` (and
 //! `apply_chat_template`) produce them.
 
+use super::anyres::{Anyres, AnyresPixels, AnyresProcessor};
 use super::config::LlavaConfig;
 use crate::checkpoint::required_file;
-use crate::processing::chat::{cut_after_final, expand_image_tokens, ChatMessage};
+use crate::processing::chat::{cut_after_final, ChatMessage};
 use crate::processing::image::{ImageProcessor, PreprocessorConfig};
 use crate::processing::tokenizer::TextProcessor;
 use glance_core::{Error, Result};
@@ -49,31 +50,64 @@ pub struct LlavaProcessor {
     image_token: String,
     image_token_id: u32,
     tokens_per_image: usize,
+    /// LLaVA-NeXT: tiling and per-image token counts.
+    anyres: Option<AnyresProcessor>,
 }
 
 impl LlavaProcessor {
+    /// Reads the tokenizer and the image settings: `preprocessor_config.json` (published
+    /// checkpoints), else the `image_processor` entry of `processor_config.json` (what
+    /// transformers 5 saves).
     pub fn from_dir(dir: &Path, config: &LlavaConfig) -> Result<Self> {
         let text = TextProcessor::from_dir(dir)?;
-        let pre = PreprocessorConfig::from_file(&required_file(dir, "preprocessor_config.json")?)?;
+        let proc_path = dir.join("processor_config.json");
+        let processor_json: Option<serde_json::Value> = if proc_path.is_file() {
+            Some(crate::checkpoint::read_json(&proc_path)?)
+        } else {
+            None
+        };
+        let pre_path = dir.join("preprocessor_config.json");
+        let nested = processor_json
+            .as_ref()
+            .and_then(|v| v.get("image_processor"))
+            .filter(|_| !pre_path.is_file());
+        let (image_json, preprocessor): (serde_json::Value, &'static str) = match nested {
+            Some(v) => (v.clone(), "processor_config.json"),
+            None => (
+                crate::checkpoint::read_json(&required_file(dir, "preprocessor_config.json")?)?,
+                "preprocessor_config.json",
+            ),
+        };
+        let pre = PreprocessorConfig::from_json(&image_json)
+            .map_err(|m| Error::Config(format!("{}: {m}", dir.join(preprocessor).display())))?;
         // The placeholder is an added token (`<image>`); processor_config.json names it when
         // present.
-        let named: Option<String> = {
-            let p = dir.join("processor_config.json");
-            if p.is_file() {
-                crate::checkpoint::read_json::<serde_json::Value>(&p)?
-                    .get("image_token")
-                    .and_then(serde_json::Value::as_str)
-                    .map(str::to_string)
-            } else {
-                None
-            }
-        };
+        let named: Option<String> = processor_json
+            .as_ref()
+            .and_then(|v| v.get("image_token"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string);
         let files = ProcessorFiles {
             source: dir.display().to_string(),
-            preprocessor: "preprocessor_config.json",
+            preprocessor,
             tokenizer: "tokenizer.json",
             config: "config.json",
         };
+        // LLaVA-NeXT: the processor tiles by its own pinpoints; they must be the model's.
+        if let (Some(model), Some(p)) = (
+            &config.grid_pinpoints,
+            image_json.get("image_grid_pinpoints"),
+        ) {
+            let mine: Vec<[usize; 2]> = serde_json::from_value(p.clone())
+                .map_err(|e| Error::Config(format!("{preprocessor}: image_grid_pinpoints: {e}")))?;
+            if &mine != model {
+                return Err(Error::Config(format!(
+                    "{}: {preprocessor}'s image_grid_pinpoints {mine:?} differ from config.json's \
+                     {model:?}",
+                    dir.display()
+                )));
+            }
+        }
         Self::from_parts(text, pre, config, named, &files)
     }
 
@@ -137,13 +171,62 @@ impl LlavaProcessor {
             }
             _ => {}
         }
+        let anyres = match &config.grid_pinpoints {
+            Some(p) => Some(AnyresProcessor::new(
+                image.config.clone(),
+                Anyres {
+                    pinpoints: p.clone(),
+                    tile: config.vision.image_size,
+                    grid: config.vision.grid(),
+                },
+            )?),
+            None => None,
+        };
         Ok(Self {
             text,
             image,
             image_token,
             image_token_id: config.image_token_id,
             tokens_per_image: config.image_tokens_per_image(),
+            anyres,
         })
+    }
+
+    /// LLaVA-NeXT's tiling, `None` for LLaVA-1.5.
+    pub fn anyres(&self) -> Option<&AnyresProcessor> {
+        self.anyres.as_ref()
+    }
+
+    /// Image tokens of an image of `height × width` pixels in the prompt.
+    pub fn tokens_for(&self, height: usize, width: usize) -> usize {
+        match &self.anyres {
+            Some(a) => a.geometry.tokens_for(height, width),
+            None => self.tokens_per_image,
+        }
+    }
+
+    /// LLaVA-NeXT's pixels of one image (base image and tiles).
+    pub fn anyres_pixels(
+        &self,
+        img: &image::DynamicImage,
+        device: &candle_core::Device,
+    ) -> Result<AnyresPixels> {
+        self.anyres
+            .as_ref()
+            .ok_or_else(|| Error::InvalidParam("anyres pixels need a LLaVA-NeXT model".into()))?
+            .preprocess(img, device)
+    }
+
+    /// The image token counts of `n` images when they do not depend on the images (LLaVA-1.5).
+    fn fixed_counts(&self, n: usize) -> Result<Vec<usize>> {
+        if self.anyres.is_some() && n > 0 {
+            return Err(Error::InvalidParam(
+                "LLaVA-NeXT's image token counts depend on each image's size: prepare the prompt \
+                 with the images' sizes (`*_sized`)"
+                    .into(),
+            ));
+        }
+        Ok(vec![self.tokens_per_image; n])
     }
 
     /// The placeholder text (`<image>`).
@@ -166,9 +249,22 @@ impl LlavaProcessor {
         n_images: usize,
         format: PromptFormat,
     ) -> Result<PreparedPrompt> {
+        self.prepare_sized(prompt, &self.fixed_counts(n_images)?, format)
+    }
+
+    /// [`prepare`](Self::prepare) with each image's token count given (LLaVA-NeXT:
+    /// [`tokens_for`](Self::tokens_for) of its size).
+    pub fn prepare_sized(
+        &self,
+        prompt: &str,
+        tokens: &[usize],
+        format: PromptFormat,
+    ) -> Result<PreparedPrompt> {
         match format {
-            PromptFormat::Raw => self.tokenize(prompt.to_string(), n_images, format),
-            PromptFormat::Chat => self.prepare_chat(&[ChatMessage::user(prompt, n_images)]),
+            PromptFormat::Raw => self.tokenize(prompt.to_string(), tokens, format),
+            PromptFormat::Chat => {
+                self.prepare_chat_sized(&[ChatMessage::user(prompt, tokens.len())], tokens, None)
+            }
         }
     }
 
@@ -186,11 +282,21 @@ impl LlavaProcessor {
         tools: Option<&serde_json::Value>,
     ) -> Result<PreparedPrompt> {
         let n_images = messages.iter().map(ChatMessage::num_images).sum();
+        self.prepare_chat_sized(messages, &self.fixed_counts(n_images)?, tools)
+    }
+
+    /// [`Self::prepare_chat_with`] with each image's token count given.
+    pub fn prepare_chat_sized(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         let text = match self.text.chat_template() {
             Some(_) => self.text.apply_chat_template_with(messages, true, tools)?,
             None => self.plain_chat(messages)?,
         };
-        self.tokenize(text, n_images, PromptFormat::Chat)
+        self.tokenize(text, tokens, PromptFormat::Chat)
     }
 
     /// A conversation whose last message (the assistant's, usually) is continued rather than
@@ -207,11 +313,25 @@ impl LlavaProcessor {
         tools: Option<&serde_json::Value>,
     ) -> Result<PreparedPrompt> {
         let n_images = messages.iter().map(ChatMessage::num_images).sum();
+        self.prepare_continuation_sized(messages, &self.fixed_counts(n_images)?, tools)
+    }
+
+    /// [`Self::prepare_continuation_with`] with each image's token count given.
+    pub fn prepare_continuation_sized(
+        &self,
+        messages: &[ChatMessage],
+        tokens: &[usize],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<PreparedPrompt> {
         let full = match self.text.chat_template() {
             Some(_) => self.text.apply_chat_template_with(messages, false, tools)?,
             None => self.plain_chat(messages)?,
         };
-        self.tokenize(cut_after_final(&full, messages)?, n_images, PromptFormat::Chat)
+        self.tokenize(
+            cut_after_final(&full, messages)?,
+            tokens,
+            PromptFormat::Chat,
+        )
     }
 
     /// The conversation in LLaVA-1.5's plain format (models without a chat template).
@@ -236,13 +356,15 @@ impl LlavaProcessor {
         Ok(out)
     }
 
-    /// Expands the placeholders of rendered `text` and tokenises it.
+    /// Expands the `i`-th placeholder of rendered `text` to `tokens[i]` image tokens and
+    /// tokenises it.
     fn tokenize(
         &self,
         text: String,
-        n_images: usize,
+        tokens: &[usize],
         format: PromptFormat,
     ) -> Result<PreparedPrompt> {
+        let n_images = tokens.len();
         let placeholders = text.matches(self.image_token.as_str()).count();
         if placeholders != n_images {
             return Err(Error::Input(format!(
@@ -250,16 +372,23 @@ impl LlavaProcessor {
                 self.image_token
             )));
         }
-        let expanded = expand_image_tokens(&text, &self.image_token, self.tokens_per_image);
+        // As `LlavaProcessor` / `LlavaNextProcessor`: placeholder `i` becomes `tokens[i]` copies.
+        let mut expanded = String::with_capacity(text.len() + tokens.iter().sum::<usize>() * 8);
+        for (i, piece) in text.split(self.image_token.as_str()).enumerate() {
+            expanded.push_str(piece);
+            if let Some(&n) = tokens.get(i) {
+                expanded.push_str(&self.image_token.repeat(n));
+            }
+        }
+        let expected: usize = tokens.iter().sum();
         let ids = match format {
             PromptFormat::Raw => self.text.encode_raw(&expanded)?,
             PromptFormat::Chat => self.text.encode_prompt(&expanded)?,
         };
         let image_tokens = ids.iter().filter(|&&i| i == self.image_token_id).count();
-        if image_tokens != n_images * self.tokens_per_image {
+        if image_tokens != expected {
             return Err(Error::Input(format!(
-                "tokenising the prompt gave {image_tokens} image tokens, expected {}",
-                n_images * self.tokens_per_image
+                "tokenising the prompt gave {image_tokens} image tokens, expected {expected}"
             )));
         }
         Ok(PreparedPrompt {

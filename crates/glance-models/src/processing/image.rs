@@ -225,6 +225,12 @@ impl ImageProcessor {
         Ok(candle_core::Tensor::from_vec(data, (3, h, w), device)?)
     }
 
+    /// What steps 4–5 make of the `uint8` value `v` in each channel (a padded pixel's values).
+    pub fn value_of(&self, v: u8) -> [f32; 3] {
+        let lut = self.value_table();
+        [lut[0][v as usize], lut[1][v as usize], lut[2][v as usize]]
+    }
+
     /// Steps 4–5 for every `uint8` value, per channel (bit-identical to NumPy's arithmetic).
     fn value_table(&self) -> [[f32; 256]; 3] {
         let cfg = &self.config;

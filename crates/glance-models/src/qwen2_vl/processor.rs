@@ -310,7 +310,11 @@ impl QwenVlProcessor {
         tools: Option<&serde_json::Value>,
     ) -> Result<PreparedPrompt> {
         let full = self.text.apply_chat_template_with(messages, false, tools)?;
-        self.tokenize(cut_after_final(&full, messages)?, tokens, PromptFormat::Chat)
+        self.tokenize(
+            cut_after_final(&full, messages)?,
+            tokens,
+            PromptFormat::Chat,
+        )
     }
 
     /// `prompt` as one user turn (images first) in `Chat` format, or as given (`<|image_pad|>`

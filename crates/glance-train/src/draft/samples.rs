@@ -169,7 +169,7 @@ impl SampleSource {
         device: &Device,
     ) -> Result<Self> {
         let (target, data) = match ModelFamily::of_dir(dir)? {
-            ModelFamily::Llava => {
+            f if f.is_llava() => {
                 let target = Llava::load(dir, device)?;
                 let data = WorldData::new(dir, target.config(), device)?;
                 (Target::Llava(Box::new(target)), Some(data))
@@ -220,9 +220,11 @@ impl SampleSource {
     /// Shows a share of the train split's samples a pruned image (LLaVA targets): the base's
     /// visual-token drop augmentation ([`crate::token_drop`]).
     pub fn with_token_drop(mut self, drop: Option<TokenDrop>) -> Result<Self> {
-        if drop.is_some() && matches!(self.target, Target::Qwen2Vl(_)) {
+        let llava_1_5 = matches!(&self.target, Target::Llava(m) if !m.config().is_next());
+        if drop.is_some() && !llava_1_5 {
             return Err(TrainError::Config(
-                "token drop needs a LLaVA target (pre-LLM pruning of Qwen2-VL is not trained)"
+                "token drop needs a LLaVA-1.5 target (pruned prompts of other families are not \
+                 trained)"
                     .into(),
             ));
         }
@@ -317,8 +319,7 @@ impl SampleSource {
             }
         };
         let (target, data) = data;
-        let pixels = data.pixels(&scene)?;
-        let enc = target.encode_image(&pixels)?;
+        let enc = data.encode(target, &scene)?;
         let mut ids = data.prefix().to_vec();
         ids.extend(data.prompt_tail(&question)?);
         let plan = target.plan(&ids, &[&enc.features])?;
