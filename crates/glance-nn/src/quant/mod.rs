@@ -913,4 +913,23 @@ pub(crate) mod tests {
         assert!(PackedMatrix::pack(WeightFormat::Q8, &values(33, 1), 1, 33).is_err());
         Ok(())
     }
+
+    #[test]
+    #[should_panic(expected = "packed matmul: (2, 64) inputs expected")]
+    fn packed_matmul_refuses_inputs_of_another_shape() {
+        let p = PackedMatrix::pack(WeightFormat::Q4, &values(3 * 64, 1), 3, 64).unwrap();
+        p.matmul_rows(&values(100, 2), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "QuantRows::new: 100 values for (2, 64)")]
+    fn quantized_inputs_refuse_another_shape() {
+        QuantRows::new(&values(100, 2), 2, 64);
+    }
+
+    #[test]
+    #[should_panic(expected = "QuantRows::new: 48 values for (1, 48), n a multiple of 32")]
+    fn quantized_inputs_refuse_part_of_a_block() {
+        QuantRows::new(&values(48, 2), 1, 48);
+    }
 }

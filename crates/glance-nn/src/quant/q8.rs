@@ -120,8 +120,17 @@ impl Q8Matrix {
     }
 
     /// Rows `first..` widened into `out` (whole rows).
+    ///
+    /// # Panics
+    /// If `out` does not hold whole rows or the rows are outside the matrix.
     pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
         let (n, nb) = (self.cols, self.cols / BLOCK);
+        assert!(
+            out.len().is_multiple_of(n.max(1)) && first * n + out.len() <= self.rows * n,
+            "Q8Matrix::dequantize_rows: {} values from row {first} of a ({}, {n}) matrix",
+            out.len(),
+            self.rows
+        );
         let mut buf = Vec::with_capacity(n);
         for (i, orow) in out.chunks_exact_mut(n.max(1)).enumerate() {
             let qs = self.stored_row(first + i, &mut buf);
@@ -147,7 +156,7 @@ impl Q8Matrix {
     pub fn block(&self, first: usize, rows: usize, x: &QuantRows, out: &mut [f32], isa: Isa) {
         assert!(
             first + rows <= self.rows && x.n == self.cols && out.len() >= rows * x.m,
-            "block: rows {first}..{} of {}, ({}, {}) inputs for {} columns, {} outputs",
+            "Q8Matrix::block: rows {first}..{} of {}, ({}, {}) inputs for {} columns, {} outputs",
             first + rows,
             self.rows,
             x.m,
@@ -340,5 +349,45 @@ mod tests {
                 |r, k| stored[r * n + k] as f32 * f16_value(w.scales[(r * n + k) / BLOCK]),
             );
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "Q8Matrix::block: rows 2..4 of 3")]
+    fn block_refuses_rows_outside() {
+        let w = Q8Matrix::quantize(&values(3 * 64, 1), 3, 64).unwrap();
+        let x = QuantRows::new(&values(64, 2), 1, 64);
+        w.block(2, 2, &x, &mut [0.0; 2], Isa::Portable);
+    }
+
+    #[test]
+    #[should_panic(expected = "Q8Matrix::block: rows 0..3 of 3, (1, 32) inputs for 64 columns")]
+    fn block_refuses_inputs_of_another_width() {
+        let w = Q8Matrix::quantize(&values(3 * 64, 1), 3, 64).unwrap();
+        let x = QuantRows::new(&values(32, 2), 1, 32);
+        w.block(0, 3, &x, &mut [0.0; 3], Isa::best());
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "Q8Matrix::block: rows 0..3 of 3, (2, 64) inputs for 64 columns, 5 outputs"
+    )]
+    fn block_refuses_a_short_output() {
+        let w = Q8Matrix::quantize(&values(3 * 64, 1), 3, 64).unwrap();
+        let x = QuantRows::new(&values(2 * 64, 2), 2, 64);
+        w.block(0, 3, &x, &mut [0.0; 5], Isa::best());
+    }
+
+    #[test]
+    #[should_panic(expected = "Q8Matrix::dequantize_rows: 128 values from row 2 of a (3, 64)")]
+    fn dequantize_refuses_rows_outside() {
+        let w = Q8Matrix::quantize(&values(3 * 64, 1), 3, 64).unwrap();
+        w.dequantize_rows(2, &mut [0.0; 128]);
+    }
+
+    #[test]
+    #[should_panic(expected = "Q8Matrix::dequantize_rows: 100 values")]
+    fn dequantize_refuses_part_of_a_row() {
+        let w = Q8Matrix::quantize(&values(3 * 64, 1), 3, 64).unwrap();
+        w.dequantize_rows(0, &mut [0.0; 100]);
     }
 }
