@@ -298,6 +298,12 @@ fn is_float(dtype: safetensors::Dtype) -> bool {
     matches!(dtype, D::F16 | D::BF16 | D::F32 | D::F64)
 }
 
+/// `file` mapped read-only into memory.
+///
+/// # Safety
+/// The file must not be modified or truncated (by this process or another) while the map or
+/// any slice of it is alive: the mapped bytes are read as immutable memory
+/// (`memmap2::MmapOptions::map`).
 unsafe fn memmap_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     memmap2::MmapOptions::new().map(file)
 }

@@ -97,7 +97,18 @@ pub(crate) fn rows_parallel(
 
 /// `out[r * m + i] = w_r · x_i` for the weight rows in `w` and the `m` input rows in `x`, each
 /// of length `n`, every output in the one summation order.
+///
+/// # Panics
+/// If `x` is not `(m, n)`, `w` not whole rows of `n` or `out` holds fewer than `rows · m`
+/// values.
 pub(crate) fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
+    assert!(
+        x.len() == m * n && w.len().is_multiple_of(n.max(1)) && out.len() >= w.len() / n.max(1) * m,
+        "matvec::block: ({m}, {n}) inputs, {} inputs given, {} weights, {} outputs",
+        x.len(),
+        w.len(),
+        out.len()
+    );
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx512() {
@@ -351,5 +362,19 @@ mod tests {
         assert!((dot_portable(&a, &b) - exact).abs() < 1e-3);
         assert!((dot(&a, &b) - exact).abs() < 1e-3);
         Ok(())
+    }
+
+    #[test]
+    #[should_panic(expected = "matvec::block: (2, 8) inputs, 15 inputs given")]
+    fn block_refuses_inputs_of_another_shape() {
+        block(&[0.0; 24], &[0.0; 15], 8, 2, &mut [0.0; 6]);
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "matvec::block: (2, 8) inputs, 16 inputs given, 24 weights, 5 outputs"
+    )]
+    fn block_refuses_a_short_output() {
+        block(&[0.0; 24], &[0.0; 16], 8, 2, &mut [0.0; 5]);
     }
 }

@@ -22,20 +22,28 @@ pub fn macs_per_second(format: WeightFormat) -> Option<f64> {
         use std::arch::is_x86_feature_detected as has;
         let int8 = matches!(format, WeightFormat::Q8 | WeightFormat::Q4);
         if int8 && has!("avx512f") && has!("avx512vnni") {
-            // SAFETY: AVX-512 F and VNNI are present (checked just above).
             return Some(best(&|| {
-                timed(iters, 640, || unsafe { x86::dpbusd(iters) })
+                timed(iters, 640, || {
+                    // SAFETY: AVX-512 F and VNNI are present (checked just above).
+                    unsafe { x86::dpbusd(iters) }
+                })
             }));
         }
         if !int8 && has!("avx512f") {
-            // SAFETY: AVX-512 F is present (checked just above).
             return Some(best(&|| {
-                timed(iters, 160, || unsafe { x86::fma512(iters) })
+                timed(iters, 160, || {
+                    // SAFETY: AVX-512 F is present (checked just above).
+                    unsafe { x86::fma512(iters) }
+                })
             }));
         }
         if !int8 && has!("avx2") && has!("fma") {
-            // SAFETY: AVX2 and FMA are present (checked just above).
-            return Some(best(&|| timed(iters, 80, || unsafe { x86::fma256(iters) })));
+            return Some(best(&|| {
+                timed(iters, 80, || {
+                    // SAFETY: AVX2 and FMA are present (checked just above).
+                    unsafe { x86::fma256(iters) }
+                })
+            }));
         }
     }
     let _ = (format, iters, best);

@@ -125,7 +125,17 @@ impl HalfMatrix {
     }
 
     /// Rows `first..first + out.len() / cols` widened to f32 into `out`.
+    ///
+    /// # Panics
+    /// If `out` does not hold whole rows or the rows are outside the matrix.
     pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
+        let n = self.cols;
+        assert!(
+            out.len().is_multiple_of(n.max(1)) && first * n + out.len() <= self.rows * n,
+            "HalfMatrix::dequantize_rows: {} values from row {first} of a ({}, {n}) matrix",
+            out.len(),
+            self.rows
+        );
         let src = &self.bits()[first * self.cols..first * self.cols + out.len()];
         for (o, &b) in out.iter_mut().zip(src) {
             *o = widen(self.kind, b);
@@ -133,8 +143,20 @@ impl HalfMatrix {
     }
 
     /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`, `x` `(m, cols)`.
+    ///
+    /// # Panics
+    /// If the rows are outside the matrix, `x` is not `(m, cols)` or `out` holds fewer than
+    /// `rows · m` values.
     pub fn block(&self, first: usize, rows: usize, x: &[f32], m: usize, out: &mut [f32]) {
         let n = self.cols;
+        assert!(
+            first + rows <= self.rows && x.len() == m * n && out.len() >= rows * m,
+            "HalfMatrix::block: rows {first}..{} of {}, {} inputs for ({m}, {n}), {} outputs",
+            first + rows,
+            self.rows,
+            x.len(),
+            out.len()
+        );
         let w = &self.bits()[first * n..(first + rows) * n];
         block(self.kind, w, x, n, m, out, Isa::best());
     }
@@ -224,8 +246,11 @@ impl Bf16Rows {
 }
 
 /// `row` rounded to bf16 into `dst` with `vcvtne2ps2bf16` (to nearest, ties to even, as
-/// `half::bf16::from_f32` for every finite value above the subnormals). Safety: AVX-512
-/// F/BW/BF16; `dst.len() ≥ row.len()`.
+/// `half::bf16::from_f32` for every finite value above the subnormals).
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/BF16; `dst` must hold at least `row.len()` values (the
+/// masked stores write nothing past them).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn round_row(row: &[f32], dst: &mut [u16]) {
@@ -266,14 +291,21 @@ pub fn uses_bf16_inputs(kind: HalfKind, isa: Isa) -> bool {
 
 /// [`block`] for bf16 weights with inputs already rounded ([`uses_bf16_inputs`]): `x` holds
 /// the `m` rows of `n` values.
+///
+/// # Panics
+/// If `x` is not `m` rows of `n` values, `w` not whole rows of `n` or `out` holds fewer than
+/// `rows · m` values.
 pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut [f32]) {
     assert!(
-        x.bits.len() == m * x.stride && x.stride >= n && w.len().is_multiple_of(n.max(1)),
-        "block_bf16_inputs: shapes"
-    );
-    assert!(
-        out.len() >= w.len() / n.max(1) * m,
-        "block_bf16_inputs: output"
+        x.bits.len() == m * x.stride
+            && x.stride >= n
+            && w.len().is_multiple_of(n.max(1))
+            && out.len() >= w.len() / n.max(1) * m,
+        "block_bf16_inputs: {} input rows of stride {} for ({m}, {n}), {} weights, {} outputs",
+        x.bits.len() / x.stride.max(1),
+        x.stride,
+        w.len(),
+        out.len()
     );
     #[cfg(target_arch = "x86_64")]
     if has_avx512_bf16() {
@@ -296,6 +328,10 @@ pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut 
 
 /// `out[r * m + i] = w_r · x_i` for the 16-bit weight rows `w` and f32 inputs `x` `(m, n)`, with
 /// the kernel of `isa` (which the CPU must have: see [`Isa::available`]).
+///
+/// # Panics
+/// If `x` is not `(m, n)`, `w` not whole rows of `n` or `out` holds fewer than `rows · m`
+/// values.
 pub fn block(kind: HalfKind, w: &[u16], x: &[f32], n: usize, m: usize, out: &mut [f32], isa: Isa) {
     assert!(
         x.len() == m * n && w.len().is_multiple_of(n.max(1)) && out.len() >= w.len() / n.max(1) * m,
@@ -485,8 +521,12 @@ mod avx512_dp {
     use super::Bf16Rows;
     use std::arch::x86_64::*;
 
-    /// `out[r * m + i] = w_r · x_i`. Safety: AVX-512 F/BW/BF16; `x` holds `m` rows of at least
-    /// `n` values; `out` holds `rows · m`.
+    /// `out[r * m + i] = w_r · x_i` for the weight rows in `w` (`w.len() / n` rows of `n`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW/BF16; `n > 0` and `w` holds whole rows of `n` values;
+    /// `x` holds `m` rows of `x.stride ≥ n` values (whole chunks of 32: every chunk is loaded
+    /// whole); `out` holds at least `rows · m` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub unsafe fn block(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut [f32]) {
         let rows = w.len() / n;
@@ -626,6 +666,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "half::block: (2, 8) inputs")]
+    fn block_refuses_inputs_of_another_shape() {
+        let w = vec![0u16; 3 * 8];
+        block(
+            HalfKind::F16,
+            &w,
+            &[0.0; 15],
+            8,
+            2,
+            &mut [0.0; 6],
+            Isa::Portable,
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "half::block:")]
+    fn block_refuses_a_short_output() {
+        let w = vec![0u16; 3 * 8];
+        block(
+            HalfKind::Bf16,
+            &w,
+            &[0.0; 16],
+            8,
+            2,
+            &mut [0.0; 5],
+            Isa::best(),
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "block_bf16_inputs: 2 input rows of stride 32 for (3, 8)")]
+    fn bf16_inputs_refuse_another_row_count() {
+        let x = Bf16Rows::new(&[0.0; 16], 2, 8);
+        block_bf16_inputs(&[0u16; 8], &x, 8, 3, &mut [0.0; 3]);
+    }
+
+    #[test]
+    #[should_panic(expected = "HalfMatrix::block: rows 2..4 of 3")]
+    fn matrix_block_refuses_rows_outside() {
+        let w = HalfMatrix::from_f32(HalfKind::Bf16, &[0.0; 3 * 8], 3, 8);
+        w.block(2, 2, &[0.0; 8], 1, &mut [0.0; 2]);
+    }
+
+    #[test]
+    #[should_panic(expected = "HalfMatrix::block: rows 0..3 of 3, 7 inputs for (1, 8)")]
+    fn matrix_block_refuses_inputs_of_another_length() {
+        let w = HalfMatrix::from_f32(HalfKind::F16, &[0.0; 3 * 8], 3, 8);
+        w.block(0, 3, &[0.0; 7], 1, &mut [0.0; 3]);
+    }
+
+    #[test]
+    #[should_panic(expected = "HalfMatrix::dequantize_rows: 16 values from row 2 of a (3, 8)")]
+    fn dequantize_refuses_rows_outside() {
+        let w = HalfMatrix::from_f32(HalfKind::Bf16, &[0.0; 3 * 8], 3, 8);
+        w.dequantize_rows(2, &mut [0.0; 16]);
+    }
+
+    #[test]
+    #[should_panic(expected = "HalfMatrix::dequantize_rows: 12 values")]
+    fn dequantize_refuses_part_of_a_row() {
+        let w = HalfMatrix::from_f32(HalfKind::Bf16, &[0.0; 3 * 8], 3, 8);
+        w.dequantize_rows(0, &mut [0.0; 12]);
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //! (decode, draft trees, diffusion blocks, continuous batching and prompts alike: a row's result
 //! never depends on the rows beside it).
 //!
-//! q8 and q4 need the input dimension to be a multiple of 32 (their block); a matrix whose input
+//! q8 and q4 are one generic matrix over a block format ([`block::BlockMatrix`],
+//! [`block::BlockFormat`]): construction, row access, the file layout and the dispatch over
+//! instruction sets exist once; each format keeps only its per-block arithmetic and its kernels.
+//! They need the input dimension to be a multiple of 32 (their block); a matrix whose input
 //! dimension is not falls back to bf16 ([`WeightFormat::for_in_dim`]).
 
 /// The row loop the packed kernels share: `$row::<M>(qs, sc, x, r, i, &mut out[r * m + i..])`
@@ -37,6 +40,7 @@ macro_rules! each_row_tile {
 pub mod act;
 #[cfg(test)]
 mod bench;
+pub mod block;
 #[cfg(target_arch = "x86_64")]
 mod few;
 pub mod group;
@@ -206,54 +210,6 @@ fn has_vnni() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn has_avx2_f16c() -> bool {
     crate::matvec::has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
-}
-
-/// One kernel of a packed format: `(weights, scales, input rows, weight rows, out)`; its safety
-/// contract is the kernel's (see [`PackedKernels`]).
-type PackedKernel<W> = unsafe fn(&[W], &[u16], &act::QuantRows, usize, &mut [f32]);
-
-/// A packed format's kernels. `vnni` and `avx2` need exactly those instruction sets (and F16C),
-/// nothing else; `portable` is the reference.
-struct PackedKernels<W> {
-    #[cfg(target_arch = "x86_64")]
-    vnni: PackedKernel<W>,
-    #[cfg(target_arch = "x86_64")]
-    avx2: PackedKernel<W>,
-    portable: fn(&[W], &[u16], &act::QuantRows, usize, &mut [f32]),
-}
-
-impl<W> PackedKernels<W> {
-    /// Runs AVX-512 VNNI when `isa` allows it and the CPU has it, else AVX2, else the portable
-    /// reference.
-    fn run(
-        &self,
-        isa: half::Isa,
-        w: &[W],
-        sc: &[u16],
-        x: &act::QuantRows,
-        rows: usize,
-        out: &mut [f32],
-    ) {
-        use half::Isa;
-        #[cfg(target_arch = "x86_64")]
-        match isa {
-            Isa::Avx512 | Isa::Avx512Bf16 if has_vnni() => {
-                // SAFETY: the CPU supports AVX-512 F/BW/VL/VNNI and F16C (checked in the
-                // guard), all the VNNI kernel needs.
-                unsafe { (self.vnni)(w, sc, x, rows, out) };
-                return;
-            }
-            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 if has_avx2_f16c() => {
-                // SAFETY: the CPU supports AVX2, FMA and F16C (checked in the guard), all the
-                // AVX2 kernel needs.
-                unsafe { (self.avx2)(w, sc, x, rows, out) };
-                return;
-            }
-            _ => {}
-        }
-        let _ = isa;
-        (self.portable)(w, sc, x, rows, out);
-    }
 }
 
 /// Vector helpers shared by the q8 and q4 kernels.
@@ -849,6 +805,27 @@ pub(crate) mod tests {
         }
     }
 
+    /// `(input rows, weight rows, in-dim)` on which the q8 and q4 kernels are checked against
+    /// their reference: in-dims of 1, 3, 7, 8 and 9 blocks (partial groups of 16), 16, 22 and 35;
+    /// 1 to 70 rows.
+    pub const ODD_SIZES: [(usize, usize, usize); 12] = [
+        (1, 1, 32),
+        (1, 5, 96),
+        (3, 7, 224),
+        (6, 70, 288),
+        (17, 9, 256),
+        // Whole groups of 16 blocks, and whole groups with a partial one after.
+        (1, 3, 512),
+        (5, 6, 704),
+        (17, 4, 1120),
+        // The few-row tiles (`few.rs`): 4 × 2, 3 × 3 and 2 × 4 with their remainders, over
+        // whole groups and a partial one.
+        (2, 9, 1120),
+        (3, 5, 544),
+        (8, 5, 1056),
+        (15, 3, 512),
+    ];
+
     #[test]
     fn rounding_is_to_nearest_ties_even() {
         for (v, want) in [
@@ -912,5 +889,24 @@ pub(crate) mod tests {
         }
         assert!(PackedMatrix::pack(WeightFormat::Q8, &values(33, 1), 1, 33).is_err());
         Ok(())
+    }
+
+    #[test]
+    #[should_panic(expected = "packed matmul: (2, 64) inputs expected")]
+    fn packed_matmul_refuses_inputs_of_another_shape() {
+        let p = PackedMatrix::pack(WeightFormat::Q4, &values(3 * 64, 1), 3, 64).unwrap();
+        p.matmul_rows(&values(100, 2), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "QuantRows::new: 100 values for (2, 64)")]
+    fn quantized_inputs_refuse_another_shape() {
+        QuantRows::new(&values(100, 2), 2, 64);
+    }
+
+    #[test]
+    #[should_panic(expected = "QuantRows::new: 48 values for (1, 48), n a multiple of 32")]
+    fn quantized_inputs_refuse_part_of_a_block() {
+        QuantRows::new(&values(48, 2), 1, 48);
     }
 }

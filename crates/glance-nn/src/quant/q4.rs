@@ -8,128 +8,76 @@
 //! so a per-block minimum buys little; the scale is chosen so that the block's largest magnitude
 //! maps to −8 exactly (llama.cpp's choice: the full range of 16 levels is used on that side).
 //!
-//! Layout: `qs` `(rows, cols / 2)` bytes — per block 16 bytes, byte `j` holding value `j` in its
-//! low nibble and value `j + 16` in its high nibble (llama.cpp's order, which lets one AND and
-//! one shift unpack a block into 32 bytes in order) — and `scales` `(rows, cols / 32)` f16 bits.
-//! In memory each row's whole groups of 16 blocks are held in the kernels' order
-//! ([`super::group::to_kernel_order`]: the AVX-512 kernel loads them already transposed); files
-//! keep llama.cpp's order ([`Q4Matrix::stored_qs`], [`Q4Matrix::from_parts`]).
+//! Layout ([`super::block`]): `qs` `(rows, cols / 2)` bytes — per block 16 bytes, byte `j`
+//! holding value `j` in its low nibble and value `j + 16` in its high nibble (llama.cpp's order,
+//! which lets one AND and one shift unpack a block into 32 bytes in order) — and `scales`
+//! `(rows, cols / 32)` f16 bits.
 //!
 //! Kernels: integer dot products against the input quantized to 8 bits per block
 //! ([`super::act`]): the nibbles are unsigned bytes, so `vpdpbusd` / `maddubs` take them directly
 //! and the offset of 8 is removed once per block as `d_w · 8 · d_x · Σ q_x`, precomputed per
 //! input block. One accumulation order per output whatever the number of input rows.
 
-use super::act::QuantRows;
-use super::group::{to_kernel_order, to_stored_order};
-use super::half::Isa;
-use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
-use rayon::prelude::*;
+use super::block::{BlockFormat, BlockMatrix, Kernels};
+use super::{f16_bits, f16_value, round_small, QuantError, BLOCK};
+use std::marker::PhantomData;
+
+/// The q4 block format (see the module header).
+#[derive(Debug, Clone, Copy)]
+pub struct Q4;
 
 /// A `(rows, cols)` q4 matrix; `cols` is a multiple of 32.
-#[derive(Clone)]
-pub struct Q4Matrix {
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-    pub(crate) qs: Vec<u8>,
-    pub(crate) scales: Vec<u16>,
-}
+pub type Q4Matrix = BlockMatrix<Q4>;
 
-impl std::fmt::Debug for Q4Matrix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Q4Matrix({}x{})", self.rows, self.cols)
+impl BlockFormat for Q4 {
+    type Q = u8;
+    const MATRIX: &'static str = "Q4Matrix";
+    const NAME: &'static str = "q4";
+    const UNIT: &'static str = "bytes";
+    const BLOCK_LEN: usize = BLOCK / 2;
+    const KERNELS: Kernels<u8> = Kernels {
+        #[cfg(target_arch = "x86_64")]
+        vnni: x86::block_vnni,
+        #[cfg(target_arch = "x86_64")]
+        avx2: x86::block_avx2,
+        _q: PhantomData,
+    };
+
+    /// The value of largest magnitude `v` sets `d = v / −8` (rounded to f16), `q = clamp(round(w
+    /// / d) + 8, 0, 15)`.
+    fn quantize_block(w: &[f32], q: &mut [u8]) -> Result<u16, QuantError> {
+        let extreme = w
+            .iter()
+            .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+        let d = f16_bits(extreme / -8.0)?;
+        let dv = f16_value(d);
+        let inv = if dv != 0.0 { 1.0 / dv } else { 0.0 };
+        let level = |w: f32| (round_small((w * inv).clamp(-8.0, 7.0)) + 8.0) as u8;
+        for j in 0..BLOCK / 2 {
+            q[j] = level(w[j]) | (level(w[j + BLOCK / 2]) << 4);
+        }
+        Ok(d)
+    }
+
+    fn dequantize_block(d: f32, q: &[u8], out: &mut [f32]) {
+        for j in 0..BLOCK / 2 {
+            out[j] = d * ((q[j] & 0x0f) as f32 - 8.0);
+            out[j + BLOCK / 2] = d * ((q[j] >> 4) as f32 - 8.0);
+        }
+    }
+
+    /// `Σ (q_w − 8) q_x`.
+    fn block_dot(q: &[u8], x: &[i8]) -> i32 {
+        let mut dot = 0i32;
+        for j in 0..BLOCK / 2 {
+            dot += ((q[j] & 0x0f) as i32 - 8) * x[j] as i32;
+            dot += ((q[j] >> 4) as i32 - 8) * x[j + BLOCK / 2] as i32;
+        }
+        dot
     }
 }
 
 impl Q4Matrix {
-    /// Quantizes `data` `(rows, cols)`: per block the value of largest magnitude `v` sets
-    /// `d = v / −8` (rounded to f16), `q = clamp(round(w / d) + 8, 0, 15)`.
-    pub fn quantize(data: &[f32], rows: usize, cols: usize) -> Result<Self, QuantError> {
-        super::check_shape(data.len(), rows, cols)?;
-        let mut qs = vec![0u8; rows * cols / 2];
-        let mut scales = vec![0u16; rows * cols / BLOCK];
-        // Chunks of blocks in parallel (the same values in any order: each block alone).
-        data.par_chunks(BLOCK * CHUNK_BLOCKS)
-            .zip(qs.par_chunks_mut(BLOCK / 2 * CHUNK_BLOCKS))
-            .zip(scales.par_chunks_mut(CHUNK_BLOCKS))
-            .try_for_each(|((data, qs), scales)| {
-                for ((wb, qb), s) in data
-                    .chunks_exact(BLOCK)
-                    .zip(qs.chunks_exact_mut(BLOCK / 2))
-                    .zip(scales.iter_mut())
-                {
-                    let extreme = wb
-                        .iter()
-                        .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
-                    let d = f16_bits(extreme / -8.0)?;
-                    let dv = f16_value(d);
-                    let inv = if dv != 0.0 { 1.0 / dv } else { 0.0 };
-                    let level = |w: f32| (round_small((w * inv).clamp(-8.0, 7.0)) + 8.0) as u8;
-                    for j in 0..BLOCK / 2 {
-                        qb[j] = level(wb[j]) | (level(wb[j + BLOCK / 2]) << 4);
-                    }
-                    *s = d;
-                }
-                Ok::<(), QuantError>(())
-            })?;
-        Ok(Self::in_kernel_order(rows, cols, qs, scales))
-    }
-
-    /// The parts with each row's bytes moved into the kernels' order.
-    fn in_kernel_order(rows: usize, cols: usize, mut qs: Vec<u8>, scales: Vec<u16>) -> Self {
-        qs.par_chunks_mut((cols / 2).max(1))
-            .for_each(|row| to_kernel_order(row, BLOCK / 2));
-        Self {
-            rows,
-            cols,
-            qs,
-            scales,
-        }
-    }
-
-    /// The packed bytes in llama.cpp's order `(rows, cols / 2)` (as a file keeps them).
-    pub fn stored_qs(&self) -> Vec<u8> {
-        let mut qs = self.qs.clone();
-        qs.par_chunks_mut((self.cols / 2).max(1))
-            .for_each(|row| to_stored_order(row, BLOCK / 2));
-        qs
-    }
-
-    /// Row `r`'s bytes in llama.cpp's order into `buf`.
-    fn stored_row<'a>(&self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
-        let half = self.cols / 2;
-        buf.clear();
-        buf.extend_from_slice(&self.qs[r * half..(r + 1) * half]);
-        to_stored_order(buf, BLOCK / 2);
-        buf
-    }
-
-    /// From stored parts (a quantized checkpoint, bytes in llama.cpp's order), checked for size.
-    pub fn from_parts(
-        rows: usize,
-        cols: usize,
-        qs: Vec<u8>,
-        scales: Vec<u16>,
-    ) -> Result<Self, QuantError> {
-        if !cols.is_multiple_of(BLOCK)
-            || qs.len() != rows * cols / 2
-            || scales.len() != rows * cols / BLOCK
-        {
-            return Err(QuantError::Shape(format!(
-                "q4 ({rows}, {cols}) needs {} bytes and {} scales, got {} and {}",
-                rows * cols / 2,
-                rows * cols / BLOCK,
-                qs.len(),
-                scales.len()
-            )));
-        }
-        Ok(Self::in_kernel_order(rows, cols, qs, scales))
-    }
-
-    pub fn storage_bytes(&self) -> usize {
-        self.qs.len() + 2 * self.scales.len()
-    }
-
     /// The level `q` (0..=15) of value `k` of row `r`.
     #[cfg(test)]
     pub(crate) fn level(&self, r: usize, k: usize) -> u8 {
@@ -142,76 +90,6 @@ impl Q4Matrix {
             byte >> 4
         }
     }
-
-    /// Rows `first..` widened into `out` (whole rows).
-    pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
-        let (n, nb) = (self.cols, self.cols / BLOCK);
-        let mut buf = Vec::with_capacity(n / 2);
-        for (i, orow) in out.chunks_exact_mut(n.max(1)).enumerate() {
-            let qs = self.stored_row(first + i, &mut buf);
-            let scales = &self.scales[(first + i) * nb..];
-            for ((ob, qb), &s) in orow
-                .chunks_exact_mut(BLOCK)
-                .zip(qs.chunks_exact(BLOCK / 2))
-                .zip(scales)
-            {
-                let d = f16_value(s);
-                for j in 0..BLOCK / 2 {
-                    ob[j] = d * ((qb[j] & 0x0f) as f32 - 8.0);
-                    ob[j + BLOCK / 2] = d * ((qb[j] >> 4) as f32 - 8.0);
-                }
-            }
-        }
-    }
-
-    /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`.
-    ///
-    /// # Panics
-    /// If the rows are outside the matrix, `x`'s rows are not `cols` long or `out` holds fewer
-    /// than `rows · x.rows()` values.
-    pub fn block(&self, first: usize, rows: usize, x: &QuantRows, out: &mut [f32], isa: Isa) {
-        assert!(
-            first + rows <= self.rows && x.n == self.cols && out.len() >= rows * x.m,
-            "block: rows {first}..{} of {}, ({}, {}) inputs for {} columns, {} outputs",
-            first + rows,
-            self.rows,
-            x.m,
-            x.n,
-            self.cols,
-            out.len()
-        );
-        let (n, nb) = (self.cols, self.cols / BLOCK);
-        let qs = &self.qs[first * n / 2..(first + rows) * n / 2];
-        let sc = &self.scales[first * nb..(first + rows) * nb];
-        super::PackedKernels {
-            #[cfg(target_arch = "x86_64")]
-            vnni: x86::block_vnni,
-            #[cfg(target_arch = "x86_64")]
-            avx2: x86::block_avx2,
-            portable: block_portable,
-        }
-        .run(isa, qs, sc, x, rows, out);
-    }
-}
-
-/// The reference: per block `(d_w · d_x) · Σ (q_w − 8) q_x`, added in block order (`qs` in the
-/// kernels' order, each row read back in llama.cpp's).
-fn block_portable(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-    let n = x.n;
-    let mut stored = Vec::with_capacity(qs.len());
-    super::for_each_stored_row(qs, n / 2, BLOCK / 2, rows, |_, row| {
-        stored.extend_from_slice(row)
-    });
-    let qs = stored;
-    super::act::portable_blocks(sc, x, rows, out, |r, b, xq| {
-        let wb = &qs[(r * n + b * BLOCK) / 2..(r * n + (b + 1) * BLOCK) / 2];
-        let mut dot = 0i32;
-        for j in 0..BLOCK / 2 {
-            dot += ((wb[j] & 0x0f) as i32 - 8) * xq[j] as i32;
-            dot += ((wb[j] >> 4) as i32 - 8) * xq[j + BLOCK / 2] as i32;
-        }
-        dot
-    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -224,7 +102,7 @@ mod x86 {
     use crate::matvec::hsum256;
     use std::arch::x86_64::*;
 
-    /// See [`super::Q4Matrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
+    /// See [`super::super::block::BlockMatrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
     /// registers ([`super::super::group`]): 4 vectors of packed nibbles, transposed, give the
     /// low nibbles (values `4t..4t + 4` of each block) and the high ones (`16 + 4t..`); the
     /// levels' offset of 8 is removed per block as `8 · Σ q_x`.
@@ -296,7 +174,7 @@ mod x86 {
         _mm256_set_m128i(hi, lo)
     }
 
-    /// See [`super::Q4Matrix::block`]: AVX2, one block per 256-bit step.
+    /// See [`super::super::block::BlockMatrix::block`]: AVX2, one block per 256-bit step.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
@@ -347,7 +225,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{check_kernel, values};
+    use super::super::tests::{check_kernel, values, ODD_SIZES};
     use super::*;
 
     #[test]
@@ -375,23 +253,7 @@ mod tests {
 
     #[test]
     fn kernels_match_the_reference_on_odd_sizes() {
-        for (m, rows, n) in [
-            (1, 1, 32),
-            (1, 5, 96),
-            (3, 7, 224),
-            (6, 70, 288),
-            (17, 9, 256),
-            // Whole groups of 16 blocks, and whole groups with a partial one after.
-            (1, 3, 512),
-            (5, 6, 704),
-            (17, 4, 1120),
-            // The few-row tiles (`few.rs`): 4 × 2, 3 × 3 and 2 × 4 with their remainders, over
-            // whole groups and a partial one.
-            (2, 9, 1120),
-            (3, 5, 544),
-            (8, 5, 1056),
-            (15, 3, 512),
-        ] {
+        for (m, rows, n) in ODD_SIZES {
             let w = Q4Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
             check_kernel(
                 rows,

@@ -1,10 +1,8 @@
 //! q8: per-block symmetric 8-bit weights (llama.cpp's Q8_0): blocks of 32 values along a row,
 //! `w ≈ d · q` with `q` in `-127..=127` and one f16 scale `d` per block — 8.5 bits per weight.
 //!
-//! Layout (row-major, struct of arrays so every vector load is plain): `qs` `(rows, cols)` i8,
-//! `scales` `(rows, cols / 32)` f16 bits. In memory each row's whole groups of 16 blocks are held
-//! in the kernels' order ([`super::group::to_kernel_order`]: the AVX-512 kernel loads them already
-//! transposed); files keep llama.cpp's order ([`Q8Matrix::stored_qs`], [`Q8Matrix::from_parts`]).
+//! Layout ([`super::block`]): `qs` `(rows, cols)` i8 — one stored element per value — and
+//! `scales` `(rows, cols / 32)` f16 bits.
 //!
 //! Kernels: the input rows are quantized to 8 bits per block ([`super::act`]) and each block's dot
 //! product is an integer one — AVX-512 VNNI `vpdpbusd` on two blocks at once, or AVX2's
@@ -13,172 +11,53 @@
 //! blocks in one order whatever the number of input rows, so a row computed in a batch equals the
 //! row alone, bit for bit.
 
-use super::act::QuantRows;
-use super::group::{to_kernel_order, to_stored_order};
-use super::half::Isa;
-use super::{f16_bits, f16_value, round_small, QuantError, BLOCK, CHUNK_BLOCKS};
-use rayon::prelude::*;
+use super::block::{BlockFormat, BlockMatrix, Kernels};
+use super::{f16_bits, f16_value, round_small, QuantError, BLOCK};
+use std::marker::PhantomData;
+
+/// The q8 block format (see the module header).
+#[derive(Debug, Clone, Copy)]
+pub struct Q8;
 
 /// A `(rows, cols)` q8 matrix; `cols` is a multiple of 32.
-#[derive(Clone)]
-pub struct Q8Matrix {
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-    pub(crate) qs: Vec<i8>,
-    pub(crate) scales: Vec<u16>,
-}
+pub type Q8Matrix = BlockMatrix<Q8>;
 
-impl std::fmt::Debug for Q8Matrix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Q8Matrix({}x{})", self.rows, self.cols)
-    }
-}
+impl BlockFormat for Q8 {
+    type Q = i8;
+    const MATRIX: &'static str = "Q8Matrix";
+    const NAME: &'static str = "q8";
+    const UNIT: &'static str = "values";
+    const BLOCK_LEN: usize = BLOCK;
+    const KERNELS: Kernels<i8> = Kernels {
+        #[cfg(target_arch = "x86_64")]
+        vnni: x86::block_vnni,
+        #[cfg(target_arch = "x86_64")]
+        avx2: x86::block_avx2,
+        _q: PhantomData,
+    };
 
-impl Q8Matrix {
-    /// Quantizes `data` `(rows, cols)`: per block `d = max |w| / 127` (rounded to f16), `q =
-    /// round(w / d)`.
-    pub fn quantize(data: &[f32], rows: usize, cols: usize) -> Result<Self, QuantError> {
-        super::check_shape(data.len(), rows, cols)?;
-        let mut qs = vec![0i8; rows * cols];
-        let mut scales = vec![0u16; rows * cols / BLOCK];
-        // Chunks of blocks in parallel (the same values in any order: each block alone).
-        data.par_chunks(BLOCK * CHUNK_BLOCKS)
-            .zip(qs.par_chunks_mut(BLOCK * CHUNK_BLOCKS))
-            .zip(scales.par_chunks_mut(CHUNK_BLOCKS))
-            .try_for_each(|((data, qs), scales)| {
-                for ((wb, qb), s) in data
-                    .chunks_exact(BLOCK)
-                    .zip(qs.chunks_exact_mut(BLOCK))
-                    .zip(scales.iter_mut())
-                {
-                    let amax = wb.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    let d = f16_bits(amax / 127.0)?;
-                    let dv = f16_value(d);
-                    let inv = if dv > 0.0 { 1.0 / dv } else { 0.0 };
-                    for (q, w) in qb.iter_mut().zip(wb) {
-                        *q = round_small((w * inv).clamp(-127.0, 127.0)) as i8;
-                    }
-                    *s = d;
-                }
-                Ok::<(), QuantError>(())
-            })?;
-        Ok(Self::in_kernel_order(rows, cols, qs, scales))
+    /// `d = max |w| / 127` (rounded to f16), `q = round(w / d)`.
+    fn quantize_block(w: &[f32], q: &mut [i8]) -> Result<u16, QuantError> {
+        let amax = w.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = f16_bits(amax / 127.0)?;
+        let dv = f16_value(d);
+        let inv = if dv > 0.0 { 1.0 / dv } else { 0.0 };
+        for (q, w) in q.iter_mut().zip(w) {
+            *q = round_small((w * inv).clamp(-127.0, 127.0)) as i8;
+        }
+        Ok(d)
     }
 
-    /// The parts with each row's values moved into the kernels' order.
-    fn in_kernel_order(rows: usize, cols: usize, mut qs: Vec<i8>, scales: Vec<u16>) -> Self {
-        qs.par_chunks_mut(cols.max(1))
-            .for_each(|row| to_kernel_order(row, BLOCK));
-        Self {
-            rows,
-            cols,
-            qs,
-            scales,
+    fn dequantize_block(d: f32, q: &[i8], out: &mut [f32]) {
+        for (o, &q) in out.iter_mut().zip(q) {
+            *o = d * q as f32;
         }
     }
 
-    /// The values in llama.cpp's order `(rows, cols)` (as a file keeps them).
-    pub fn stored_qs(&self) -> Vec<i8> {
-        let mut qs = self.qs.clone();
-        qs.par_chunks_mut(self.cols.max(1))
-            .for_each(|row| to_stored_order(row, BLOCK));
-        qs
+    /// `Σ q_w q_x`.
+    fn block_dot(q: &[i8], x: &[i8]) -> i32 {
+        q.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum()
     }
-
-    /// Row `r`'s values in llama.cpp's order into `buf`.
-    fn stored_row<'a>(&self, r: usize, buf: &'a mut Vec<i8>) -> &'a [i8] {
-        buf.clear();
-        buf.extend_from_slice(&self.qs[r * self.cols..(r + 1) * self.cols]);
-        to_stored_order(buf, BLOCK);
-        buf
-    }
-
-    /// From stored parts (a quantized checkpoint, values in llama.cpp's order), checked for size.
-    pub fn from_parts(
-        rows: usize,
-        cols: usize,
-        qs: Vec<i8>,
-        scales: Vec<u16>,
-    ) -> Result<Self, QuantError> {
-        if !cols.is_multiple_of(BLOCK)
-            || qs.len() != rows * cols
-            || scales.len() != rows * cols / BLOCK
-        {
-            return Err(QuantError::Shape(format!(
-                "q8 ({rows}, {cols}) needs {} values and {} scales, got {} and {}",
-                rows * cols,
-                rows * cols / BLOCK,
-                qs.len(),
-                scales.len()
-            )));
-        }
-        Ok(Self::in_kernel_order(rows, cols, qs, scales))
-    }
-
-    pub fn storage_bytes(&self) -> usize {
-        self.qs.len() + 2 * self.scales.len()
-    }
-
-    /// Rows `first..` widened into `out` (whole rows).
-    pub fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
-        let (n, nb) = (self.cols, self.cols / BLOCK);
-        let mut buf = Vec::with_capacity(n);
-        for (i, orow) in out.chunks_exact_mut(n.max(1)).enumerate() {
-            let qs = self.stored_row(first + i, &mut buf);
-            let scales = &self.scales[(first + i) * nb..];
-            for ((ob, qb), &s) in orow
-                .chunks_exact_mut(BLOCK)
-                .zip(qs.chunks_exact(BLOCK))
-                .zip(scales)
-            {
-                let d = f16_value(s);
-                for (o, &q) in ob.iter_mut().zip(qb) {
-                    *o = d * q as f32;
-                }
-            }
-        }
-    }
-
-    /// `out[r * m + i] = w_r · x_i` for weight rows `first..first + rows`.
-    ///
-    /// # Panics
-    /// If the rows are outside the matrix, `x`'s rows are not `cols` long or `out` holds fewer
-    /// than `rows · x.rows()` values.
-    pub fn block(&self, first: usize, rows: usize, x: &QuantRows, out: &mut [f32], isa: Isa) {
-        assert!(
-            first + rows <= self.rows && x.n == self.cols && out.len() >= rows * x.m,
-            "block: rows {first}..{} of {}, ({}, {}) inputs for {} columns, {} outputs",
-            first + rows,
-            self.rows,
-            x.m,
-            x.n,
-            self.cols,
-            out.len()
-        );
-        let (n, nb) = (self.cols, self.cols / BLOCK);
-        let qs = &self.qs[first * n..(first + rows) * n];
-        let sc = &self.scales[first * nb..(first + rows) * nb];
-        super::PackedKernels {
-            #[cfg(target_arch = "x86_64")]
-            vnni: x86::block_vnni,
-            #[cfg(target_arch = "x86_64")]
-            avx2: x86::block_avx2,
-            portable: block_portable,
-        }
-        .run(isa, qs, sc, x, rows, out);
-    }
-}
-
-/// The reference: per block `(d_w · d_x) · Σ q_w q_x`, added in block order (`qs` in the
-/// kernels' order, each row read back in llama.cpp's).
-fn block_portable(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-    let n = x.n;
-    let mut stored = Vec::with_capacity(qs.len());
-    super::for_each_stored_row(qs, n, BLOCK, rows, |_, row| stored.extend_from_slice(row));
-    super::act::portable_blocks(sc, x, rows, out, |r, b, xq| {
-        let w = &stored[r * n + b * BLOCK..r * n + (b + 1) * BLOCK];
-        w.iter().zip(xq).map(|(&a, &q)| a as i32 * q as i32).sum()
-    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -191,7 +70,7 @@ mod x86 {
     use crate::matvec::hsum256;
     use std::arch::x86_64::*;
 
-    /// See [`super::Q8Matrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
+    /// See [`super::super::block::BlockMatrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
     /// registers ([`super::super::group`]); the weights are made unsigned by adding 128 (a flip
     /// of the sign bit), whose term `128 · Σ q_x` is removed per block.
     ///
@@ -242,7 +121,7 @@ mod x86 {
         }
     }
 
-    /// See [`super::Q8Matrix::block`]: AVX2, one block per 256-bit step.
+    /// See [`super::super::block::BlockMatrix::block`]: AVX2, one block per 256-bit step.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
@@ -293,7 +172,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{check_kernel, values};
+    use super::super::tests::{check_kernel, values, ODD_SIZES};
     use super::*;
 
     #[test]
@@ -312,24 +191,7 @@ mod tests {
 
     #[test]
     fn kernels_match_the_reference_on_odd_sizes() {
-        // In-dims: 1, 3, 7, 8 and 9 blocks (partial groups of 16), 16, 22 and 35; 1 to 70 rows.
-        for (m, rows, n) in [
-            (1, 1, 32),
-            (1, 5, 96),
-            (3, 7, 224),
-            (6, 70, 288),
-            (17, 9, 256),
-            // Whole groups of 16 blocks, and whole groups with a partial one after.
-            (1, 3, 512),
-            (5, 6, 704),
-            (17, 4, 1120),
-            // The few-row tiles (`few.rs`): 4 × 2, 3 × 3 and 2 × 4 with their remainders, over
-            // whole groups and a partial one.
-            (2, 9, 1120),
-            (3, 5, 544),
-            (8, 5, 1056),
-            (15, 3, 512),
-        ] {
+        for (m, rows, n) in ODD_SIZES {
             let w = Q8Matrix::quantize(&values(rows * n, 1), rows, n).unwrap();
             let stored = w.stored_qs();
             check_kernel(
