@@ -4,21 +4,22 @@
 //! prompt's logits, visual token counts and greedy tokens with and without the caches; every
 //! pruning policy; lossless speculative decoding; packed weights; continuous batching.
 
+mod common;
+
 use candle_core::{Device, Tensor};
 use glance_engine::{
-    Budget, DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Message, Part, Policy, Prompt,
-    PruneSpec, Request, Role, Sequence,
+    Budget, DecodeSpec, Engine, EngineOptions, Flow, Policy, Prompt, PruneSpec, Request, Sequence,
 };
 use glance_nn::WeightFormat;
 use serde_json::Value;
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/internvl")
+    common::fixtures("internvl")
 }
 
 fn manifest() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(root().join("manifest.json")).unwrap()).unwrap()
+    common::manifest(&root())
 }
 
 fn cases(m: &Value) -> Vec<Value> {
@@ -27,37 +28,11 @@ fn cases(m: &Value) -> Vec<Value> {
 
 /// The case's conversation with each image part as the image file's bytes.
 fn prompt(case: &Value) -> Prompt {
-    let messages = case["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let role = match m["role"].as_str().unwrap() {
-                "system" => Role::System,
-                "assistant" => Role::Assistant,
-                _ => Role::User,
-            };
-            let content = m["content"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| match p["type"].as_str().unwrap() {
-                    "image" => {
-                        let path = root().join("images").join(p["image"].as_str().unwrap());
-                        Part::Image(ImageInput::bytes(std::fs::read(path).unwrap()))
-                    }
-                    _ => Part::Text(p["text"].as_str().unwrap().to_string()),
-                })
-                .collect();
-            Message { role, content }
-        })
-        .collect();
-    Prompt::Chat(messages)
+    common::prompt(&root(), case)
 }
 
 fn tensors(case: &Value) -> std::collections::HashMap<String, Tensor> {
-    candle_core::safetensors::load(root().join(case["tensors"].as_str().unwrap()), &Device::Cpu)
-        .unwrap()
+    common::tensors(&root(), case)
 }
 
 fn greedy_ids(case: &Value) -> Vec<u32> {

@@ -5,55 +5,31 @@
 //! batched, with speculative and block-diffusion decoding, packed weights and every pruning
 //! policy.
 
+mod common;
+
 use candle_core::{Device, Tensor};
 use glance_engine::{
-    Budget, DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Message, Part, Policy,
-    Prompt, PruneSpec, Request, Role,
+    Budget, DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Policy, Prompt, PruneSpec,
+    Request,
 };
 use serde_json::Value;
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llava_next")
+    common::fixtures("llava_next")
 }
 
 fn manifest() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(root().join("manifest.json")).unwrap()).unwrap()
+    common::manifest(&root())
 }
 
 /// The case's conversation with each image part as the image file's bytes.
 fn prompt(case: &Value) -> Prompt {
-    let messages = case["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let role = match m["role"].as_str().unwrap() {
-                "system" => Role::System,
-                "assistant" => Role::Assistant,
-                _ => Role::User,
-            };
-            let content = m["content"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| match p["type"].as_str().unwrap() {
-                    "image" => {
-                        let path = root().join("images").join(p["image"].as_str().unwrap());
-                        Part::Image(ImageInput::bytes(std::fs::read(path).unwrap()))
-                    }
-                    _ => Part::Text(p["text"].as_str().unwrap().to_string()),
-                })
-                .collect();
-            Message { role, content }
-        })
-        .collect();
-    Prompt::Chat(messages)
+    common::prompt(&root(), case)
 }
 
 fn tensors(case: &Value) -> std::collections::HashMap<String, Tensor> {
-    candle_core::safetensors::load(root().join(case["tensors"].as_str().unwrap()), &Device::Cpu)
-        .unwrap()
+    common::tensors(&root(), case)
 }
 
 fn ids(t: &Tensor) -> Vec<u32> {

@@ -176,7 +176,7 @@ fn chat_template_renders_and_tokenizes_like_transformers() {
         assert_eq!(tokens, want, "{}: visual tokens", c.name);
         // Without the sizes the counts are unknown: a clear refusal, not a wrong prompt.
         assert!(proc.prepare_chat(&messages).is_err());
-        let p = proc.prepare_chat_sized(&messages, &tokens).unwrap();
+        let p = proc.prepare_chat_sized(&messages, &tokens, None).unwrap();
         assert_eq!(p.text, c.meta["rendered"].as_str().unwrap(), "{}", c.name);
         assert_eq!(p.ids, common::ids(&c.t["input_ids"]), "{}: ids", c.name);
         assert_eq!(p.image_tokens, tokens.iter().sum::<usize>());

@@ -261,7 +261,7 @@ mod tests {
         let p = pack(&[1, 2], &singles(&segs[..1]), 3);
         assert_eq!(p.len(), 7, "one segment is always kept");
         // A dialogue that does not fit is cut after its last turn that does.
-        let p = pack(&[1, 2], &[segs.clone()], 13);
+        let p = pack(&[1, 2], std::slice::from_ref(&segs), 13);
         assert_eq!(p.len(), 12);
         assert_eq!(p.positions, (0..12).collect::<Vec<u32>>());
     }

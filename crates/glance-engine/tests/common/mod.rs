@@ -1,0 +1,61 @@
+//! Helpers shared by the tests against transformers' fixtures of each family
+//! (`fixtures/<family>/manifest.json`, made by the scripts in `scripts/`).
+#![allow(dead_code)]
+
+use candle_core::{Device, Tensor};
+use glance_engine::{ImageInput, Message, Part, Prompt, Role};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// `fixtures/<family>`.
+pub fn fixtures(family: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(family)
+}
+
+/// The fixture set's `manifest.json`.
+pub fn manifest(root: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root.join("manifest.json")).unwrap()).unwrap()
+}
+
+/// A case's conversation, each image part as the image file's bytes.
+pub fn prompt(root: &Path, case: &Value) -> Prompt {
+    let messages = case["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let role = match m["role"].as_str().unwrap() {
+                "system" => Role::System,
+                "assistant" => Role::Assistant,
+                _ => Role::User,
+            };
+            let content = m["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| match p["type"].as_str().unwrap() {
+                    "image" => {
+                        let path = root.join("images").join(p["image"].as_str().unwrap());
+                        Part::Image(ImageInput::bytes(std::fs::read(path).unwrap()))
+                    }
+                    _ => Part::Text(p["text"].as_str().unwrap().to_string()),
+                })
+                .collect();
+            Message {
+                role,
+                content,
+                extra: Vec::new(),
+            }
+        })
+        .collect();
+    Prompt::Chat(messages)
+}
+
+/// A case's committed tensors (pixels, logits, tokens).
+pub fn tensors(root: &Path, case: &Value) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(root.join(case["tensors"].as_str().unwrap()), &Device::Cpu)
+        .unwrap()
+}
