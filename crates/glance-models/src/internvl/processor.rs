@@ -13,7 +13,7 @@
 
 use super::config::InternVlConfig;
 use crate::llava::{PreparedPrompt, PromptFormat};
-use crate::processing::chat::{cut_after_final, ChatMessage};
+use crate::processing::chat::{check_image_tokens, cut_after_final, ChatMessage, SizedImages};
 use crate::processing::image::{
     image_processor_json, ImageProcessor, PreprocessorConfig, ResizeTo,
 };
@@ -359,39 +359,19 @@ impl InternVlProcessor {
         tokens: &[usize],
         format: PromptFormat,
     ) -> Result<PreparedPrompt> {
-        if text.contains(VIDEO) {
-            return Err(Error::Input(
-                "video input is not supported: glance runs InternVL on images only".into(),
-            ));
+        let expanded = SizedImages {
+            placeholder: IMG_CONTEXT,
+            open: IMG_START,
+            close: IMG_END,
+            video: VIDEO,
+            family: "InternVL",
         }
-        let pieces: Vec<&str> = text.split(IMG_CONTEXT).collect();
-        if pieces.len() - 1 != tokens.len() {
-            return Err(Error::Input(format!(
-                "the prompt has {} `{IMG_CONTEXT}` placeholder(s) for {} image(s)",
-                pieces.len() - 1,
-                tokens.len()
-            )));
-        }
-        let total: usize = tokens.iter().sum();
-        let mut expanded = String::with_capacity(text.len() + total * IMG_CONTEXT.len());
-        for (i, piece) in pieces.iter().enumerate() {
-            expanded.push_str(piece);
-            if let Some(&n) = tokens.get(i) {
-                expanded.push_str(IMG_START);
-                expanded.push_str(&IMG_CONTEXT.repeat(n));
-                expanded.push_str(IMG_END);
-            }
-        }
+        .expand(&text, tokens)?;
         let ids = match format {
             PromptFormat::Raw => self.text.encode_raw(&expanded)?,
             PromptFormat::Chat => self.text.encode_prompt(&expanded)?,
         };
-        let image_tokens = ids.iter().filter(|&&i| i == self.image_token_id).count();
-        if image_tokens != total {
-            return Err(Error::Input(format!(
-                "tokenising the prompt gave {image_tokens} image tokens, expected {total}"
-            )));
-        }
+        let image_tokens = check_image_tokens(&ids, self.image_token_id, tokens.iter().sum())?;
         Ok(PreparedPrompt {
             text,
             ids,

@@ -482,6 +482,60 @@ pub fn cut_after_final(full: &str, messages: &[ChatMessage]) -> Result<String> {
     Ok(full[..end].to_string())
 }
 
+/// How a family with size-dependent image token counts (Qwen2-VL, InternVL) writes images into a
+/// prompt: each `placeholder` becomes `open`, that image's count of `placeholder`s, `close`.
+/// Text holding `video` is refused (`family` names the model in the error).
+pub struct SizedImages<'a> {
+    pub placeholder: &'a str,
+    pub open: &'a str,
+    pub close: &'a str,
+    pub video: &'a str,
+    pub family: &'a str,
+}
+
+impl SizedImages<'_> {
+    /// `text` with its `i`-th placeholder expanded to `tokens[i]` image tokens.
+    pub fn expand(&self, text: &str, tokens: &[usize]) -> Result<String> {
+        if text.contains(self.video) {
+            return Err(Error::Input(format!(
+                "video input is not supported: glance runs {} on images only",
+                self.family
+            )));
+        }
+        let pieces: Vec<&str> = text.split(self.placeholder).collect();
+        if pieces.len() - 1 != tokens.len() {
+            return Err(Error::Input(format!(
+                "the prompt has {} `{}` placeholder(s) for {} image(s)",
+                pieces.len() - 1,
+                self.placeholder,
+                tokens.len()
+            )));
+        }
+        let total: usize = tokens.iter().sum();
+        let mut expanded = String::with_capacity(text.len() + total * self.placeholder.len());
+        for (i, piece) in pieces.iter().enumerate() {
+            expanded.push_str(piece);
+            if let Some(&n) = tokens.get(i) {
+                expanded.push_str(self.open);
+                expanded.push_str(&self.placeholder.repeat(n));
+                expanded.push_str(self.close);
+            }
+        }
+        Ok(expanded)
+    }
+}
+
+/// Checks that tokenising a prompt gave exactly `expected` image tokens (`image_token_id`).
+pub fn check_image_tokens(ids: &[u32], image_token_id: u32, expected: usize) -> Result<usize> {
+    let image_tokens = ids.iter().filter(|&&i| i == image_token_id).count();
+    if image_tokens != expected {
+        return Err(Error::Input(format!(
+            "tokenising the prompt gave {image_tokens} image tokens, expected {expected}"
+        )));
+    }
+    Ok(image_tokens)
+}
+
 pub fn expand_image_tokens(prompt: &str, image_token: &str, n: usize) -> String {
     if image_token.is_empty() {
         return prompt.to_string();

@@ -10,7 +10,7 @@
 
 use super::config::Qwen2VlConfig;
 use crate::llava::{PreparedPrompt, PromptFormat};
-use crate::processing::chat::{cut_after_final, ChatMessage};
+use crate::processing::chat::{check_image_tokens, cut_after_final, ChatMessage, SizedImages};
 use crate::processing::image::{ImageProcessor, PreprocessorConfig, ResizeTo};
 use crate::processing::tokenizer::TextProcessor;
 use candle_core::{Device, Tensor};
@@ -340,37 +340,19 @@ impl QwenVlProcessor {
         tokens: &[usize],
         format: PromptFormat,
     ) -> Result<PreparedPrompt> {
-        if text.contains(VIDEO_PAD) {
-            return Err(Error::Input(
-                "video input is not supported: glance runs Qwen2-VL on images only".into(),
-            ));
+        let expanded = SizedImages {
+            placeholder: IMAGE_PAD,
+            open: "",
+            close: "",
+            video: VIDEO_PAD,
+            family: "Qwen2-VL",
         }
-        let pieces: Vec<&str> = text.split(IMAGE_PAD).collect();
-        if pieces.len() - 1 != tokens.len() {
-            return Err(Error::Input(format!(
-                "the prompt has {} `{IMAGE_PAD}` placeholder(s) for {} image(s)",
-                pieces.len() - 1,
-                tokens.len()
-            )));
-        }
-        let mut expanded = String::with_capacity(text.len() + tokens.iter().sum::<usize>() * 13);
-        for (i, piece) in pieces.iter().enumerate() {
-            expanded.push_str(piece);
-            if let Some(&n) = tokens.get(i) {
-                expanded.push_str(&IMAGE_PAD.repeat(n));
-            }
-        }
+        .expand(&text, tokens)?;
         let ids = match format {
             PromptFormat::Raw => self.text.encode_raw(&expanded)?,
             PromptFormat::Chat => self.text.encode_prompt(&expanded)?,
         };
-        let image_tokens = ids.iter().filter(|&&i| i == self.image_token_id).count();
-        if image_tokens != tokens.iter().sum::<usize>() {
-            return Err(Error::Input(format!(
-                "tokenising the prompt gave {image_tokens} image tokens, expected {}",
-                tokens.iter().sum::<usize>()
-            )));
-        }
+        let image_tokens = check_image_tokens(&ids, self.image_token_id, tokens.iter().sum())?;
         Ok(PreparedPrompt {
             text,
             ids,
