@@ -306,6 +306,10 @@ pub fn run(a: AllArgs) -> Result<()> {
         let ok = matches!(&status, Ok(s) if s.success())
             && st.dir.join(st.product).is_file()
             && glance_train::interrupt::requested().is_none();
+        // The base goes where the later stages read it before the stage counts as done.
+        if ok && st.name == "llava" {
+            copy_dir(&st.dir.join("model"), &a.out.join("glance-tiny"))?;
+        }
         record.done = ok;
         save(&state_path, &family)?;
         if !ok {
@@ -318,9 +322,6 @@ pub fn run(a: AllArgs) -> Result<()> {
                 },
                 a.out.display()
             );
-        }
-        if st.name == "llava" {
-            copy_dir(&st.dir.join("model"), &a.out.join("glance-tiny"))?;
         }
     }
     assemble(&a.out)?;
