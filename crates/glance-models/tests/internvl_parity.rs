@@ -18,6 +18,7 @@ use glance_decode::{prefill, Autoregressive, DecodeStrategy, GenerateConfig, Sam
 use glance_models::internvl::{InternImageEncoding, InternVl, InternVlConfig, InternVlProcessor};
 use glance_models::processing::chat::ChatMessage;
 use glance_models::processing::image::load_image;
+use glance_models::processing::sized::SizedPrompts;
 use glance_nn::{AttnMask, CausalLm};
 use serde_json::Value;
 use std::collections::HashMap;

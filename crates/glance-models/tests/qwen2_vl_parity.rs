@@ -17,6 +17,7 @@ use glance_core::SamplingParams;
 use glance_decode::{prefill_mrope, Autoregressive, DecodeStrategy, GenerateConfig, Sampler};
 use glance_models::processing::chat::ChatMessage;
 use glance_models::processing::image::load_image;
+use glance_models::processing::sized::SizedPrompts;
 use glance_models::qwen2_vl::{
     rope_index, ImageGrid, Qwen2Vl, QwenImageEncoding, QwenPixels, QwenVlProcessor, QwenVlVersion,
 };

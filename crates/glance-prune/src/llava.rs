@@ -41,6 +41,24 @@ pub struct FastvCut {
     pub layer: usize,
 }
 
+impl FastvCut {
+    /// The cut `spec` asks of a plan with `image_rows` (each image's rows): the budget applies
+    /// to each image, the layer is the spec's or the default for `layers` decoder layers.
+    pub fn new(image_rows: Vec<Vec<usize>>, spec: &PruneSpec, layers: usize) -> Self {
+        let keep = image_rows
+            .iter()
+            .map(|r| spec.budget.resolve(r.len()))
+            .sum();
+        Self {
+            visual: image_rows.into_iter().flatten().collect(),
+            keep,
+            layer: spec
+                .fastv_layer
+                .unwrap_or_else(|| fastv::default_layer(layers)),
+        }
+    }
+}
+
 /// A plan after the pruning step.
 #[derive(Debug, Clone)]
 pub struct Pruned {
@@ -204,22 +222,11 @@ pub fn transform_1d<'a>(
             stats: stats(visual_tokens, Duration::ZERO),
         }),
         Stage::InLlm => {
-            let keep: usize = image_rows
-                .iter()
-                .map(|r| spec.budget.resolve(r.len()))
-                .sum();
-            let layer = spec
-                .fastv_layer
-                .unwrap_or_else(|| fastv::default_layer(text.num_layers()));
-            let cut = FastvCut {
-                visual: image_rows.into_iter().flatten().collect(),
-                keep,
-                layer,
-            };
+            let cut = FastvCut::new(image_rows, spec, text.num_layers());
             Ok(Pruned {
                 plan,
+                stats: stats(cut.keep.min(visual_tokens), Duration::ZERO),
                 fastv: Some(cut),
-                stats: stats(keep.min(visual_tokens), Duration::ZERO),
             })
         }
         Stage::PreLlm => {

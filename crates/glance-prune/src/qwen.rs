@@ -81,22 +81,11 @@ pub fn transform_qwen(
             stats: stats(visual_tokens, Duration::ZERO),
         }),
         Stage::InLlm => {
-            let image_rows = plan.image_rows();
-            let keep = image_rows
-                .iter()
-                .map(|r| spec.budget.resolve(r.len()))
-                .sum();
-            let layer = spec
-                .fastv_layer
-                .unwrap_or_else(|| crate::fastv::default_layer(model.text().num_layers()));
+            let cut = FastvCut::new(plan.image_rows(), spec, model.text().num_layers());
             Ok(Pruned {
                 plan,
-                fastv: Some(FastvCut {
-                    visual: image_rows.into_iter().flatten().collect(),
-                    keep,
-                    layer,
-                }),
-                stats: stats(keep.min(visual_tokens), Duration::ZERO),
+                stats: stats(cut.keep.min(visual_tokens), Duration::ZERO),
+                fastv: Some(cut),
             })
         }
         Stage::PreLlm => {

@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 use glance_models::internvl::{InternVl, InternVlConfig, InternVlProcessor};
 use glance_models::llava::{PromptFormat, SegmentKind};
 use glance_models::processing::image::load_image;
+use glance_models::processing::sized::SizedPrompts;
 use glance_prune::{transform_internvl, Budget, Policy, PruneSpec, Stage};
 use std::path::PathBuf;
 

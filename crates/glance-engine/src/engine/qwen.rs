@@ -10,10 +10,10 @@ use crate::request::KeptPatches;
 use crate::request::{ImageInput, Prompt};
 use candle_core::Device;
 use glance_core::{Error, Result};
-use glance_models::internvl::InternVlProcessor;
-use glance_models::llava::{PreparedPrompt, PromptFormat};
+use glance_models::llava::PromptFormat;
 use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_models::processing::chat::ChatMessage;
+use glance_models::processing::sized::SizedPrompts;
 use glance_models::qwen2_vl::QwenImageEncoding;
 use glance_models::qwen2_vl::{Qwen2Vl, Qwen2VlConfig, QwenVlProcessor};
 use glance_prune::PruneSpec;
@@ -150,68 +150,6 @@ impl Engine {
         })
     }
 }
-
-/// A processor whose prompts hold a number of image tokens that depends on each image's size.
-pub(super) trait SizedPrompts {
-    /// Image tokens an image of `height × width` pixels takes.
-    fn tokens_for(&self, height: usize, width: usize) -> Result<usize>;
-    fn prepare(
-        &self,
-        prompt: &str,
-        tokens: &[usize],
-        format: PromptFormat,
-    ) -> Result<PreparedPrompt>;
-    fn prepare_chat_with(
-        &self,
-        messages: &[ChatMessage],
-        tokens: &[usize],
-        tools: Option<&serde_json::Value>,
-    ) -> Result<PreparedPrompt>;
-    fn prepare_continuation_with(
-        &self,
-        messages: &[ChatMessage],
-        tokens: &[usize],
-        tools: Option<&serde_json::Value>,
-    ) -> Result<PreparedPrompt>;
-}
-
-macro_rules! sized_prompts {
-    ($t:ty, |$p:ident, $h:ident, $w:ident| $tokens:expr) => {
-        impl SizedPrompts for $t {
-            fn tokens_for(&self, $h: usize, $w: usize) -> Result<usize> {
-                let $p = self;
-                $tokens
-            }
-            fn prepare(
-                &self,
-                prompt: &str,
-                tokens: &[usize],
-                format: PromptFormat,
-            ) -> Result<PreparedPrompt> {
-                <$t>::prepare(self, prompt, tokens, format)
-            }
-            fn prepare_chat_with(
-                &self,
-                messages: &[ChatMessage],
-                tokens: &[usize],
-                tools: Option<&serde_json::Value>,
-            ) -> Result<PreparedPrompt> {
-                <$t>::prepare_chat_with(self, messages, tokens, tools)
-            }
-            fn prepare_continuation_with(
-                &self,
-                messages: &[ChatMessage],
-                tokens: &[usize],
-                tools: Option<&serde_json::Value>,
-            ) -> Result<PreparedPrompt> {
-                <$t>::prepare_continuation_with(self, messages, tokens, tools)
-            }
-        }
-    };
-}
-
-sized_prompts!(QwenVlProcessor, |p, h, w| p.image.tokens_for(h, w));
-sized_prompts!(InternVlProcessor, |p, h, w| p.tokens_for(h, w));
 
 /// `(width, height)` of an image, from its header when given as bytes (size-capped as decoding
 /// is).

@@ -13,10 +13,11 @@
 
 use super::config::InternVlConfig;
 use crate::llava::{PreparedPrompt, PromptFormat};
-use crate::processing::chat::{check_image_tokens, cut_after_final, ChatMessage, SizedImages};
+use crate::processing::chat::{check_image_tokens, SizedImages};
 use crate::processing::image::{
     image_processor_json, ImageProcessor, PreprocessorConfig, ResizeTo,
 };
+use crate::processing::sized::SizedPrompts;
 use crate::processing::tokenizer::TextProcessor;
 use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
@@ -276,84 +277,22 @@ impl InternVlProcessor {
     pub fn image_token(&self) -> &str {
         IMG_CONTEXT
     }
+}
 
-    /// Image tokens an image of `height × width` takes in the prompt.
-    pub fn tokens_for(&self, height: usize, width: usize) -> Result<usize> {
+impl SizedPrompts for InternVlProcessor {
+    fn text(&self) -> &TextProcessor {
+        &self.text
+    }
+
+    fn family(&self) -> &'static str {
+        "InternVL"
+    }
+
+    fn tokens_for(&self, height: usize, width: usize) -> Result<usize> {
         Ok(self.image.tiles_for(height, width)? * self.image_seq_length)
     }
 
-    /// Renders a conversation with the chat template (generation prompt added) and tokenises it
-    /// with `tokens[i]` image tokens for the `i`-th image.
-    pub fn prepare_chat(
-        &self,
-        messages: &[ChatMessage],
-        tokens: &[usize],
-    ) -> Result<PreparedPrompt> {
-        self.prepare_chat_with(messages, tokens, None)
-    }
-
-    /// [`Self::prepare_chat`] with the template's `tools` variable.
-    pub fn prepare_chat_with(
-        &self,
-        messages: &[ChatMessage],
-        tokens: &[usize],
-        tools: Option<&serde_json::Value>,
-    ) -> Result<PreparedPrompt> {
-        if self.text.chat_template().is_none() {
-            return Err(Error::Template(
-                "this InternVL checkpoint has no chat template (tokenizer_config.json, \
-                 chat_template.json or chat_template.jinja)"
-                    .into(),
-            ));
-        }
-        let text = self.text.apply_chat_template_with(messages, true, tools)?;
-        self.tokenize(text, tokens, PromptFormat::Chat)
-    }
-
-    /// A conversation whose last message is continued rather than answered (as
-    /// [`crate::llava::LlavaProcessor::prepare_continuation`]).
-    pub fn prepare_continuation(
-        &self,
-        messages: &[ChatMessage],
-        tokens: &[usize],
-    ) -> Result<PreparedPrompt> {
-        self.prepare_continuation_with(messages, tokens, None)
-    }
-
-    /// [`Self::prepare_continuation`] with the template's `tools` variable.
-    pub fn prepare_continuation_with(
-        &self,
-        messages: &[ChatMessage],
-        tokens: &[usize],
-        tools: Option<&serde_json::Value>,
-    ) -> Result<PreparedPrompt> {
-        let full = self.text.apply_chat_template_with(messages, false, tools)?;
-        self.tokenize(
-            cut_after_final(&full, messages)?,
-            tokens,
-            PromptFormat::Chat,
-        )
-    }
-
-    /// `prompt` as one user turn (images first) in `Chat` format, or as given (`<IMG_CONTEXT>`
-    /// where each image goes) in `Raw`.
-    pub fn prepare(
-        &self,
-        prompt: &str,
-        tokens: &[usize],
-        format: PromptFormat,
-    ) -> Result<PreparedPrompt> {
-        match format {
-            PromptFormat::Raw => self.tokenize(prompt.to_string(), tokens, format),
-            PromptFormat::Chat => {
-                self.prepare_chat(&[ChatMessage::user(prompt, tokens.len())], tokens)
-            }
-        }
-    }
-
-    /// Expands the `i`-th placeholder of `text` to `<img>`, `tokens[i]` image tokens, `</img>`
-    /// and tokenises.
-    pub fn tokenize(
+    fn tokenize(
         &self,
         text: String,
         tokens: &[usize],
@@ -364,7 +303,7 @@ impl InternVlProcessor {
             open: IMG_START,
             close: IMG_END,
             video: VIDEO,
-            family: "InternVL",
+            family: self.family(),
         }
         .expand(&text, tokens)?;
         let ids = match format {

@@ -2,4 +2,5 @@
 
 pub mod chat;
 pub mod image;
+pub mod sized;
 pub mod tokenizer;

@@ -496,21 +496,7 @@ impl TextModel {
         layers: std::ops::Range<usize>,
         probe: Option<usize>,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        if layers.end > self.layers.len() || layers.start > layers.end {
-            return Err(Error::InvalidParam(format!(
-                "layer range {layers:?} of {}",
-                self.layers.len()
-            )));
-        }
-        self.run_layers(
-            xs,
-            positions,
-            None,
-            mask,
-            Some(cache),
-            layers,
-            Kernels::Default(probe),
-        )
+        self.layer_range(xs, positions, None, mask, cache, layers, probe)
     }
 
     /// [`Self::forward_layers`] of rows at 3-D (M-RoPE) positions.
@@ -523,17 +509,32 @@ impl TextModel {
         layers: std::ops::Range<usize>,
         probe: Option<usize>,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        let scalar = Self::mrope_scalar(positions);
+        self.layer_range(xs, &scalar, Some(positions), mask, cache, layers, probe)
+    }
+
+    /// Layers `layers` over `xs` with the cache, the range checked.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_range(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mrope: Option<&[[u32; 3]]>,
+        mask: &AttnMask,
+        cache: &mut KvCache,
+        layers: std::ops::Range<usize>,
+        probe: Option<usize>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         if layers.end > self.layers.len() || layers.start > layers.end {
             return Err(Error::InvalidParam(format!(
                 "layer range {layers:?} of {}",
                 self.layers.len()
             )));
         }
-        let scalar = Self::mrope_scalar(positions);
         self.run_layers(
             xs,
-            &scalar,
-            Some(positions),
+            positions,
+            mrope,
             mask,
             Some(cache),
             layers,

@@ -31,6 +31,7 @@ use glance_models::family::Family as ModelFamily;
 use glance_models::internvl::{InternVl, InternVlConfig, InternVlProcessor};
 use glance_models::llava::Llava;
 use glance_models::processing::chat::ChatMessage;
+use glance_models::processing::sized::SizedPrompts;
 use glance_models::qwen2_vl::{Qwen2Vl, Qwen2VlConfig, QwenVlProcessor};
 use glance_models::text::{TextConfig, TextModel};
 use glance_nn::CausalLm;
@@ -39,6 +40,24 @@ use glance_world::{Family, Split, WorldRng};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+
+/// A prompt with 1-D positions, maybe pruned: its rows `(p, hidden)` at `positions`, the length
+/// of the whole (unpruned) prompt, its image's rows and its token ids (one per row).
+struct Prompt1d {
+    rows: Tensor,
+    positions: Vec<u32>,
+    whole_len: usize,
+    image_rows: Vec<usize>,
+    ids: Vec<u32>,
+}
+
+/// The rows of a sample prompt's image.
+fn first_image(plan: &glance_models::llava::PromptPlan) -> Result<Vec<usize>> {
+    plan.image_rows()
+        .into_iter()
+        .next()
+        .ok_or_else(|| TrainError::Config("the prompt has no image".into()))
+}
 
 /// The seed of `split`'s world index `index`.
 fn scene_seed(split: Split, index: u64) -> Result<u64> {
@@ -323,11 +342,7 @@ impl SampleSource {
         let mut ids = data.prefix().to_vec();
         ids.extend(data.prompt_tail(&question)?);
         let plan = target.plan(&ids, &[&enc.features])?;
-        let image_rows = plan
-            .image_rows()
-            .into_iter()
-            .next()
-            .ok_or_else(|| TrainError::Config("the prompt has no image".into()))?;
+        let image_rows = first_image(&plan)?;
         // (p, hidden)
         let mut prompt_rows = plan.rows()?;
         let p = prompt_rows.dim(0)?;
@@ -362,24 +377,14 @@ impl SampleSource {
                 ((a..a + kept.index.len()).collect(), ids)
             }
         };
-        let kept_len = prompt_rows.dim(0)?;
-        let room = target.text().max_positions().saturating_sub(p);
-        let (rows, hidden, answer) =
-            self.answer(prompt_rows, &positions, None, max_new.min(room))?;
-        // The answer continues after the whole prompt's last position, as `--prune` decodes.
-        positions.extend((0..answer.len() as u32).map(|k| p as u32 + k));
-        Ok(Sample {
-            rows,
-            hidden,
-            image_rows,
-            prompt_len: kept_len,
-            prompt_ids: ids,
+        let prompt = Prompt1d {
+            rows: prompt_rows,
             positions,
-            mrope: None,
-            answer,
-            question,
-            world_index: index,
-        })
+            whole_len: p,
+            image_rows,
+            ids,
+        };
+        self.answer_1d(prompt, question, index, max_new)
     }
 
     /// [`SampleSource::generate`] for a Qwen2-VL target: the question as one user turn with the
@@ -400,11 +405,7 @@ impl SampleSource {
         let prompt =
             processor.prepare_chat(&[ChatMessage::user(&question, 1)], &[enc.grid.tokens()])?;
         let plan = model.plan(&prompt.ids, &[&enc])?;
-        let image_rows = plan
-            .image_rows()
-            .into_iter()
-            .next()
-            .ok_or_else(|| TrainError::Config("the prompt has no image".into()))?;
+        let image_rows = first_image(&plan)?;
         let prompt_rows = plan.rows()?;
         let p = prompt_rows.dim(0)?;
         let mrope = plan
@@ -456,24 +457,46 @@ impl SampleSource {
         let tokens = enc.features.dim(0)?;
         let prompt = processor.prepare_chat(&[ChatMessage::user(&question, 1)], &[tokens])?;
         let plan = model.plan(&prompt.ids, &[&enc])?;
-        let image_rows = plan
-            .image_rows()
-            .into_iter()
-            .next()
-            .ok_or_else(|| TrainError::Config("the prompt has no image".into()))?;
-        let prompt_rows = plan.rows()?;
-        let p = prompt_rows.dim(0)?;
-        let room = model.text().max_positions().saturating_sub(p);
-        let positions: Vec<u32> = (0..p as u32).collect();
-        let (rows, hidden, answer) =
-            self.answer(prompt_rows, &positions, None, max_new.min(room))?;
+        let image_rows = first_image(&plan)?;
+        let rows = plan.rows()?;
+        let p = rows.dim(0)?;
+        let prompt = Prompt1d {
+            rows,
+            positions: (0..p as u32).collect(),
+            whole_len: p,
+            image_rows,
+            ids: prompt.ids,
+        };
+        self.answer_1d(prompt, question, index, max_new)
+    }
+
+    /// The target's answer to a prompt with 1-D positions, as a sample.
+    fn answer_1d(
+        &self,
+        prompt: Prompt1d,
+        question: String,
+        index: u64,
+        max_new: usize,
+    ) -> Result<Sample> {
+        let Prompt1d {
+            rows,
+            mut positions,
+            whole_len,
+            image_rows,
+            ids,
+        } = prompt;
+        let prompt_len = rows.dim(0)?;
+        let room = self.target.text().max_positions().saturating_sub(whole_len);
+        let (rows, hidden, answer) = self.answer(rows, &positions, None, max_new.min(room))?;
+        // The answer continues after the whole prompt's last position, as `--prune` decodes.
+        positions.extend((0..answer.len() as u32).map(|k| whole_len as u32 + k));
         Ok(Sample {
             rows,
             hidden,
             image_rows,
-            prompt_len: p,
-            prompt_ids: prompt.ids,
-            positions: (0..(p + answer.len()) as u32).collect(),
+            prompt_len,
+            prompt_ids: ids,
+            positions,
             mrope: None,
             answer,
             question,
