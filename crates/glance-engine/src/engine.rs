@@ -111,34 +111,40 @@ impl Engine {
         let threads = options.validate()?;
         let pool = thread_pool(threads)?;
         let start = Instant::now();
-        match Family::of_dir(dir)? {
-            f if f.is_llava() => {}
-            Family::InternVl => return Self::load_internvl(dir, options, pool, threads, start),
-            _ => return Self::load_qwen(dir, options, pool, threads, start),
+        let family = Family::of_dir(dir)?;
+        if options.twin.is_some() && !family.is_llava() {
+            return Err(Error::InvalidParam(format!(
+                "twins embed LLaVA checkpoints only, not {} ones",
+                family.name()
+            )));
         }
-        let (model, processor) = pool.install(|| -> Result<_> {
-            let config = LlavaConfig::from_dir(dir)?;
-            let processor = LlavaProcessor::from_dir(dir, &config)?;
-            let mut model = match &options.twin {
-                Some(shape) => {
-                    glance_models::twin::load_llava(dir, &Device::Cpu, options.weights, shape)?
-                }
-                None => Llava::load_as(dir, &Device::Cpu, options.weights)?,
-            };
-            // Ids the tokenizer cannot decode are never produced, by any strategy.
-            model.limit_vocab(processor.text.id_limit());
-            Ok((model, processor))
+        let (model, processor) = pool.install(|| match family {
+            f if f.is_llava() => Self::build_llava(dir, &options),
+            Family::InternVl => Self::build_internvl(dir, &options),
+            _ => Self::build_qwen(dir, &options),
         })?;
-        let mut engine = Self::assemble(
-            Model::Llava(Arc::new(model)),
-            Processor::llava_processor(Arc::new(processor)),
-            options,
-            pool,
-            threads,
-        );
+        let mut engine = Self::assemble(model, processor, options, pool, threads);
         engine.dir = Some(dir.to_path_buf());
         engine.load_time = start.elapsed();
         Ok(engine)
+    }
+
+    /// The model and processor of a LLaVA (or LLaVA-NeXT) checkpoint, or its twin.
+    fn build_llava(dir: &Path, options: &EngineOptions) -> Result<(Model, Processor)> {
+        let config = LlavaConfig::from_dir(dir)?;
+        let processor = LlavaProcessor::from_dir(dir, &config)?;
+        let mut model = match &options.twin {
+            Some(shape) => {
+                glance_models::twin::load_llava(dir, &Device::Cpu, options.weights, shape)?
+            }
+            None => Llava::load_as(dir, &Device::Cpu, options.weights)?,
+        };
+        // Ids the tokenizer cannot decode are never produced, by any strategy.
+        model.limit_vocab(processor.text.id_limit());
+        Ok((
+            Model::Llava(Arc::new(model)),
+            Processor::llava_processor(Arc::new(processor)),
+        ))
     }
 
     /// An engine over a model already in memory (e.g. the weights being trained). Unlike

@@ -100,6 +100,17 @@ impl Family {
         })
     }
 
+    /// The family's name in messages ("Qwen2.5-VL").
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Llava => "LLaVA",
+            Family::LlavaNext => "LLaVA-NeXT",
+            Family::Qwen2Vl => "Qwen2-VL",
+            Family::Qwen25Vl => "Qwen2.5-VL",
+            Family::InternVl => "InternVL",
+        }
+    }
+
     /// Whether the checkpoint loads as [`crate::llava::Llava`] (LLaVA-1.5 or LLaVA-NeXT).
     pub fn is_llava(self) -> bool {
         matches!(self, Family::Llava | Family::LlavaNext)

@@ -6,45 +6,27 @@ use super::model::{internvl_encodings, Model, Processor};
 use super::{Encoded, Engine};
 use crate::options::EngineOptions;
 use candle_core::Device;
-use glance_core::{Error, Result};
+use glance_core::Result;
 use glance_models::internvl::{InternVl, InternVlConfig, InternVlProcessor};
 use glance_models::llava::PromptPlan;
 use glance_prune::{PruneSpec, Pruned};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 impl Engine {
-    /// [`Engine::load`] of an InternVL checkpoint.
-    pub(super) fn load_internvl(
+    /// The model and processor of an InternVL checkpoint.
+    pub(super) fn build_internvl(
         dir: &Path,
-        options: EngineOptions,
-        pool: rayon::ThreadPool,
-        threads: usize,
-        start: Instant,
-    ) -> Result<Self> {
-        if options.twin.is_some() {
-            return Err(Error::InvalidParam(
-                "twins embed LLaVA checkpoints only; this is an InternVL checkpoint".into(),
-            ));
-        }
-        let (model, processor) = pool.install(|| -> Result<_> {
-            let config = InternVlConfig::from_dir(dir)?;
-            let processor = InternVlProcessor::from_dir(dir, &config)?;
-            let mut model = InternVl::load_as(dir, &Device::Cpu, options.weights)?;
-            model.limit_vocab(processor.text.id_limit());
-            Ok((model, processor))
-        })?;
-        let mut engine = Self::assemble(
+        options: &EngineOptions,
+    ) -> Result<(Model, Processor)> {
+        let config = InternVlConfig::from_dir(dir)?;
+        let processor = InternVlProcessor::from_dir(dir, &config)?;
+        let mut model = InternVl::load_as(dir, &Device::Cpu, options.weights)?;
+        model.limit_vocab(processor.text.id_limit());
+        Ok((
             Model::InternVl(Arc::new(model)),
             Processor::internvl_processor(Arc::new(processor)),
-            options,
-            pool,
-            threads,
-        );
-        engine.dir = Some(dir.to_path_buf());
-        engine.load_time = start.elapsed();
-        Ok(engine)
+        ))
     }
 
     /// The pruning step of a 1-D-position plan (LLaVA, InternVL) and each image's token grid

@@ -19,7 +19,6 @@ use glance_models::qwen2_vl::{Qwen2Vl, Qwen2VlConfig, QwenVlProcessor};
 use glance_prune::PruneSpec;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 impl Engine {
     /// The pruned prefill of a Qwen2-VL plan: kept tokens at their own 3-D positions; the kept
@@ -72,36 +71,16 @@ impl Engine {
         })
     }
 
-    /// [`Engine::load`] of a Qwen2-VL / Qwen2.5-VL checkpoint.
-    pub(super) fn load_qwen(
-        dir: &Path,
-        options: EngineOptions,
-        pool: rayon::ThreadPool,
-        threads: usize,
-        start: Instant,
-    ) -> Result<Self> {
-        if options.twin.is_some() {
-            return Err(Error::InvalidParam(
-                "twins embed LLaVA checkpoints only; this is a Qwen2-VL checkpoint".into(),
-            ));
-        }
-        let (model, processor) = pool.install(|| -> Result<_> {
-            let config = Qwen2VlConfig::from_dir(dir)?;
-            let processor = QwenVlProcessor::from_dir(dir, &config)?;
-            let mut model = Qwen2Vl::load_as(dir, &Device::Cpu, options.weights)?;
-            model.limit_vocab(processor.text.id_limit());
-            Ok((model, processor))
-        })?;
-        let mut engine = Self::assemble(
+    /// The model and processor of a Qwen2-VL / Qwen2.5-VL checkpoint.
+    pub(super) fn build_qwen(dir: &Path, options: &EngineOptions) -> Result<(Model, Processor)> {
+        let config = Qwen2VlConfig::from_dir(dir)?;
+        let processor = QwenVlProcessor::from_dir(dir, &config)?;
+        let mut model = Qwen2Vl::load_as(dir, &Device::Cpu, options.weights)?;
+        model.limit_vocab(processor.text.id_limit());
+        Ok((
             Model::Qwen2Vl(Arc::new(model)),
             Processor::qwen2_vl(Arc::new(processor)),
-            options,
-            pool,
-            threads,
-        );
-        engine.dir = Some(dir.to_path_buf());
-        engine.load_time = start.elapsed();
-        Ok(engine)
+        ))
     }
 
     /// [`Engine::render`] for a family whose image token counts depend on each image's size
