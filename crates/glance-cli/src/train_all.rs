@@ -300,9 +300,18 @@ pub fn run(a: AllArgs) -> Result<()> {
             args.extend(["--threads".into(), t.to_string()]);
         }
         eprintln!("train all: {} — glance {}", st.name, args.join(" "));
-        let start = Instant::now();
-        let status = run_stage(&exe, &args);
-        record.seconds += start.elapsed().as_secs_f64();
+        let before = record.seconds;
+        // The record is written as the stage runs, so a run killed outright (a session's end)
+        // still leaves what `--resume` needs and the wall time it spent.
+        let status = run_stage(&exe, &args, |elapsed| {
+            family
+                .stages
+                .entry(st.name.to_string())
+                .or_default()
+                .seconds = before + elapsed;
+            save_or_warn(&state_path, &family);
+        });
+        let record = family.stages.entry(st.name.to_string()).or_default();
         let ok = matches!(&status, Ok(s) if s.success())
             && st.dir.join(st.product).is_file()
             && glance_train::interrupt::requested().is_none();
@@ -325,23 +334,23 @@ pub fn run(a: AllArgs) -> Result<()> {
         }
     }
     assemble(&a.out)?;
-    let record = family.stages.entry("eval".into()).or_default();
-    if !record.done {
-        let start = Instant::now();
+    if !family.stages.get("eval").is_some_and(|r| r.done) {
+        let mut spent = family.stages.get("eval").map_or(0.0, |r| r.seconds);
         for (name, args) in &evals {
             eprintln!("train all: eval {name} — glance {}", args.join(" "));
-            let status = run_stage(&exe, args);
+            let status = run_stage(&exe, args, |elapsed| {
+                family.stages.entry("eval".into()).or_default().seconds = spent + elapsed;
+                save_or_warn(&state_path, &family);
+            });
+            spent = family.stages.get("eval").map_or(0.0, |r| r.seconds);
             if !matches!(&status, Ok(s) if s.success()) {
-                record.seconds += start.elapsed().as_secs_f64();
-                save(&state_path, &family)?;
                 bail!(
                     "eval {name} failed; continue with `glance train all --out {} --resume`",
                     a.out.display()
                 );
             }
         }
-        record.seconds += start.elapsed().as_secs_f64();
-        record.done = true;
+        family.stages.entry("eval".into()).or_default().done = true;
         save(&state_path, &family)?;
     }
     let order: Vec<&str> = plan.iter().map(|st| st.name).chain(["eval"]).collect();
@@ -350,12 +359,28 @@ pub fn run(a: AllArgs) -> Result<()> {
 
 /// Runs `glance ARGS` and waits for it. A stop asked of this process (Ctrl-C, SIGTERM) is
 /// passed on to the stage as SIGINT, so it checkpoints, and the stage's failure ends the run.
-fn run_stage(exe: &Path, args: &[String]) -> std::io::Result<std::process::ExitStatus> {
-    let mut child = Command::new(exe).args(args).spawn()?;
+/// `progress(seconds so far)` runs at the start, every minute and at the end.
+fn run_stage(
+    exe: &Path,
+    args: &[String],
+    mut progress: impl FnMut(f64),
+) -> Result<std::process::ExitStatus> {
+    let start = Instant::now();
+    progress(0.0);
+    let mut child = Command::new(exe)
+        .args(args)
+        .spawn()
+        .with_context(|| format!("starting {}", exe.display()))?;
     let mut forwarded = false;
+    let mut last = start;
     loop {
         if let Some(status) = child.try_wait()? {
+            progress(start.elapsed().as_secs_f64());
             return Ok(status);
+        }
+        if last.elapsed().as_secs() >= 60 {
+            last = Instant::now();
+            progress(start.elapsed().as_secs_f64());
         }
         if !forwarded && glance_train::interrupt::requested().is_some() {
             forwarded = true;
@@ -385,6 +410,14 @@ fn resume_args(args: &[String]) -> Vec<String> {
     }
     out.push("--resume".into());
     out
+}
+
+/// [`save`] while a stage runs: a record that cannot be written is reported, and the stage goes
+/// on (its own checkpoints are what `--resume` needs most).
+fn save_or_warn(path: &Path, family: &Family) {
+    if let Err(e) = save(path, family) {
+        eprintln!("train all: warning: {e:#}");
+    }
 }
 
 fn save(path: &Path, family: &Family) -> Result<()> {
