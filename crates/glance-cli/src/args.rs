@@ -303,25 +303,29 @@ pub struct DecodeArgs {
 }
 
 impl DecodeArgs {
-    /// The strategy; draft options without a speculative strategy are refused.
+    /// The strategy with the tree and block-diffusion settings the flags give it; a flag that
+    /// does not apply to it (`--draft` or a tree flag without a speculative strategy, a block
+    /// flag without a diffusion one) is refused naming both.
     pub fn spec(&self) -> Result<DecodeSpec> {
-        let spec = self.decode.parse::<DecodeSpec>()?;
-        let speculative = spec.draft_kind().is_some() || spec == DecodeSpec::Auto;
-        if !speculative && (self.tree.any() || !self.draft.is_empty()) {
-            bail!(
-                "--draft, --draft-depth, --draft-top-k, --draft-budget and --chain apply to \
-                 --decode vispec, eagle or auto, not `{spec}`"
-            );
+        let tree = self.tree.any().then(|| self.tree.settings()).transpose()?;
+        let spec = DecodeSpec::parse_with(
+            &self.decode,
+            tree,
+            &self.diffusion.options(),
+            &OptionNames::FLAGS,
+        )?;
+        if !self.draft.is_empty() && spec.draft_kind().is_none() && !spec.is_auto() {
+            bail!("--draft applies to --decode vispec, eagle or auto, not `{spec}`");
         }
-        self.diffusion.settings(spec)?;
         Ok(spec)
     }
 
-    /// A server's default strategy: as [`Self::spec`], but draft heads and tree settings are
-    /// allowed with any default (requests may ask for `vispec` / `eagle`).
+    /// A server's default strategy, by name: the tree, block-diffusion flags and draft heads
+    /// become the engine's defaults ([`Self::engine_options`]) for every request, whichever
+    /// strategy it names, so they are allowed with any default strategy here.
     pub fn server_spec(&self) -> Result<DecodeSpec> {
         let spec = self.decode.parse::<DecodeSpec>()?;
-        self.diffusion.settings(spec)?;
+        self.diffusion.settings(&spec)?;
         Ok(spec)
     }
 
@@ -330,7 +334,7 @@ impl DecodeArgs {
         Ok(EngineOptions {
             drafts: self.draft.clone(),
             tree: self.tree.settings()?,
-            diffusion: self.diffusion.settings(self.server_spec()?)?,
+            diffusion: self.diffusion.settings(&self.server_spec()?)?,
             cost_cache: glance_home::cache_root().map(|d| d.join("cost")),
             ..base
         })
@@ -355,15 +359,19 @@ pub struct DiffusionFlags {
 }
 
 impl DiffusionFlags {
-    /// The settings the flags give `spec` (`None` when no flag is set: the model's defaults
-    /// apply); a flag that does not apply to `spec` is refused naming both.
-    pub fn settings(&self, spec: DecodeSpec) -> Result<Option<DiffusionSettings>> {
-        let options = DiffusionOptions {
+    /// The flags as the library takes them.
+    pub fn options(&self) -> DiffusionOptions {
+        DiffusionOptions {
             block: self.block,
             threshold: self.threshold,
             dynamic: self.dynamic_block,
-        };
-        Ok(options.settings_for(spec, &OptionNames::FLAGS)?)
+        }
+    }
+
+    /// The settings the flags give `spec` (`None` when no flag is set: the model's defaults
+    /// apply); a flag that does not apply to `spec` is refused naming both.
+    pub fn settings(&self, spec: &DecodeSpec) -> Result<Option<DiffusionSettings>> {
+        Ok(self.options().settings_for(spec, &OptionNames::FLAGS)?)
     }
 }
 

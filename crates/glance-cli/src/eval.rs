@@ -110,7 +110,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         start: args.start,
         max_new_tokens: args.max_new_tokens,
         short_max_new_tokens: SHORT_MAX_NEW_TOKENS.min(args.max_new_tokens),
-        decode,
+        decode: decode.clone(),
         record_answers: args.answers,
         relations: true,
         dialogues: !args.no_dialogue,

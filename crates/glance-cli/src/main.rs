@@ -22,6 +22,7 @@ mod train_all;
 mod train_diffusion;
 mod train_draft;
 mod train_flags;
+mod train_vocab;
 mod world;
 
 use anyhow::Result;

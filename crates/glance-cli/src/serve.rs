@@ -147,7 +147,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (_, engine) = args.model.engine(options)?;
     // The default strategy must run on this model, and every --draft head must fit it: refused
     // now rather than on every request.
-    engine.check_decode(config.defaults.decode)?;
+    engine.check_decode(&config.defaults.decode)?;
     for dir in &args.decode.draft {
         engine.set_draft(Arc::new(engine.read_draft(dir)?));
     }

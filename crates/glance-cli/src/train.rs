@@ -17,6 +17,9 @@ pub enum TrainCommand {
     /// Train an EAGLE / ViSpec draft head for a LLaVA target on the target's own answers to
     /// world prompts (writes OUT/head: config.json + model.safetensors).
     Draft(crate::train_draft::DraftArgs),
+    /// Keep with a draft head the tokens its target emits on the head's training data (FR-Spec's
+    /// reduced draft vocabulary): its draft steps then compute logits for those tokens only.
+    DraftVocab(crate::train_vocab::VocabArgs),
     /// Convert an autoregressive LLaVA model into a block-diffusion one (Fast-dVLM) on its own
     /// answers to world prompts (writes OUT/model, a model directory).
     Diffusion(crate::train_diffusion::DiffusionArgs),
@@ -124,6 +127,7 @@ pub fn run(cmd: TrainCommand) -> Result<()> {
     match cmd {
         TrainCommand::World(a) => world(a),
         TrainCommand::Draft(a) => crate::train_draft::run(a),
+        TrainCommand::DraftVocab(a) => crate::train_vocab::run(a),
         TrainCommand::Diffusion(a) => crate::train_diffusion::run(a),
         TrainCommand::Curve(a) => crate::curve::run(a),
         TrainCommand::All(a) => crate::train_all::run(a),

@@ -4,20 +4,13 @@
 
 use crate::progress::TrainBar;
 use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
+use glance_engine::DraftKind;
 use glance_train::draft::trainer::RunEnd;
 use glance_train::draft::EvalReport;
 use glance_train::draft::{DraftObserver, DraftStepReport, DraftTrainConfig, DraftTrainer};
 use std::path::PathBuf;
 use std::time::Instant;
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DraftKind {
-    /// Vision adaptor + global visual feature injection (ViSpec).
-    Vispec,
-    /// Text-only baseline: no adaptor, no injection.
-    Eagle,
-}
 
 #[derive(Args)]
 pub struct DraftArgs {
@@ -28,7 +21,8 @@ pub struct DraftArgs {
     /// Output directory (checkpoint, metrics.jsonl, head/). Default: runs/draft-<kind>.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "vispec")]
+    /// `vispec` (vision adaptor and global visual feature) or `eagle` (text only).
+    #[arg(long, default_value = "vispec")]
     pub kind: DraftKind,
     /// Compressed tokens per image of the vision adaptor (vispec).
     #[arg(long, default_value_t = 16)]
@@ -60,10 +54,7 @@ pub fn run(a: DraftArgs) -> Result<()> {
     if let Some(dir) = &a.eval_head {
         return eval_head(&a, dir);
     }
-    let kind = match a.kind {
-        DraftKind::Vispec => "vispec",
-        DraftKind::Eagle => "eagle",
-    };
+    let kind = a.kind;
     let out = a
         .out
         .clone()

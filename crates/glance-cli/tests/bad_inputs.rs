@@ -419,7 +419,7 @@ fn bad_draft_heads_and_tree_flags() {
         ),
         (
             &["--decode", "ar", "--draft-depth", "3"][..],
-            "vispec, eagle or auto",
+            "speculative strategies (vispec, eagle, auto), not `ar`",
         ),
         // `auto` (the default) with a broken head given: refused, never silently plain.
         (&["--draft", s(&empty)][..], "config.json"),

@@ -218,3 +218,74 @@ fn bench_spec_without_heads_or_with_bad_flags_fails_cleanly() {
     assert_fails_with(&o, "tinyllama-1.1b");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `glance train draft-vocab` keeps the tokens the target emits with a head; the head then
+/// decodes exactly as autoregressive decoding does, and `--clear` takes the vocabulary away.
+#[test]
+fn train_draft_vocab_keeps_the_emitted_tokens_with_the_head() {
+    let dir = scratch("draft-vocab");
+    let head = dir.join("eagle");
+    std::fs::create_dir_all(&head).unwrap();
+    let shipped =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/glance-tiny/draft-eagle");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(shipped.join(f), head.join(f)).unwrap();
+    }
+    let o = glance(&[
+        "train",
+        "draft-vocab",
+        "--head",
+        s(&head),
+        "--target",
+        "glance-tiny",
+        "--samples",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("tokens kept"), "{}", stdout(&o));
+    let config = DraftConfig::load(&head).unwrap();
+    let vocab = config.draft_vocab.clone().expect("a vocabulary");
+    let target_vocab = config.layer_config().unwrap().vocab_size;
+    assert!(!vocab.is_empty() && vocab.len() < target_vocab, "{vocab:?}");
+    let image = common::world_sample(&dir, 0);
+    let answer = |decode: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--image",
+            s(&image),
+            "--prompt",
+            "Describe the image.",
+            "--max-new-tokens",
+            "48",
+            "--decode",
+        ];
+        args.extend(decode);
+        let o = glance(&args);
+        assert!(o.status.success(), "{decode:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    assert_eq!(answer(&["eagle", "--draft", s(&head)]), answer(&["ar"]));
+    // Bad settings are refused before anything is counted.
+    let o = glance(&[
+        "train",
+        "draft-vocab",
+        "--head",
+        s(&head),
+        "--target",
+        "glance-tiny",
+        "--size",
+        "0",
+    ]);
+    assert_fails_with(&o, "--size");
+    let o = glance(&[
+        "train",
+        "draft-vocab",
+        "--head",
+        s(&head),
+        "--target",
+        "glance-tiny",
+        "--clear",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(DraftConfig::load(&head).unwrap().draft_vocab.is_none());
+}

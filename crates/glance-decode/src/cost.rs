@@ -43,7 +43,8 @@ pub struct CostModel {
     pub rows: Vec<usize>,
     /// Seconds of a target pass (forward and logits) over `rows[i]` rows.
     pub pass_s: Vec<f64>,
-    /// Draft costs by head kind (`vispec`, `eagle`), measured when a head is first used.
+    /// Draft costs by head ([`draft_key`]: its kind, and its reduced vocabulary's size where it
+    /// keeps one), measured when a head is first used.
     #[serde(default)]
     pub drafts: BTreeMap<String, DraftCost>,
     /// Seconds the target measurement took.
@@ -81,6 +82,15 @@ impl DraftCost {
                 self.step_s[last - 1] + per_row.max(0.0) * (n - last) as f64
             }
         }
+    }
+}
+
+/// What a draft's step costs depend on besides the target: its kind (its parts), and how many
+/// LM-head rows a step reads (the reduced vocabulary's size, FR-Spec).
+pub fn draft_key(draft: &dyn DraftLm) -> String {
+    match draft.vocab() {
+        Some(ids) => format!("{} vocab {}", draft.kind(), ids.len()),
+        None => draft.kind().to_string(),
     }
 }
 
@@ -164,7 +174,7 @@ impl CostModel {
                     let rows = draft.fuse(&target.embed_tokens(&ids)?, &prev, &start.context)?;
                     let out =
                         draft.forward(&rows, &vec![next; n], &AttnMask::causal(), &mut cache)?;
-                    draft_probs(target, &out)?;
+                    draft_probs(target, draft, &out)?;
                     let s = clock.elapsed().as_secs_f64();
                     cache.rollback(&mark)?;
                     Ok(s)
@@ -175,7 +185,7 @@ impl CostModel {
             step_s[i] = step_s[i].min(step_s[i + 1]);
         }
         self.drafts
-            .insert(draft.kind().to_string(), DraftCost { step_s, row_s });
+            .insert(draft_key(draft), DraftCost { step_s, row_s });
         Ok(())
     }
 
@@ -228,9 +238,9 @@ impl CostModel {
         self.pass(k) / self.pass_s[0]
     }
 
-    /// The draft costs of `kind`, if measured.
-    pub fn draft(&self, kind: &str) -> Option<&DraftCost> {
-        self.drafts.get(kind)
+    /// The costs of `draft`'s steps, if measured.
+    pub fn draft(&self, draft: &dyn DraftLm) -> Option<&DraftCost> {
+        self.drafts.get(&draft_key(draft))
     }
 
     /// `c(k)` at the timed row counts, for reports: `(k, c(k))`.

@@ -35,6 +35,7 @@ pub use cost::{CostModel, DraftCost};
 pub use diffusion::{
     BlockDiffusion, DiffusionMode, DiffusionOptions, DiffusionSettings, OptionNames,
 };
+pub use glance_nn::DraftKind;
 pub use grammar::{Grammar, GrammarVocab, OutputFormat};
 pub use sampler::{LogprobSink, Sampler, TokenLogprob};
 pub use speculative::{Speculative, TreeSettings};

@@ -10,12 +10,13 @@
 //! reporting their own counters in [`DecodeStats`].
 
 use crate::autoregressive::{GenerateConfig, Generation, Prefilled};
-use crate::diffusion::DiffusionMode;
+use crate::diffusion::{DiffusionMode, DiffusionOptions, DiffusionSettings, OptionNames};
 use crate::sampler::Sampler;
+use crate::speculative::TreeSettings;
 use crate::step::{run_alone, DecodeState};
 use glance_core::{Error, Result, TokenId};
-use glance_nn::CausalLm;
-use serde::{Deserialize, Serialize};
+use glance_nn::{CausalLm, DraftKind};
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -54,78 +55,155 @@ pub trait DecodeStrategy: Send + Sync {
     }
 }
 
-/// Which decoding strategy a request asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// Which decoding strategy a request asks for, with its settings. Each strategy carries only
+/// the settings it takes, so a draft tree on an autoregressive request, or a block size on a
+/// speculative one, cannot be built; [`DecodeSpec::validate`] checks the values. A setting left
+/// `None` is the engine's (`EngineOptions::tree` / `EngineOptions::diffusion` in glance-engine),
+/// else the model's. It prints and parses as its name (`ar`, `vispec`, `diffusion-linear`, …);
+/// [`DecodeSpec::parse_with`] attaches the settings a surface (flags, a request body) gave.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum DecodeSpec {
     /// One token per forward pass ([`crate::Autoregressive`]).
     #[default]
-    #[serde(alias = "autoregressive")]
-    Ar,
-    /// Speculative decoding with a ViSpec draft head (vision adaptor, global visual feature):
-    /// [`crate::Speculative`].
-    Vispec,
-    /// Speculative decoding with the text-only EAGLE-style head: the same head without the
-    /// vision parts, the baseline ViSpec is measured against.
-    Eagle,
-    /// Block diffusion, threshold unmasking (Fast-dVLM; a converted model): lossy.
-    DiffusionThreshold,
-    /// Block diffusion, linear self-speculation: lossless.
-    DiffusionLinear,
-    /// Block diffusion, quadratic self-speculation: lossless, one pass per step.
-    DiffusionQuadratic,
+    Autoregressive,
+    /// Speculative decoding ([`crate::Speculative`]) with a draft head of `kind`: ViSpec's
+    /// (vision adaptor, global visual feature) or the text-only EAGLE-style baseline.
+    Speculative {
+        kind: DraftKind,
+        tree: Option<TreeSettings>,
+    },
+    /// Block diffusion ([`crate::BlockDiffusion`], Fast-dVLM) on a converted model: threshold
+    /// unmasking (lossy) or linear / quadratic self-speculation (lossless).
+    Diffusion {
+        mode: DiffusionMode,
+        settings: Option<DiffusionSettings>,
+    },
     /// The fastest lossless strategy the model offers, chosen per request from the measured
     /// cost model ([`crate::cost`]): cost-aware speculation with the request's best draft head
-    /// where a draft can pay on this machine, else `ar`.
-    Auto,
+    /// (growing `tree`) where a draft can pay on this machine, cost-aware linear diffusion on a
+    /// converted model, else autoregressive.
+    Auto { tree: Option<TreeSettings> },
 }
 
 impl DecodeSpec {
-    /// Every strategy glance can run.
+    /// Every strategy glance can run, with the engine's settings.
     pub const ALL: [DecodeSpec; 7] = [
-        DecodeSpec::Ar,
-        DecodeSpec::Vispec,
-        DecodeSpec::Eagle,
-        DecodeSpec::DiffusionThreshold,
-        DecodeSpec::DiffusionLinear,
-        DecodeSpec::DiffusionQuadratic,
-        DecodeSpec::Auto,
+        DecodeSpec::Autoregressive,
+        DecodeSpec::speculative(DraftKind::Vispec),
+        DecodeSpec::speculative(DraftKind::Eagle),
+        DecodeSpec::diffusion(DiffusionMode::Threshold),
+        DecodeSpec::diffusion(DiffusionMode::Linear),
+        DecodeSpec::diffusion(DiffusionMode::Quadratic),
+        DecodeSpec::Auto { tree: None },
     ];
 
-    pub fn name(self) -> &'static str {
+    /// Speculative decoding with a `kind` head and the engine's tree.
+    pub const fn speculative(kind: DraftKind) -> Self {
+        DecodeSpec::Speculative { kind, tree: None }
+    }
+
+    /// Block diffusion in `mode` with the engine's (else the model's) settings.
+    pub const fn diffusion(mode: DiffusionMode) -> Self {
+        DecodeSpec::Diffusion {
+            mode,
+            settings: None,
+        }
+    }
+
+    /// `auto` with the engine's tree.
+    pub const fn auto() -> Self {
+        DecodeSpec::Auto { tree: None }
+    }
+
+    pub fn name(&self) -> &'static str {
         match self {
-            DecodeSpec::Ar => "ar",
-            DecodeSpec::Vispec => "vispec",
-            DecodeSpec::Eagle => "eagle",
-            DecodeSpec::DiffusionThreshold => "diffusion-threshold",
-            DecodeSpec::DiffusionLinear => "diffusion-linear",
-            DecodeSpec::DiffusionQuadratic => "diffusion-quadratic",
-            DecodeSpec::Auto => "auto",
+            DecodeSpec::Autoregressive => "ar",
+            DecodeSpec::Speculative { kind, .. } => kind.name(),
+            DecodeSpec::Diffusion { mode, .. } => mode.name(),
+            DecodeSpec::Auto { .. } => "auto",
         }
     }
 
     /// The block-diffusion mode of the strategy, if it is one.
-    pub fn diffusion_mode(self) -> Option<DiffusionMode> {
+    pub fn diffusion_mode(&self) -> Option<DiffusionMode> {
         match self {
-            DecodeSpec::DiffusionThreshold => Some(DiffusionMode::Threshold),
-            DecodeSpec::DiffusionLinear => Some(DiffusionMode::Linear),
-            DecodeSpec::DiffusionQuadratic => Some(DiffusionMode::Quadratic),
+            DecodeSpec::Diffusion { mode, .. } => Some(*mode),
             _ => None,
         }
+    }
+
+    /// The kind of draft head the strategy needs, if it names one.
+    pub fn draft_kind(&self) -> Option<DraftKind> {
+        match self {
+            DecodeSpec::Speculative { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// The draft tree the request gives (`None`: the engine's, or not a speculative strategy).
+    pub fn tree(&self) -> Option<&TreeSettings> {
+        match self {
+            DecodeSpec::Speculative { tree, .. } | DecodeSpec::Auto { tree } => tree.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The block-diffusion settings the request gives (`None`: the engine's or the model's, or
+    /// not a diffusion strategy).
+    pub fn diffusion_settings(&self) -> Option<&DiffusionSettings> {
+        match self {
+            DecodeSpec::Diffusion { settings, .. } => settings.as_ref(),
+            _ => None,
+        }
+    }
+
+    pub fn is_auto(&self) -> bool {
+        matches!(self, DecodeSpec::Auto { .. })
     }
 
     /// Whether greedy decoding with it returns exactly the autoregressive tokens of the model
     /// it runs.
-    pub fn lossless(self) -> bool {
-        self != DecodeSpec::DiffusionThreshold
+    pub fn lossless(&self) -> bool {
+        self.diffusion_mode() != Some(DiffusionMode::Threshold)
     }
 
-    /// The kind of draft head the strategy needs (`vispec`, `eagle`), if any.
-    pub fn draft_kind(self) -> Option<&'static str> {
-        match self {
-            DecodeSpec::Vispec | DecodeSpec::Eagle => Some(self.name()),
-            _ => None,
+    /// Checks the settings' values.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(t) = self.tree() {
+            t.validate()?;
         }
+        if let Some(d) = self.diffusion_settings() {
+            d.validate()?;
+        }
+        Ok(())
+    }
+
+    /// The strategy `name` with the settings a surface gave: a draft `tree` (speculative
+    /// strategies and `auto` only) and block-diffusion `diffusion` options (the diffusion
+    /// strategies only, [`DiffusionOptions::settings_for`]). A setting that does not apply to
+    /// `name` is refused naming both, in the surface's spelling (`names`).
+    pub fn parse_with(
+        name: &str,
+        tree: Option<TreeSettings>,
+        diffusion: &DiffusionOptions,
+        names: &OptionNames,
+    ) -> Result<Self> {
+        let mut spec: DecodeSpec = name.parse()?;
+        let settings = diffusion.settings_for(&spec, names)?;
+        match &mut spec {
+            DecodeSpec::Speculative { tree: t, .. } | DecodeSpec::Auto { tree: t } => *t = tree,
+            DecodeSpec::Autoregressive | DecodeSpec::Diffusion { .. } if tree.is_some() => {
+                return Err(Error::InvalidParam(format!(
+                    "{}: a draft tree applies only to the speculative strategies (vispec, \
+                     eagle, auto), not `{name}`",
+                    names.tree
+                )))
+            }
+            DecodeSpec::Diffusion { settings: s, .. } => *s = settings,
+            DecodeSpec::Autoregressive => {}
+        }
+        spec.validate()?;
+        Ok(spec)
     }
 }
 
@@ -138,23 +216,22 @@ impl fmt::Display for DecodeSpec {
 impl FromStr for DecodeSpec {
     type Err = Error;
 
+    /// The strategy by name, with the engine's settings.
     fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "ar" | "autoregressive" => Ok(DecodeSpec::Ar),
-            "vispec" => Ok(DecodeSpec::Vispec),
-            "eagle" => Ok(DecodeSpec::Eagle),
-            "diffusion-threshold" => Ok(DecodeSpec::DiffusionThreshold),
-            "diffusion-linear" => Ok(DecodeSpec::DiffusionLinear),
-            "diffusion-quadratic" => Ok(DecodeSpec::DiffusionQuadratic),
-            "auto" => Ok(DecodeSpec::Auto),
-            _ => {
-                let known: Vec<&str> = Self::ALL.iter().map(|d| d.name()).collect();
-                Err(Error::InvalidParam(format!(
+        let name = s.trim().to_ascii_lowercase();
+        if name == "autoregressive" {
+            return Ok(DecodeSpec::Autoregressive);
+        }
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(DecodeSpec::name).collect();
+                Error::InvalidParam(format!(
                     "unknown decoding strategy `{s}` (available: {})",
                     known.join(", ")
-                )))
-            }
-        }
+                ))
+            })
     }
 }
 
@@ -228,10 +305,55 @@ mod tests {
         }
         assert_eq!(
             "Autoregressive".parse::<DecodeSpec>().unwrap(),
-            DecodeSpec::Ar
+            DecodeSpec::Autoregressive
         );
         let e = "bogus".parse::<DecodeSpec>().unwrap_err().to_string();
         assert!(e.contains("bogus") && e.contains("ar"), "{e}");
+    }
+
+    #[test]
+    fn settings_attach_only_to_the_strategies_they_belong_to() {
+        let flags = &OptionNames::FLAGS;
+        let none = DiffusionOptions::default();
+        let chain = TreeSettings::chain(3);
+        let s = DecodeSpec::parse_with("eagle", Some(chain.clone()), &none, flags).unwrap();
+        assert_eq!(
+            s,
+            DecodeSpec::Speculative {
+                kind: DraftKind::Eagle,
+                tree: Some(chain.clone())
+            }
+        );
+        assert_eq!(s.tree(), Some(&chain));
+        let auto = DecodeSpec::parse_with("auto", Some(chain.clone()), &none, flags).unwrap();
+        assert!(auto.is_auto() && auto.tree() == Some(&chain));
+        let e = DecodeSpec::parse_with("ar", Some(chain.clone()), &none, flags)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--draft-depth") && e.contains("`ar`"), "{e}");
+        let e = DecodeSpec::parse_with("diffusion-linear", Some(chain), &none, flags)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("draft tree"), "{e}");
+        let block = DiffusionOptions {
+            block: Some(16),
+            ..DiffusionOptions::default()
+        };
+        let d = DecodeSpec::parse_with("diffusion-quadratic", None, &block, flags).unwrap();
+        assert_eq!(d.diffusion_mode(), Some(DiffusionMode::Quadratic));
+        assert_eq!(d.diffusion_settings().map(|s| s.block), Some(16));
+        assert!(DecodeSpec::parse_with("vispec", None, &block, flags).is_err());
+        // Values are checked too, whoever built the spec.
+        let bad = DecodeSpec::Speculative {
+            kind: DraftKind::Vispec,
+            tree: Some(TreeSettings::chain(0)),
+        };
+        assert!(bad.validate().is_err());
+        assert!(
+            DecodeSpec::parse_with("eagle", Some(TreeSettings::chain(0)), &none, flags).is_err()
+        );
+        assert!(!DecodeSpec::diffusion(DiffusionMode::Threshold).lossless());
+        assert!(DecodeSpec::ALL.iter().filter(|d| !d.lossless()).count() == 1);
     }
 
     #[test]

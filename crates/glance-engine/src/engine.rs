@@ -38,7 +38,7 @@ pub use model::{Model, ModelConfig, Processor, TextRef};
 
 use glance_models::processing::chat::{ChatMessage, ContentPart};
 use glance_models::processing::image::decode_image_with_limit;
-use glance_nn::{AttnMask, CausalLm, DraftLm};
+use glance_nn::{AttnMask, CausalLm, DraftKind, DraftLm};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -65,11 +65,11 @@ pub struct Engine {
     encodings: EncodingCache,
     prefixes: PrefixCache,
     /// Draft heads loaded so far, by kind.
-    drafts: Mutex<HashMap<&'static str, Arc<dyn DraftLm>>>,
+    drafts: Mutex<HashMap<DraftKind, Arc<dyn DraftLm>>>,
     /// The measured cost model, once a request needed it ([`auto`]).
     cost: Mutex<Option<glance_decode::CostModel>>,
     /// The kinds of the heads `--draft` names, once read ([`auto`]).
-    named_kinds: std::sync::OnceLock<Vec<&'static str>>,
+    named_kinds: std::sync::OnceLock<Vec<DraftKind>>,
     /// The tokens as bytes for constrained decoding, built on first use (`Err`: the tokenizer
     /// cannot spell arbitrary text).
     grammar_vocab: std::sync::OnceLock<std::result::Result<GrammarVocab, String>>,
@@ -246,12 +246,12 @@ impl Engine {
     /// [`EngineOptions::drafts`] are the only ones used when any is named: a kind they lack is
     /// refused naming the heads given (never silently replaced by the model directory's), and
     /// two heads of one kind are refused as ambiguous.
-    pub fn draft(&self, kind: &'static str) -> Result<Arc<dyn DraftLm>> {
-        if let Some(h) = self.drafts.lock().expect("not poisoned").get(kind) {
+    pub fn draft(&self, kind: DraftKind) -> Result<Arc<dyn DraftLm>> {
+        if let Some(h) = self.drafts.lock().expect("not poisoned").get(&kind) {
             return Ok(h.clone());
         }
         let mut looked = Vec::new();
-        let mut given: Vec<(&Path, &'static str)> = Vec::new();
+        let mut given: Vec<(&Path, DraftKind)> = Vec::new();
         for dir in &self.options.drafts {
             given.push((dir, DraftConfig::load(dir)?.kind()));
         }
@@ -327,9 +327,9 @@ impl Engine {
     /// Checks that this engine can run `decode` — a model converted for block diffusion, a
     /// draft head of the speculative kind — loading what it needs, so that a server refuses a
     /// default strategy it cannot run at start-up rather than on every request.
-    pub fn check_decode(&self, decode: DecodeSpec) -> Result<()> {
+    pub fn check_decode(&self, decode: &DecodeSpec) -> Result<()> {
         let request = Request {
-            decode,
+            decode: decode.clone(),
             ..Request::new(Prompt::Raw {
                 text: String::new(),
                 images: Vec::new(),
@@ -341,8 +341,9 @@ impl Engine {
     /// The draft tree of `request`: its own, else the engine's.
     fn tree(&self, request: &Request) -> glance_decode::TreeSettings {
         request
-            .tree
-            .clone()
+            .decode
+            .tree()
+            .cloned()
             .unwrap_or_else(|| self.options.tree.clone())
     }
 
@@ -357,7 +358,7 @@ impl Engine {
                 request.decode
             ))
         })?;
-        let settings = match (&request.diffusion, &self.options.diffusion) {
+        let settings = match (request.decode.diffusion_settings(), &self.options.diffusion) {
             (Some(s), _) | (None, Some(s)) => s.clone(),
             (None, None) => DiffusionSettings {
                 block: bd.block_size.min(glance_decode::diffusion::MAX_BLOCK),
@@ -372,13 +373,11 @@ impl Engine {
     fn strategy(&self, request: &Request) -> Result<(Box<dyn DecodeStrategy>, Option<String>)> {
         if let Some(choice) = self.choose(request)? {
             let strategy: Box<dyn DecodeStrategy> = match (choice.spec, choice.cost) {
-                (DecodeSpec::DiffusionLinear, Some(cost)) => {
+                (DecodeSpec::Diffusion { mode, .. }, Some(cost)) => {
                     let (settings, mask) = self.diffusion_settings(request)?;
-                    let mode = glance_decode::DiffusionMode::Linear;
                     Box::new(BlockDiffusion::new(mode, settings, mask)?.cost_aware(cost)?)
                 }
-                (spec, Some(cost)) if spec.draft_kind().is_some() => {
-                    let kind = spec.draft_kind().expect("checked");
+                (DecodeSpec::Speculative { kind, .. }, Some(cost)) => {
                     let tree = self.tree(request);
                     let head = self.draft(kind)?;
                     let memory = self.acceptance_memory(&head);
@@ -397,20 +396,20 @@ impl Engine {
 
     /// The strategy `request` names.
     fn named_strategy(&self, request: &Request) -> Result<Box<dyn DecodeStrategy>> {
-        if let Some(mode) = request.decode.diffusion_mode() {
-            let (settings, mask) = self.diffusion_settings(request)?;
-            return Ok(Box::new(BlockDiffusion::new(mode, settings, mask)?));
-        }
-        Ok(match request.decode.draft_kind() {
-            None if request.decode == DecodeSpec::Auto => {
+        Ok(match &request.decode {
+            DecodeSpec::Autoregressive => Box::new(Autoregressive),
+            DecodeSpec::Diffusion { mode, .. } => {
+                let (settings, mask) = self.diffusion_settings(request)?;
+                Box::new(BlockDiffusion::new(*mode, settings, mask)?)
+            }
+            DecodeSpec::Auto { .. } => {
                 return Err(Error::InvalidParam(
                     "`auto` is resolved per request, before a strategy is built".into(),
                 ))
             }
-            None => Box::new(Autoregressive),
-            Some(kind) => {
+            DecodeSpec::Speculative { kind, .. } => {
                 let tree = self.tree(request);
-                Box::new(Speculative::new(self.draft(kind)?, tree)?)
+                Box::new(Speculative::new(self.draft(*kind)?, tree)?)
             }
         })
     }

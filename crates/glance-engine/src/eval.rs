@@ -370,7 +370,7 @@ fn ask(
         sampling: SamplingParams::greedy(),
         max_new_tokens,
         prune: (!spec.is_noop()).then(|| spec.clone()),
-        decode: options.decode,
+        decode: options.decode.clone(),
         ..Request::new(Prompt::Chat(messages))
     };
     let response = engine.generate(&request, &mut |_| Flow::Continue)?;

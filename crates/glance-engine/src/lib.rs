@@ -33,7 +33,7 @@ pub use request::{
 };
 
 pub use glance_decode::{
-    DecodeSpec, DecodeStats, DiffusionOptions, DiffusionSettings, OptionNames, OutputFormat,
-    TokenLogprob,
+    DecodeSpec, DecodeStats, DiffusionMode, DiffusionOptions, DiffusionSettings, DraftKind,
+    OptionNames, OutputFormat, TokenLogprob, TreeSettings,
 };
 pub use glance_prune::{Budget, Policy, PruneSpec, TileBudget};

@@ -5,9 +5,7 @@
 //! glance's own per-request options: visual-token pruning and the decoding strategy.
 
 use glance_core::{Error, Result, SamplingParams, TokenId};
-use glance_decode::{
-    DecodeSpec, DecodeStats, DiffusionSettings, OutputFormat, TokenLogprob, TreeSettings,
-};
+use glance_decode::{DecodeSpec, DecodeStats, OutputFormat, TokenLogprob};
 use glance_prune::PruneSpec;
 use serde::Serialize;
 use std::sync::Arc;
@@ -175,13 +173,8 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Visual-token pruning (`None`: every visual token).
     pub prune: Option<PruneSpec>,
-    /// The decoding strategy.
+    /// The decoding strategy and its settings.
     pub decode: DecodeSpec,
-    /// The draft tree of speculative strategies (`None`: the engine's setting).
-    pub tree: Option<TreeSettings>,
-    /// Block size, threshold and dynamic sizing of block-diffusion strategies (`None`: the
-    /// engine's setting, else the model's).
-    pub diffusion: Option<DiffusionSettings>,
     /// Keep generating after end-of-sequence tokens (until the token cap or a stop string).
     pub ignore_eos: bool,
     /// Report each new token's log-probability and this many most likely alternatives (at most
@@ -207,8 +200,6 @@ impl Request {
             stop: Vec::new(),
             prune: None,
             decode: DecodeSpec::default(),
-            tree: None,
-            diffusion: None,
             ignore_eos: false,
             logprobs: None,
             continue_final_message: false,
@@ -256,34 +247,15 @@ impl Request {
                     glance_core::MAX_TOP_LOGPROBS
                 )));
             }
-            if self.decode == DecodeSpec::DiffusionThreshold {
-                return Err(Error::InvalidParam(
-                    "logprobs are not available with diffusion-threshold, whose tokens come \
-                     from parallel drafts; use ar or a lossless strategy"
-                        .into(),
-                ));
-            }
-        }
-        if let Some(t) = &self.tree {
-            if self.decode.draft_kind().is_none() && self.decode != DecodeSpec::Auto {
+            if !self.decode.lossless() {
                 return Err(Error::InvalidParam(format!(
-                    "a draft tree applies to the speculative strategies (vispec, eagle, auto), \
-                     not `{}`",
+                    "logprobs are not available with {}, whose tokens come from parallel \
+                     drafts; use ar or a lossless strategy",
                     self.decode
                 )));
             }
-            t.validate()?;
         }
-        if let Some(d) = &self.diffusion {
-            if self.decode.diffusion_mode().is_none() {
-                return Err(Error::InvalidParam(format!(
-                    "block-diffusion settings apply to the diffusion strategies \
-                     (diffusion-threshold, diffusion-linear, diffusion-quadratic), not `{}`",
-                    self.decode
-                )));
-            }
-            d.validate()?;
-        }
+        self.decode.validate()?;
         if let Prompt::Chat(messages) = &self.prompt {
             if messages.is_empty() {
                 return Err(Error::Input("the conversation has no message".into()));

@@ -3,7 +3,9 @@
 //! keeps greedy output equal to autoregressive decoding's, and the on-disk cost cache.
 
 use glance_decode::{CostModel, DraftCost};
-use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request, Response};
+use glance_engine::{
+    DecodeSpec, DraftKind, Engine, EngineOptions, Flow, ImageInput, Request, Response,
+};
 use glance_prune::{Budget, Policy, PruneSpec};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -70,7 +72,7 @@ fn auto_speculates_where_drafts_pay_and_stays_lossless() {
                 let got = run(
                     &e,
                     &Request {
-                        decode: DecodeSpec::Auto,
+                        decode: DecodeSpec::auto(),
                         ..ar.clone()
                     },
                 );
@@ -90,7 +92,7 @@ fn auto_speculates_where_drafts_pay_and_stays_lossless() {
     // Text only: the EAGLE head.
     let text = Request {
         max_new_tokens: 24,
-        decode: DecodeSpec::Auto,
+        decode: DecodeSpec::auto(),
         ..Request::chat("What is a red circle?", vec![])
     };
     let got = run(&e, &text);
@@ -98,7 +100,7 @@ fn auto_speculates_where_drafts_pay_and_stays_lossless() {
     let ar = run(
         &e,
         &Request {
-            decode: DecodeSpec::Ar,
+            decode: DecodeSpec::Autoregressive,
             ..text
         },
     );
@@ -114,7 +116,7 @@ fn auto_decodes_plainly_where_no_draft_can_pay() {
     let (image, _) = world(0);
     let r = Request {
         max_new_tokens: 40,
-        decode: DecodeSpec::Auto,
+        decode: DecodeSpec::auto(),
         ..Request::chat("Describe the image.", vec![image])
     };
     let got = run(&e, &r);
@@ -145,7 +147,7 @@ fn plain_and_drafted_rounds_mix_losslessly() {
     };
     let want = run(&e, &ar);
     let auto = Request {
-        decode: DecodeSpec::Auto,
+        decode: DecodeSpec::auto(),
         ..ar.clone()
     };
     let got = run(&e, &auto);
@@ -176,12 +178,13 @@ fn the_cost_model_is_measured_once_and_cached_on_disk() {
     assert!(e.measured_cost().is_none());
     let r = Request {
         max_new_tokens: 4,
-        decode: DecodeSpec::Auto,
+        decode: DecodeSpec::auto(),
         ..Request::chat("What is a red circle?", vec![])
     };
     run(&e, &r);
     let first = e.measured_cost().unwrap();
-    assert!(first.pass(1) > 0.0 && first.c(8) >= 1.0 && first.draft("eagle").is_some());
+    let eagle = e.draft(DraftKind::Eagle).unwrap();
+    assert!(first.pass(1) > 0.0 && first.c(8) >= 1.0 && first.draft(eagle.as_ref()).is_some());
     assert!(first.key.contains("threads 1"), "{}", first.key);
     let files: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert_eq!(files.len(), 1);
@@ -226,7 +229,7 @@ fn auto_plans_diffusion_blocks_on_a_converted_model() {
     };
     let want = run(&e, &ar);
     let auto = Request {
-        decode: DecodeSpec::Auto,
+        decode: DecodeSpec::auto(),
         ..ar.clone()
     };
     e.set_cost_model(cost(0.05, 0.05, 0.0)).unwrap();

@@ -3,6 +3,7 @@
 //! they get alone; a cancelled sequence leaves the others untouched.
 
 use glance_core::SamplingParams;
+use glance_engine::DraftKind;
 use glance_engine::{Engine, EngineOptions, Event, Flow, ImageInput, Prompt, Request, Sequence};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -154,7 +155,7 @@ fn a_cancelled_sequence_leaves_the_batch_and_the_others_are_unchanged() {
         text: "hi".into(),
         images: vec![],
     });
-    vispec.decode = glance_engine::DecodeSpec::Vispec;
+    vispec.decode = glance_engine::DecodeSpec::speculative(DraftKind::Vispec);
     assert!(engine.prepare(&vispec).is_err());
 }
 

@@ -5,13 +5,13 @@
 //! a conversion is refused with a clear error.
 
 use glance_decode::DiffusionSettings;
+use glance_engine::DiffusionMode;
 use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request, Response};
 use glance_prune::{Budget, Policy, PruneSpec};
 use std::path::{Path, PathBuf};
 
 const MODELS: [&str; 3] = ["llama-gqa", "mistral", "qwen2"];
-const SELF_SPECULATIVE: [DecodeSpec; 2] =
-    [DecodeSpec::DiffusionLinear, DecodeSpec::DiffusionQuadratic];
+const SELF_SPECULATIVE: [DiffusionMode; 2] = [DiffusionMode::Linear, DiffusionMode::Quadratic];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -87,28 +87,26 @@ fn self_speculation_equals_autoregressive_decoding_on_untrained_fixtures() {
                 ..Request::chat("Describe the image.", vec![image("astronaut.png")])
             };
             let want = run(&e, &ar);
-            for spec in SELF_SPECULATIVE {
+            for mode in SELF_SPECULATIVE {
                 for (block, dynamic) in [(2, false), (4, false), (8, false), (4, true)] {
                     let r = Request {
-                        decode: spec,
-                        diffusion: Some(settings(block, dynamic)),
+                        decode: DecodeSpec::Diffusion {
+                            mode,
+                            settings: Some(settings(block, dynamic)),
+                        },
                         ..ar.clone()
                     };
                     let got = run(&e, &r);
-                    let what = format!("{model} {spec} B={block} dynamic={dynamic} {prune:?}");
+                    let what = format!("{model} {mode:?} B={block} dynamic={dynamic} {prune:?}");
                     assert_eq!(got.token_ids, want.token_ids, "{what}");
                     assert_eq!(got.finish_reason, want.finish_reason, "{what}");
                     let c = &got.decode.counters;
-                    assert_eq!(got.decode.strategy, spec.name());
+                    assert_eq!(got.decode.strategy, mode.name());
                     assert!(c["steps"] >= 1 && c["draft_tokens"] >= c["accepted_tokens"]);
                     // Each step emits its accepted drafts and the verifier's own token.
                     let emitted = c["steps"] + c["accepted_tokens"];
                     assert!(emitted + 1 >= got.token_ids.len() as u64, "{what}");
-                    let per_step = if spec == DecodeSpec::DiffusionLinear {
-                        2
-                    } else {
-                        1
-                    };
+                    let per_step = if mode == DiffusionMode::Linear { 2 } else { 1 };
                     assert!(got.decode.forward_passes <= per_step * c["steps"], "{what}");
                     // The prefill's token, then one entry per step (those that emitted).
                     let steps = &got.decode.tokens_per_step;
@@ -136,14 +134,17 @@ fn block_size_one_is_autoregressive_decoding() {
         ..Request::chat("What is in the picture?", vec![image("chelsea.jpg")])
     };
     let want = run(&e, &ar);
-    for spec in [
-        DecodeSpec::DiffusionThreshold,
-        DecodeSpec::DiffusionLinear,
-        DecodeSpec::DiffusionQuadratic,
+    for mode in [
+        DiffusionMode::Threshold,
+        DiffusionMode::Linear,
+        DiffusionMode::Quadratic,
     ] {
+        let spec = DecodeSpec::Diffusion {
+            mode,
+            settings: Some(settings(1, false)),
+        };
         let r = Request {
-            decode: spec,
-            diffusion: Some(settings(1, false)),
+            decode: spec.clone(),
             ..ar.clone()
         };
         let got = run(&e, &r);
@@ -162,12 +163,14 @@ fn threshold_decoding_reports_its_passes() {
     for tau in [0.5, 1.0] {
         let r = Request {
             max_new_tokens: 20,
-            decode: DecodeSpec::DiffusionThreshold,
-            diffusion: Some(DiffusionSettings {
-                block: 4,
-                threshold: tau,
-                ..DiffusionSettings::default()
-            }),
+            decode: DecodeSpec::Diffusion {
+                mode: DiffusionMode::Threshold,
+                settings: Some(DiffusionSettings {
+                    block: 4,
+                    threshold: tau,
+                    ..DiffusionSettings::default()
+                }),
+            },
             ..Request::chat("Describe the image.", vec![image("astronaut.png")])
         };
         let got = run(&e, &r);
@@ -190,7 +193,7 @@ fn threshold_decoding_reports_its_passes() {
 fn an_unconverted_model_is_refused() {
     let e = engine(&root().join("fixtures/models/llama-gqa"));
     let r = Request {
-        decode: DecodeSpec::DiffusionLinear,
+        decode: DecodeSpec::diffusion(DiffusionMode::Linear),
         ..Request::chat("Hi", vec![])
     };
     let err = e.generate(&r, &mut |_| Flow::Continue).unwrap_err();
@@ -200,8 +203,10 @@ fn an_unconverted_model_is_refused() {
         "{msg}"
     );
     let bad = Request {
-        decode: DecodeSpec::DiffusionLinear,
-        diffusion: Some(settings(0, false)),
+        decode: DecodeSpec::Diffusion {
+            mode: DiffusionMode::Linear,
+            settings: Some(settings(0, false)),
+        },
         ..Request::chat("Hi", vec![])
     };
     assert!(e.generate(&bad, &mut |_| Flow::Continue).is_err());
@@ -221,15 +226,17 @@ fn the_shipped_converted_model_is_lossless_and_accepts_drafts() {
             ..Request::chat(prompt, vec![ImageInput::bytes(img.clone())])
         };
         let want = run(&e, &ar);
-        for spec in SELF_SPECULATIVE {
+        for mode in SELF_SPECULATIVE {
             for (block, dynamic) in [(8, false), (16, false), (4, true)] {
                 let r = Request {
-                    decode: spec,
-                    diffusion: Some(settings(block, dynamic)),
+                    decode: DecodeSpec::Diffusion {
+                        mode,
+                        settings: Some(settings(block, dynamic)),
+                    },
                     ..ar.clone()
                 };
                 let got = run(&e, &r);
-                assert_eq!(got.token_ids, want.token_ids, "{spec} B={block} {prompt}");
+                assert_eq!(got.token_ids, want.token_ids, "{mode:?} B={block} {prompt}");
                 accepted += got.decode.counters["accepted_tokens"];
             }
         }

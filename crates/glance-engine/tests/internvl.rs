@@ -7,6 +7,7 @@
 mod common;
 
 use candle_core::{Device, Tensor};
+use glance_engine::DraftKind;
 use glance_engine::{
     Budget, DecodeSpec, Engine, EngineOptions, Flow, Policy, Prompt, PruneSpec, Request, Sequence,
 };
@@ -83,7 +84,7 @@ fn prompt_logits_tokens_and_greedy_answers_equal_transformers() {
                 let r = Request {
                     max_new_tokens: want.len(),
                     ignore_eos: true,
-                    decode: DecodeSpec::Ar,
+                    decode: DecodeSpec::Autoregressive,
                     ..Request::new(p.clone())
                 };
                 let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
@@ -118,7 +119,7 @@ fn every_pruning_policy_runs_and_reports_its_kept_tokens() {
     let plain = Request {
         max_new_tokens: 4,
         ignore_eos: true,
-        decode: DecodeSpec::Ar,
+        decode: DecodeSpec::Autoregressive,
         ..Request::new(prompt(&c))
     };
     let unpruned = e.generate(&plain, &mut |_| Flow::Continue).unwrap();
@@ -206,27 +207,29 @@ fn greedy_speculative_output_equals_autoregressive() {
             let ar = Request {
                 max_new_tokens: 16,
                 ignore_eos: true,
-                decode: DecodeSpec::Ar,
+                decode: DecodeSpec::Autoregressive,
                 prune: prune.clone(),
                 ..Request::new(prompt(&case))
             };
             let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
-            for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+            for kind in [DraftKind::Vispec, DraftKind::Eagle] {
                 for tree in [
                     glance_decode::TreeSettings::default(),
                     glance_decode::TreeSettings::chain(4),
                 ] {
                     let r = Request {
-                        decode: spec,
-                        tree: Some(tree.clone()),
+                        decode: DecodeSpec::Speculative {
+                            kind,
+                            tree: Some(tree.clone()),
+                        },
                         ..ar.clone()
                     };
                     let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
                     assert_eq!(
                         got.token_ids, want.token_ids,
-                        "{name} {spec} {tree:?} prune {prune:?}"
+                        "{name} {kind} {tree:?} prune {prune:?}"
                     );
-                    assert_eq!(got.decode.strategy, spec.name());
+                    assert_eq!(got.decode.strategy, kind.name());
                     assert!(got.decode.counters["drafts"] >= 1);
                 }
             }
@@ -250,7 +253,7 @@ fn packed_weights_load_and_answer() {
         let r = Request {
             max_new_tokens: 6,
             ignore_eos: true,
-            decode: DecodeSpec::Ar,
+            decode: DecodeSpec::Autoregressive,
             ..Request::new(prompt(&c))
         };
         let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
@@ -279,7 +282,7 @@ fn batched_requests_get_their_solo_tokens() {
             .map(|c| Request {
                 max_new_tokens: 8,
                 ignore_eos: true,
-                decode: DecodeSpec::Ar,
+                decode: DecodeSpec::Autoregressive,
                 ..Request::new(prompt(c))
             })
             .collect();

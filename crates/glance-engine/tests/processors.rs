@@ -12,6 +12,7 @@ use glance_core::SamplingParams;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Prompt, Request, Response,
 };
+use glance_engine::{DiffusionMode, DraftKind};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -100,11 +101,11 @@ fn assert_logprobs_close(a: &Response, b: &Response, what: &str) {
 /// returns the draft tokens accepted.
 fn equal_to_ar(e: &Engine, ar: &Request, want: &Response, specs: &[DecodeSpec], what: &str) -> u64 {
     let mut accepted = 0;
-    for &spec in specs {
+    for spec in specs {
         let got = run(
             e,
             &Request {
-                decode: spec,
+                decode: spec.clone(),
                 ..ar.clone()
             },
         );
@@ -126,7 +127,10 @@ fn speculative_strategies_equal_autoregressive_decoding_under_every_processor() 
         for (sampling, ignore_eos) in settings() {
             let ar = request(&image, &sampling, ignore_eos);
             let want = run(&e, &ar);
-            let specs = [DecodeSpec::Vispec, DecodeSpec::Eagle];
+            let specs = [
+                DecodeSpec::speculative(DraftKind::Vispec),
+                DecodeSpec::speculative(DraftKind::Eagle),
+            ];
             accepted += equal_to_ar(&e, &ar, &want, &specs, &format!("image {index}"));
             if sampling.min_tokens > 0 {
                 assert!(want.token_ids.len() >= sampling.min_tokens);
@@ -149,11 +153,14 @@ fn self_speculative_diffusion_equals_autoregressive_decoding_under_every_process
     for (sampling, ignore_eos) in settings() {
         let ar = request(&image, &sampling, ignore_eos);
         let want = run(&e, &ar);
-        let specs = [DecodeSpec::DiffusionLinear, DecodeSpec::DiffusionQuadratic];
+        let specs = [
+            DecodeSpec::diffusion(DiffusionMode::Linear),
+            DecodeSpec::diffusion(DiffusionMode::Quadratic),
+        ];
         accepted += equal_to_ar(&e, &ar, &want, &specs, "dvlm");
         // The lossy threshold mode runs under the processors too (no log-probabilities).
         let threshold = Request {
-            decode: DecodeSpec::DiffusionThreshold,
+            decode: DecodeSpec::diffusion(DiffusionMode::Threshold),
             logprobs: None,
             ..ar.clone()
         };

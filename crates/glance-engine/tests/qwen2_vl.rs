@@ -11,6 +11,7 @@ use candle_core::{Device, Tensor};
 use glance_engine::{
     Budget, DecodeSpec, Engine, EngineOptions, Flow, Policy, Prompt, PruneSpec, Request,
 };
+use glance_engine::{DiffusionMode, DraftKind};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -70,7 +71,7 @@ fn prompt_logits_tokens_and_greedy_answers_equal_transformers() {
                 let r = Request {
                     max_new_tokens: want.len(),
                     ignore_eos: true,
-                    decode: DecodeSpec::Ar,
+                    decode: DecodeSpec::Autoregressive,
                     ..Request::new(p.clone())
                 };
                 let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
@@ -187,27 +188,29 @@ fn greedy_speculative_output_equals_autoregressive() {
             let ar = Request {
                 max_new_tokens: 16,
                 ignore_eos: true,
-                decode: DecodeSpec::Ar,
+                decode: DecodeSpec::Autoregressive,
                 prune: prune.clone(),
                 ..Request::new(prompt(case))
             };
             let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
-            for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+            for kind in [DraftKind::Vispec, DraftKind::Eagle] {
                 for tree in [
                     glance_decode::TreeSettings::default(),
                     glance_decode::TreeSettings::chain(4),
                 ] {
                     let r = Request {
-                        decode: spec,
-                        tree: Some(tree.clone()),
+                        decode: DecodeSpec::Speculative {
+                            kind,
+                            tree: Some(tree.clone()),
+                        },
                         ..ar.clone()
                     };
                     let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();
                     assert_eq!(
                         got.token_ids, want.token_ids,
-                        "{name} {spec} {tree:?} prune {prune:?}"
+                        "{name} {kind} {tree:?} prune {prune:?}"
                     );
-                    assert_eq!(got.decode.strategy, spec.name());
+                    assert_eq!(got.decode.strategy, kind.name());
                     assert!(got.decode.counters["drafts"] >= 1);
                 }
             }
@@ -247,13 +250,16 @@ fn block_diffusion_self_speculation_equals_autoregressive() {
         let ar = Request {
             max_new_tokens: 12,
             ignore_eos: true,
-            decode: DecodeSpec::Ar,
+            decode: DecodeSpec::Autoregressive,
             ..Request::new(prompt(case))
         };
         let want = e.generate(&ar, &mut |_| Flow::Continue).unwrap();
-        for spec in [DecodeSpec::DiffusionLinear, DecodeSpec::DiffusionQuadratic] {
+        for spec in [
+            DecodeSpec::diffusion(DiffusionMode::Linear),
+            DecodeSpec::diffusion(DiffusionMode::Quadratic),
+        ] {
             let r = Request {
-                decode: spec,
+                decode: spec.clone(),
                 ..ar.clone()
             };
             let got = e.generate(&r, &mut |_| Flow::Continue).unwrap();

@@ -7,6 +7,7 @@ use glance_core::SamplingParams;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Request, Response, Sequence,
 };
+use glance_engine::{DiffusionMode, DraftKind};
 use glance_prune::{Budget, Policy, PruneSpec};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -111,31 +112,61 @@ fn check_against_solo(engine: &Engine, requests: &[Request], chunk: usize, at_on
 fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
     let e = Engine::load(&model("glance-tiny"), EngineOptions::default()).unwrap();
     let describe = "Describe the image.";
-    let mut sampled = ask(describe, vec![world(3)], 24, DecodeSpec::Vispec);
+    let mut sampled = ask(
+        describe,
+        vec![world(3)],
+        24,
+        DecodeSpec::speculative(DraftKind::Vispec),
+    );
     sampled.sampling = SamplingParams {
         top_p: 0.9,
         ..SamplingParams::sampled(0.7, 5)
     };
-    let mut stopped = ask(describe, vec![world(4)], 30, DecodeSpec::Eagle);
+    let mut stopped = ask(
+        describe,
+        vec![world(4)],
+        30,
+        DecodeSpec::speculative(DraftKind::Eagle),
+    );
     stopped.stop = vec![" and".into()];
     let requests = vec![
-        ask(describe, vec![world(0)], 32, DecodeSpec::Vispec),
-        ask(describe, vec![world(1)], 24, DecodeSpec::Ar),
-        ask("What is one plus one?", vec![], 12, DecodeSpec::Eagle),
+        ask(
+            describe,
+            vec![world(0)],
+            32,
+            DecodeSpec::speculative(DraftKind::Vispec),
+        ),
+        ask(describe, vec![world(1)], 24, DecodeSpec::Autoregressive),
+        ask(
+            "What is one plus one?",
+            vec![],
+            12,
+            DecodeSpec::speculative(DraftKind::Eagle),
+        ),
         pruned(
-            ask(describe, vec![world(2)], 28, DecodeSpec::Vispec),
+            ask(
+                describe,
+                vec![world(2)],
+                28,
+                DecodeSpec::speculative(DraftKind::Vispec),
+            ),
             Policy::Adaptive,
             0.125,
         ),
         sampled,
         pruned(
-            ask(describe, vec![world(5)], 20, DecodeSpec::Ar),
+            ask(describe, vec![world(5)], 20, DecodeSpec::Autoregressive),
             Policy::FastV,
             0.25,
         ),
         stopped,
-        ask(describe, vec![world(6), world(7)], 16, DecodeSpec::Auto),
-        ask(describe, vec![world(0)], 20, DecodeSpec::Eagle),
+        ask(describe, vec![world(6), world(7)], 16, DecodeSpec::auto()),
+        ask(
+            describe,
+            vec![world(0)],
+            20,
+            DecodeSpec::speculative(DraftKind::Eagle),
+        ),
     ];
     check_against_solo(&e, &requests, 48, 4);
 }
@@ -144,16 +175,41 @@ fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
 fn block_diffusion_requests_share_passes_with_plain_ones() {
     let e = Engine::load(&model("glance-tiny-dvlm"), EngineOptions::default()).unwrap();
     let describe = "Describe the image.";
-    let mut sampled = ask(describe, vec![world(2)], 20, DecodeSpec::DiffusionLinear);
+    let mut sampled = ask(
+        describe,
+        vec![world(2)],
+        20,
+        DecodeSpec::diffusion(DiffusionMode::Linear),
+    );
     sampled.sampling = SamplingParams::sampled(0.8, 9);
     let requests = vec![
-        ask(describe, vec![world(0)], 32, DecodeSpec::DiffusionLinear),
-        ask(describe, vec![world(1)], 24, DecodeSpec::DiffusionQuadratic),
-        ask(describe, vec![world(2)], 16, DecodeSpec::Ar),
-        ask(describe, vec![world(3)], 24, DecodeSpec::DiffusionThreshold),
+        ask(
+            describe,
+            vec![world(0)],
+            32,
+            DecodeSpec::diffusion(DiffusionMode::Linear),
+        ),
+        ask(
+            describe,
+            vec![world(1)],
+            24,
+            DecodeSpec::diffusion(DiffusionMode::Quadratic),
+        ),
+        ask(describe, vec![world(2)], 16, DecodeSpec::Autoregressive),
+        ask(
+            describe,
+            vec![world(3)],
+            24,
+            DecodeSpec::diffusion(DiffusionMode::Threshold),
+        ),
         sampled,
         pruned(
-            ask(describe, vec![world(4)], 24, DecodeSpec::DiffusionLinear),
+            ask(
+                describe,
+                vec![world(4)],
+                24,
+                DecodeSpec::diffusion(DiffusionMode::Linear),
+            ),
             Policy::Adaptive,
             0.25,
         ),
@@ -169,12 +225,15 @@ fn choices_share_one_prefill_and_answer_as_alone() {
     use glance_engine::SharedPrefill;
     let e = Engine::load(&model("glance-tiny"), EngineOptions::single_request()).unwrap();
     for (decode, prune) in [
-        (DecodeSpec::Ar, None),
-        (DecodeSpec::Vispec, Some(Policy::Adaptive)),
+        (DecodeSpec::Autoregressive, None),
+        (
+            DecodeSpec::speculative(DraftKind::Vispec),
+            Some(Policy::Adaptive),
+        ),
     ] {
         let choices: Vec<Request> = (0..3)
             .map(|i| {
-                let mut r = ask("Describe the image.", vec![world(1)], 24, decode);
+                let mut r = ask("Describe the image.", vec![world(1)], 24, decode.clone());
                 if let Some(p) = prune {
                     r = pruned(r, p, 0.25);
                 }
@@ -216,7 +275,12 @@ fn choices_share_one_prefill_and_answer_as_alone() {
     }
     // The first choice is dropped before it runs: the others fail, saying why.
     let share = SharedPrefill::new();
-    let r = ask("Describe the image.", vec![world(1)], 8, DecodeSpec::Ar);
+    let r = ask(
+        "Describe the image.",
+        vec![world(1)],
+        8,
+        DecodeSpec::Autoregressive,
+    );
     let lead = e.prepare(&r).unwrap().share(&share, true);
     let mut seqs = vec![e
         .sequence(

@@ -6,6 +6,7 @@
 use candle_core::{Device, Tensor};
 use glance_core::{Result, SamplingParams};
 use glance_decode::TreeSettings;
+use glance_engine::DraftKind;
 use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Prompt, Request};
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::Llava;
@@ -55,8 +56,8 @@ fn random_head(model: &str, adaptor: Option<usize>, injection: bool, seed: u64) 
 struct Oracle(Arc<Llava>);
 
 impl DraftLm for Oracle {
-    fn kind(&self) -> &'static str {
-        "vispec"
+    fn kind(&self) -> DraftKind {
+        DraftKind::Vispec
     }
 
     fn new_cache(&self) -> KvCache {
@@ -134,24 +135,26 @@ fn greedy_speculative_output_equals_autoregressive_with_untrained_heads() {
                 (&["astronaut.png"][..], "Describe the image."),
                 (&["chelsea.jpg", "cup_rgba.png"][..], "Compare them."),
             ] {
-                let mut ar = request(images, text, 24, DecodeSpec::Ar);
+                let mut ar = request(images, text, 24, DecodeSpec::Autoregressive);
                 ar.prune = prune.clone();
                 let want = run(&e, &ar);
-                for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+                for kind in [DraftKind::Vispec, DraftKind::Eagle] {
                     for tree in &trees {
                         let r = Request {
-                            decode: spec,
-                            tree: Some(tree.clone()),
+                            decode: DecodeSpec::Speculative {
+                                kind,
+                                tree: Some(tree.clone()),
+                            },
                             ..ar.clone()
                         };
                         let got = run(&e, &r);
                         assert_eq!(
                             got.token_ids, want.token_ids,
-                            "{model} {spec} {tree:?} prune {prune:?}"
+                            "{model} {kind} {tree:?} prune {prune:?}"
                         );
                         assert_eq!(got.finish_reason, want.finish_reason);
                         let c = &got.decode.counters;
-                        assert_eq!(got.decode.strategy, spec.name());
+                        assert_eq!(got.decode.strategy, kind.name());
                         assert!(c["drafts"] >= 1 && c["draft_tokens"] >= c["accepted_tokens"]);
                         // Every round emits its accepted tokens and one more.
                         assert!(
@@ -189,7 +192,7 @@ fn a_perfect_draft_is_accepted_and_changes_nothing() {
                 &["astronaut.png"],
                 "Describe the image.",
                 40,
-                DecodeSpec::Ar,
+                DecodeSpec::Autoregressive,
             );
             ar.prune = prune.clone();
             let want = run(&e, &ar);
@@ -200,8 +203,10 @@ fn a_perfect_draft_is_accepted_and_changes_nothing() {
                     ..tree
                 };
                 let r = Request {
-                    decode: DecodeSpec::Vispec,
-                    tree: Some(tree.clone()),
+                    decode: DecodeSpec::Speculative {
+                        kind: DraftKind::Vispec,
+                        tree: Some(tree.clone()),
+                    },
                     ..ar.clone()
                 };
                 let got = run(&e, &r);
@@ -237,7 +242,7 @@ fn sampled_speculative_decoding_is_deterministic_per_seed() {
         &["astronaut.png"],
         "Describe the image.",
         30,
-        DecodeSpec::Vispec,
+        DecodeSpec::speculative(DraftKind::Vispec),
     );
     r.sampling = SamplingParams {
         top_p: 0.95,
@@ -325,7 +330,12 @@ fn tree_verification_equals_sequential_decoding_and_kept_rows_equal_recomputatio
 #[test]
 fn missing_or_mismatched_heads_and_bad_trees_are_errors() {
     let e = engine("llama-gqa");
-    let r = request(&["astronaut.png"], "Hi", 8, DecodeSpec::Eagle);
+    let r = request(
+        &["astronaut.png"],
+        "Hi",
+        8,
+        DecodeSpec::speculative(DraftKind::Eagle),
+    );
     let err = e
         .generate(&r, &mut |_| Flow::Continue)
         .unwrap_err()
@@ -334,11 +344,19 @@ fn missing_or_mismatched_heads_and_bad_trees_are_errors() {
         err.contains("eagle draft head") && err.contains("draft-eagle"),
         "{err}"
     );
-    let mut r = request(&["astronaut.png"], "Hi", 8, DecodeSpec::Vispec);
-    r.tree = Some(TreeSettings {
-        depth: 0,
-        ..TreeSettings::default()
-    });
+    let mut r = request(
+        &["astronaut.png"],
+        "Hi",
+        8,
+        DecodeSpec::speculative(DraftKind::Vispec),
+    );
+    r.decode = DecodeSpec::Speculative {
+        kind: DraftKind::Vispec,
+        tree: Some(TreeSettings {
+            depth: 0,
+            ..TreeSettings::default()
+        }),
+    };
     let err = e
         .generate(&r, &mut |_| Flow::Continue)
         .unwrap_err()
@@ -385,22 +403,24 @@ fn glance_tiny_with_its_shipped_heads_is_lossless_and_accepts_deep() {
                     ..Request::chat(&text, vec![image.clone()])
                 };
                 let want = run(&e, &ar);
-                for (spec, tree) in [
-                    (DecodeSpec::Vispec, None),
-                    (DecodeSpec::Vispec, Some(TreeSettings::chain(5))),
-                    (DecodeSpec::Eagle, None),
+                for (kind, tree) in [
+                    (DraftKind::Vispec, None),
+                    (DraftKind::Vispec, Some(TreeSettings::chain(5))),
+                    (DraftKind::Eagle, None),
                 ] {
                     let r = Request {
-                        decode: spec,
-                        tree: tree.clone(),
+                        decode: DecodeSpec::Speculative {
+                            kind,
+                            tree: tree.clone(),
+                        },
                         ..ar.clone()
                     };
                     let got = run(&e, &r);
                     assert_eq!(
                         got.token_ids, want.token_ids,
-                        "image {index} {text:?} {spec} {tree:?} {prune:?}"
+                        "image {index} {text:?} {kind} {tree:?} {prune:?}"
                     );
-                    if spec == DecodeSpec::Vispec && tree.is_none() && prune.is_none() && n > 16 {
+                    if kind == DraftKind::Vispec && tree.is_none() && prune.is_none() && n > 16 {
                         decoded += got.token_ids.len() - 1;
                         passes += got.decode.forward_passes;
                     }
@@ -477,7 +497,7 @@ fn constrained_answers_are_the_same_with_and_without_speculation() {
             &["astronaut.png"],
             "Describe the image as JSON.",
             300,
-            DecodeSpec::Ar,
+            DecodeSpec::Autoregressive,
         );
         ar.format = Some(format.clone());
         let want = run(&e, &ar);
@@ -501,15 +521,17 @@ fn constrained_answers_are_the_same_with_and_without_speculation() {
             "{model}: {}",
             free.text
         );
-        for spec in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+        for kind in [DraftKind::Vispec, DraftKind::Eagle] {
             for tree in [TreeSettings::default(), TreeSettings::chain(4)] {
                 let r = Request {
-                    decode: spec,
-                    tree: Some(tree.clone()),
+                    decode: DecodeSpec::Speculative {
+                        kind,
+                        tree: Some(tree.clone()),
+                    },
                     ..ar.clone()
                 };
                 let got = run(&e, &r);
-                assert_eq!(got.token_ids, want.token_ids, "{model} {spec} {tree:?}");
+                assert_eq!(got.token_ids, want.token_ids, "{model} {kind} {tree:?}");
             }
         }
         e.set_draft(Arc::new(Oracle(Arc::new(
@@ -520,8 +542,10 @@ fn constrained_answers_are_the_same_with_and_without_speculation() {
             ..TreeSettings::chain(4)
         };
         let r = Request {
-            decode: DecodeSpec::Vispec,
-            tree: Some(tree),
+            decode: DecodeSpec::Speculative {
+                kind: DraftKind::Vispec,
+                tree: Some(tree),
+            },
             ..ar.clone()
         };
         let got = run(&e, &r);

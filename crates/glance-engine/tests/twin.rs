@@ -4,6 +4,7 @@
 //! the twinned ViSpec head and block diffusion on the twinned glance-tiny-dvlm stay lossless, and
 //! the engine masks the ids its tokenizer cannot decode.
 
+use glance_engine::DraftKind;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request, TwinShape, WeightFormat,
 };
@@ -80,11 +81,14 @@ fn speculative_and_diffusion_decoding_run_losslessly_at_the_twin_shape() {
     let requests = &requests()[..2];
     let twin = load("glance-tiny", WeightFormat::F32, Some(shape(128)));
     let ar = answers(&twin, requests);
-    for kind in [DecodeSpec::Vispec, DecodeSpec::Eagle] {
+    for kind in [
+        DecodeSpec::speculative(DraftKind::Vispec),
+        DecodeSpec::speculative(DraftKind::Eagle),
+    ] {
         let spec: Vec<Request> = requests
             .iter()
             .map(|r| Request {
-                decode: kind,
+                decode: kind.clone(),
                 ..r.clone()
             })
             .collect();

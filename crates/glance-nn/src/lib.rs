@@ -32,7 +32,9 @@ pub use activation::Activation;
 pub use attention::{attention, attention_batch_invariant, AttnMask, TreeMask, VisibleMask};
 pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
-pub use lm::{CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, RowGroup};
+pub use lm::{
+    CausalLm, DraftContext, DraftKind, DraftLm, DraftLogits, DraftPrompt, DraftStart, RowGroup,
+};
 pub use norm::{LayerNorm, RmsNorm};
 pub use quant::{WeightFormat, WeightLoad};
 pub use rope::{RopeScaling, RotaryEmbedding};

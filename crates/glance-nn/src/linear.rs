@@ -76,6 +76,35 @@ impl Linear {
         }
     }
 
+    /// A layer of output rows `rows` of this one, in that order (`(rows.len(), in)`), in the same
+    /// format: output `j` is computed as this layer's output `rows[j]` (FR-Spec's reduced draft
+    /// LM head is the target's head restricted to the tokens it may propose).
+    pub fn select_rows(&self, rows: &[u32]) -> Result<Linear> {
+        let out = self.dims()?.0;
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= out) {
+            candle_core::bail!("linear: row {r} of a layer with {out} outputs")
+        }
+        let bias = match &self.bias {
+            Some(b) => {
+                let ids = Tensor::new(rows, b.device())?;
+                Some(b.index_select(&ids, 0)?)
+            }
+            None => None,
+        };
+        let weight = match &self.weight {
+            Weight::Dense(w) => {
+                let ids = Tensor::new(rows, w.device())?;
+                // (rows, in), frozen: a copy, not a view into a trainable weight.
+                Weight::Dense(w.index_select(&ids, 0)?.detach().contiguous()?)
+            }
+            Weight::Packed(p) => {
+                let rows: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
+                Weight::Packed(Arc::new(p.select_rows(&rows)))
+            }
+        };
+        Ok(Linear { weight, bias })
+    }
+
     /// `xs`: `(..., in)` → `(..., out)`. Leading dims are flattened into one GEMM.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let dims = xs.dims();
@@ -161,4 +190,60 @@ fn kernel_applies(w: &Tensor, xs: &Tensor) -> bool {
         && w.is_contiguous()
         && !w.track_op()
         && !xs.track_op()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::PackedMatrix;
+    use candle_core::Device;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                let h = (i ^ seed).wrapping_mul(2_654_435_761).rotate_left(13);
+                (h % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn selected_rows_compute_exactly_what_the_whole_layer_does_for_them() {
+        let (out, inp) = (40, 64);
+        let w = values(out * inp, 1);
+        let b = Tensor::from_vec(values(out, 2), out, &Device::Cpu).unwrap();
+        let rows: [u32; 5] = [7, 0, 39, 7, 12];
+        for format in WeightFormat::ALL {
+            let layer = match format {
+                WeightFormat::F32 => Linear::new(
+                    Tensor::from_vec(w.clone(), (out, inp), &Device::Cpu).unwrap(),
+                    Some(b.clone()),
+                ),
+                f => Linear::packed(
+                    PackedMatrix::pack(f, &w, out, inp).unwrap(),
+                    Some(b.clone()),
+                ),
+            };
+            let sub = layer.select_rows(&rows).unwrap();
+            assert_eq!(sub.dims().unwrap(), (rows.len(), inp));
+            assert_eq!(sub.format(), format);
+            for n in [1, 3] {
+                // (n, in)
+                let x = Tensor::from_vec(values(n * inp, 3 + n as u32), (n, inp), &Device::Cpu)
+                    .unwrap();
+                let full: Vec<Vec<f32>> = layer.forward(&x).unwrap().to_vec2().unwrap();
+                let got: Vec<Vec<f32>> = sub.forward(&x).unwrap().to_vec2().unwrap();
+                for (f, g) in full.iter().zip(&got) {
+                    let want: Vec<f32> = rows.iter().map(|&r| f[r as usize]).collect();
+                    assert_eq!(g, &want, "{format:?}, {n} rows");
+                }
+            }
+        }
+        assert!(
+            Linear::new(Tensor::from_vec(w, (out, inp), &Device::Cpu).unwrap(), None)
+                .select_rows(&[40])
+                .is_err()
+        );
+    }
 }

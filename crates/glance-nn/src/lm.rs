@@ -1,8 +1,11 @@
 //! The narrow interface between models and decoding strategies.
 
-use crate::{AttnMask, KvCache};
+use crate::{AttnMask, KvCache, Linear};
 use candle_core::{Device, Tensor};
-use glance_core::Result;
+use glance_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
 
 /// A causal language model as a decoding strategy sees it: embed tokens, run rows at explicit
 /// positions under a mask over a cache, turn hidden states into logits. It never samples and never
@@ -81,6 +84,14 @@ pub trait CausalLm {
     /// read each weight once for all groups; this default runs the groups one by one.
     fn forward_groups(&self, xs: &Tensor, groups: &mut [RowGroup<'_>]) -> Result<Tensor> {
         forward_each(self, xs, groups)
+    }
+
+    /// The LM head restricted to tokens `ids`, in its format: `(hidden) → (ids.len())` logits,
+    /// column `j` computed as [`CausalLm::logits`] computes token `ids[j]`'s (before masking).
+    /// `None`: this model cannot hand its head out (a draft then reads the whole head).
+    fn lm_head_rows(&self, ids: &[u32]) -> Result<Option<Linear>> {
+        let _ = ids;
+        Ok(None)
     }
 
     /// [`CausalLm::logits`] of rows gathered from several requests `(n, hidden)` → `(n, vocab)`;
@@ -168,6 +179,48 @@ pub struct DraftContext {
     pub global: Option<Tensor>,
 }
 
+/// Which kind of draft head: what its config holds decides it, and a speculative request names
+/// the kind it wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftKind {
+    /// A vision adaptor and / or a global visual feature (ViSpec).
+    Vispec,
+    /// Text only: neither of ViSpec's parts (the EAGLE-style baseline).
+    Eagle,
+}
+
+impl DraftKind {
+    pub const ALL: [DraftKind; 2] = [DraftKind::Vispec, DraftKind::Eagle];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftKind::Vispec => "vispec",
+            DraftKind::Eagle => "eagle",
+        }
+    }
+}
+
+impl fmt::Display for DraftKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DraftKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "vispec" => Ok(DraftKind::Vispec),
+            "eagle" => Ok(DraftKind::Eagle),
+            _ => Err(Error::InvalidParam(format!(
+                "unknown draft kind `{s}` (available: vispec, eagle)"
+            ))),
+        }
+    }
+}
+
 /// A speculative draft head as a decoding strategy sees it (EAGLE; ViSpec): it predicts the
 /// target's next final hidden state from (the token's embedding, the previous hidden state), one
 /// decoder layer over its own cache; the target's LM head turns its output into draft logits.
@@ -176,7 +229,7 @@ pub struct DraftContext {
 /// `x_r`'s position, and predicts `h_r` (hence `x_{r+1}`).
 pub trait DraftLm: Send + Sync {
     /// `vispec` when the head has a vision adaptor or a global visual feature, else `eagle`.
-    fn kind(&self) -> &'static str;
+    fn kind(&self) -> DraftKind;
 
     /// An empty cache for the head.
     fn new_cache(&self) -> KvCache;
@@ -205,4 +258,40 @@ pub trait DraftLm: Send + Sync {
         mask: &AttnMask,
         cache: &mut KvCache,
     ) -> Result<Tensor>;
+
+    /// The tokens the head may propose, if it keeps a reduced vocabulary (FR-Spec: the tokens
+    /// its target emits, most frequent first); `None`: every token of the target's.
+    fn vocab(&self) -> Option<&[u32]> {
+        None
+    }
+
+    /// Draft logits of predicted hidden states `(n, hidden)` through `target`'s LM head: over
+    /// the whole vocabulary, or over [`DraftLm::vocab`] only where the head keeps one (its
+    /// draft steps then read a fraction of the head). A token outside the reduced vocabulary is
+    /// never proposed, and verification is the target's own, so decoding stays lossless.
+    fn logits(&self, target: &dyn CausalLm, hidden: &Tensor) -> Result<DraftLogits> {
+        Ok(DraftLogits {
+            logits: target.logits(hidden)?,
+            ids: None,
+        })
+    }
+}
+
+/// What [`DraftLm::logits`] returns.
+#[derive(Debug, Clone)]
+pub struct DraftLogits {
+    /// `(n, columns)`.
+    pub logits: Tensor,
+    /// The token of each column; `None`: column `j` is token `j` (the whole vocabulary).
+    pub ids: Option<std::sync::Arc<[u32]>>,
+}
+
+impl DraftLogits {
+    /// The token of column `j`.
+    pub fn token(&self, j: usize) -> u32 {
+        match &self.ids {
+            Some(ids) => ids[j],
+            None => j as u32,
+        }
+    }
 }

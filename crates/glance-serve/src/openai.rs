@@ -18,8 +18,8 @@ use crate::App;
 use glance_core::SamplingParams;
 use glance_engine::messages::{parse_messages, ImageSources};
 use glance_engine::{
-    Budget, DecodeSpec, DiffusionOptions, DiffusionSettings, Engine, FinishReason, OptionNames,
-    Policy, Prompt, PruneSpec, Request, Response, Role, Usage,
+    Budget, DecodeSpec, DiffusionOptions, Engine, FinishReason, OptionNames, Policy, Prompt,
+    PruneSpec, Request, Response, Role, TreeSettings, Usage,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -111,6 +111,9 @@ pub struct GlanceOptions {
     /// `ar`, `vispec`, `eagle`, or on a converted model `diffusion-threshold`,
     /// `diffusion-linear`, `diffusion-quadratic`.
     pub decode: Option<String>,
+    /// Speculative strategies and `auto`: the draft tree (`{"depth": 6, "top_k": 2, "budget":
+    /// 8, "min_confidence": 0.05}`, any subset; default: the server's).
+    pub tree: Option<TreeSettings>,
     /// Block diffusion: tokens per block (1 to 64).
     pub block: Option<usize>,
     /// diffusion-threshold: the confidence τ that unmasks a slot.
@@ -120,24 +123,41 @@ pub struct GlanceOptions {
 }
 
 impl GlanceOptions {
-    /// The block-diffusion settings the request gives `decode` (`None`: the server's); an option
-    /// that does not apply to `decode` is a 400 naming both.
-    fn diffusion(&self, decode: DecodeSpec) -> Result<Option<DiffusionSettings>, ApiError> {
+    /// The strategy the request names (else the server's `default`) with the tree and
+    /// block-diffusion settings it gives (`None`: the server's); a setting that does not apply
+    /// to the strategy is a 400 naming both.
+    fn decode(&self, default: &DecodeSpec) -> Result<DecodeSpec, ApiError> {
+        let name = match &self.decode {
+            Some(d) => {
+                d.parse::<DecodeSpec>()
+                    .map_err(|e| ApiError::bad_param("glance.decode", e.to_string()))?;
+                d.as_str()
+            }
+            None => default.name(),
+        };
+        if let Some(t) = &self.tree {
+            t.validate()
+                .map_err(|e| ApiError::bad_param("glance.tree", e.to_string()))?;
+        }
         let options = DiffusionOptions {
             block: self.block,
             threshold: self.threshold,
             dynamic: self.dynamic_block.unwrap_or(false),
         };
-        options
-            .settings_for(decode, &OptionNames::REQUEST)
-            .map_err(|e| {
-                let param = if self.threshold.is_some() && self.block.is_none() {
-                    "glance.threshold"
+        DecodeSpec::parse_with(name, self.tree.clone(), &options, &OptionNames::REQUEST).map_err(
+            |e| {
+                let param = if options.any() {
+                    if self.threshold.is_some() && self.block.is_none() {
+                        "glance.threshold"
+                    } else {
+                        "glance.block"
+                    }
                 } else {
-                    "glance.block"
+                    "glance.tree"
                 };
                 ApiError::bad_param(param, e.to_string())
-            })
+            },
+        )
     }
 }
 
@@ -335,23 +355,14 @@ impl ChatRequest {
             Some(Stop::Many(v)) => v.clone(),
         };
         let (prune, decode) = match &self.glance {
-            None => (defaults.prune.clone(), defaults.decode),
+            None => (defaults.prune.clone(), defaults.decode.clone()),
             Some(g) => (
                 match &g.prune {
                     None => defaults.prune.clone(),
                     Some(p) => p.spec()?,
                 },
-                match &g.decode {
-                    None => defaults.decode,
-                    Some(d) => d
-                        .parse::<DecodeSpec>()
-                        .map_err(|e| ApiError::bad_param("glance.decode", e.to_string()))?,
-                },
+                g.decode(&defaults.decode)?,
             ),
-        };
-        let diffusion = match &self.glance {
-            Some(g) => g.diffusion(decode)?,
-            None => None,
         };
         let n = self.n.unwrap_or(1) as usize;
         let prompts = prompts(&self)?;
@@ -369,7 +380,6 @@ impl ChatRequest {
         for (prompt, continue_final) in prompts {
             for j in 0..n {
                 let request = Request {
-                    diffusion: diffusion.clone(),
                     sampling: SamplingParams {
                         seed: choice_seed(seed, j),
                         ..sampling.clone()
@@ -385,7 +395,7 @@ impl ChatRequest {
                     max_new_tokens: max_tokens as usize,
                     stop: stop.clone(),
                     prune: prune.clone(),
-                    decode,
+                    decode: decode.clone(),
                     ..Request::new(prompt.clone())
                 };
                 request.validate().map_err(ApiError::from)?;
@@ -778,7 +788,7 @@ mod tests {
         Defaults {
             max_tokens: 16,
             prune: None,
-            decode: DecodeSpec::Ar,
+            decode: DecodeSpec::Autoregressive,
             strict: true,
         }
     }
@@ -860,11 +870,18 @@ mod tests {
             "glance": {"decode": "diffusion-quadratic", "block": 16, "dynamic_block": true}
         }))
         .unwrap();
-        assert_eq!(r.decode, DecodeSpec::DiffusionQuadratic);
-        let d = r.diffusion.unwrap();
+        assert_eq!(r.decode.name(), "diffusion-quadratic");
+        let d = r.decode.diffusion_settings().unwrap();
         assert_eq!((d.block, d.dynamic), (16, true));
+        let (r, _) = convert(json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "glance": {"decode": "vispec", "tree": {"depth": 3, "top_k": 1}}
+        }))
+        .unwrap();
+        let t = r.decode.tree().unwrap();
+        assert_eq!((t.depth, t.top_k, t.budget), (3, 1, 8));
         let (r, s) = convert(json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
-        assert!(r.diffusion.is_none());
+        assert_eq!(r.decode, DecodeSpec::Autoregressive);
         assert!(!s.stream);
         assert_eq!(r.max_new_tokens, 16);
         assert_eq!(r.sampling.temperature, 1.0);
@@ -961,6 +978,21 @@ mod tests {
                 json!({"messages": m, "glance": {"decode": "ar", "block": 8}}),
                 400,
                 "block-diffusion strategies",
+            ),
+            (
+                json!({"messages": m, "glance": {"decode": "ar", "tree": {"depth": 2}}}),
+                400,
+                "glance.tree: a draft tree applies only to the speculative strategies",
+            ),
+            (
+                json!({"messages": m, "glance": {"decode": "eagle", "tree": {"depth": 0}}}),
+                400,
+                "draft tree depth must be in 1..=256",
+            ),
+            (
+                json!({"messages": m, "glance": {"decode": "eagle", "tree": {"deep": 2}}}),
+                400,
+                "unknown field",
             ),
             (
                 json!({"messages": m, "glance": {"decode": "diffusion-linear", "block": 0}}),

@@ -62,8 +62,8 @@ pub async fn info(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> 
     let strategies = tokio::task::spawn_blocking(move || {
         DecodeSpec::ALL
             .into_iter()
-            .filter(|d| engine.check_decode(*d).is_ok())
-            .map(DecodeSpec::name)
+            .filter(|d| engine.check_decode(d).is_ok())
+            .map(|d| d.name())
             .collect::<Vec<_>>()
     })
     .await

@@ -199,7 +199,7 @@ fn a_short_run_lowers_the_loss_and_exports_a_loadable_head() {
     let last = l[35..].iter().sum::<f64>() / 5.0;
     assert!(last < 0.7 * first, "loss {first:.4} → {last:.4}");
     let head = DraftHead::load(&DraftTrainer::head_dir(&out), &Device::Cpu).unwrap();
-    assert_eq!(head.kind(), "vispec");
+    assert_eq!(head.kind(), glance_nn::DraftKind::Vispec);
     assert_eq!(head.config(), &t.head_config);
 }
 

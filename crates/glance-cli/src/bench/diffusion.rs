@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use glance_decode::DiffusionSettings;
 use glance_engine::eval::{DESCRIPTION_MAX_NEW_TOKENS, SHORT_MAX_NEW_TOKENS};
-use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request};
+use glance_engine::{DecodeSpec, DiffusionMode, Engine, EngineOptions, Flow, ImageInput, Request};
 use glance_prune::{Budget, Policy, PruneSpec};
 use glance_world::Family;
 use serde_json::{json, Value};
@@ -83,7 +83,6 @@ struct Column {
     /// 0: the original model; 1: the converted one.
     model: usize,
     decode: DecodeSpec,
-    diffusion: Option<DiffusionSettings>,
     prune: Option<PruneSpec>,
     /// The mode's family for the plot (`linear`, `quadratic`, `threshold τ=…`).
     series: Option<String>,
@@ -100,8 +99,7 @@ fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
     let plain = |name: &str, model, prune: Option<PruneSpec>| Column {
         name: name.into(),
         model,
-        decode: DecodeSpec::Ar,
-        diffusion: None,
+        decode: DecodeSpec::Autoregressive,
         prune,
         series: None,
         block: None,
@@ -109,23 +107,28 @@ fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
     };
     let mut cols = vec![plain("ar (original)", 0, None), plain("ar", 1, None)];
     let diffusion = |name: String,
-                     decode: DecodeSpec,
+                     mode: DiffusionMode,
                      s: DiffusionSettings,
                      series: Option<String>,
                      prune: Option<PruneSpec>,
-                     reference: usize| Column {
-        name,
-        model: 1,
-        decode,
-        block: (!s.dynamic).then_some(s.block),
-        reference: decode.lossless().then_some(reference),
-        diffusion: Some(s),
-        prune,
-        series,
+                     reference: usize| {
+        let decode = DecodeSpec::Diffusion {
+            mode,
+            settings: Some(s.clone()),
+        };
+        Column {
+            name,
+            model: 1,
+            block: (!s.dynamic).then_some(s.block),
+            reference: decode.lossless().then_some(reference),
+            decode,
+            prune,
+            series,
+        }
     };
     for (decode, short) in [
-        (DecodeSpec::DiffusionLinear, "linear"),
-        (DecodeSpec::DiffusionQuadratic, "quadratic"),
+        (DiffusionMode::Linear, "linear"),
+        (DiffusionMode::Quadratic, "quadratic"),
     ] {
         for &b in &args.blocks {
             let s = block_settings(b, 0.9, false);
@@ -152,7 +155,7 @@ fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
     // plain decoding, as this machine's measured costs say.
     cols.push(Column {
         name: "auto".into(),
-        decode: DecodeSpec::Auto,
+        decode: DecodeSpec::auto(),
         reference: Some(1),
         ..plain("auto", 1, None)
     });
@@ -160,7 +163,7 @@ fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
         for &b in &args.blocks {
             cols.push(diffusion(
                 format!("threshold τ={tau} B={b}"),
-                DecodeSpec::DiffusionThreshold,
+                DiffusionMode::Threshold,
                 block_settings(b, tau, false),
                 Some(format!("threshold τ={tau}")),
                 None,
@@ -178,9 +181,9 @@ fn columns(args: &DiffusionBenchArgs) -> Vec<Column> {
         cols.push(plain(&format!("ar + prune {keep}"), 1, prune.clone()));
         let b = args.prune_block;
         for (decode, short, tau) in [
-            (DecodeSpec::DiffusionLinear, "linear", 0.9),
-            (DecodeSpec::DiffusionQuadratic, "quadratic", 0.9),
-            (DecodeSpec::DiffusionThreshold, "threshold τ=0.9", 0.9),
+            (DiffusionMode::Linear, "linear", 0.9),
+            (DiffusionMode::Quadratic, "quadratic", 0.9),
+            (DiffusionMode::Threshold, "threshold τ=0.9", 0.9),
         ] {
             cols.push(diffusion(
                 format!("{short} B={b} + prune {keep}"),
@@ -246,8 +249,7 @@ fn measure(engines: &[Engine; 2], args: &DiffusionBenchArgs, cols: &[Column]) ->
         let request = Request {
             sampling: sampling(0.0, 0),
             max_new_tokens: max,
-            decode: c.decode,
-            diffusion: c.diffusion.clone(),
+            decode: c.decode.clone(),
             prune: c.prune.clone(),
             ..Request::chat(question, vec![image.clone()])
         };
@@ -342,7 +344,7 @@ fn report(cols: &[Column], m: &Measured) -> Value {
                 t.tokens_per_s() / ar_tps,
                 t.accuracy(),
                 t.mismatches.map_or("-".into(), |m| m.to_string()),
-                if c.diffusion.is_some() {
+                if c.decode.diffusion_mode().is_some() {
                     format!("{:.2}", mean_accepted(t))
                 } else {
                     "-".into()
@@ -366,7 +368,7 @@ fn report(cols: &[Column], m: &Measured) -> Value {
                 "converted"
             });
             v["block"] = json!(c.block);
-            v["settings"] = json!(c.diffusion);
+            v["settings"] = json!(c.decode.diffusion_settings());
             v["pruned"] = json!(c.prune.is_some());
             v["steps"] = json!(t.steps);
             v["block_tokens"] = json!(t.block_tokens);

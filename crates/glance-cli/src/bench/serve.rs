@@ -255,7 +255,7 @@ pub(super) fn server_config(args: &ServeBenchArgs, batching: bool) -> ServerConf
         defaults: Defaults {
             max_tokens: args.max_tokens,
             prune: None,
-            decode: DecodeSpec::Ar,
+            decode: DecodeSpec::Autoregressive,
             strict: false,
         },
         batching,

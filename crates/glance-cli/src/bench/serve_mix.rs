@@ -8,7 +8,7 @@
 
 use super::serve::{pct, stream_once, wave, Sample, ServeBenchArgs};
 use anyhow::{Context, Result};
-use glance_engine::{DecodeSpec, Engine};
+use glance_engine::{DecodeSpec, DiffusionMode, DraftKind, Engine};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Write};
@@ -65,11 +65,11 @@ impl Kind {
 
     fn decode(self) -> DecodeSpec {
         match self {
-            Kind::Ar | Kind::Prune => DecodeSpec::Ar,
-            Kind::Vispec => DecodeSpec::Vispec,
-            Kind::Eagle => DecodeSpec::Eagle,
-            Kind::Diffusion => DecodeSpec::DiffusionLinear,
-            Kind::Auto => DecodeSpec::Auto,
+            Kind::Ar | Kind::Prune => DecodeSpec::Autoregressive,
+            Kind::Vispec => DecodeSpec::speculative(DraftKind::Vispec),
+            Kind::Eagle => DecodeSpec::speculative(DraftKind::Eagle),
+            Kind::Diffusion => DecodeSpec::diffusion(DiffusionMode::Linear),
+            Kind::Auto => DecodeSpec::auto(),
         }
     }
 
@@ -94,7 +94,7 @@ pub fn run(
         .map(|s| Kind::parse(s))
         .collect::<Result<_>>()?;
     for k in &kinds {
-        engine.check_decode(k.decode()).with_context(|| {
+        engine.check_decode(&k.decode()).with_context(|| {
             format!("--mix {}: {name} cannot run this kind of request", k.name())
         })?;
     }

@@ -154,6 +154,8 @@ pub struct OptionNames {
     pub block: &'static str,
     pub threshold: &'static str,
     pub dynamic: &'static str,
+    /// The draft tree's options ([`crate::DecodeSpec::parse_with`]).
+    pub tree: &'static str,
 }
 
 impl OptionNames {
@@ -162,12 +164,14 @@ impl OptionNames {
         block: "--block",
         threshold: "--threshold",
         dynamic: "--dynamic-block",
+        tree: "--draft-depth / --draft-top-k / --draft-budget / --chain",
     };
     /// Fields of a request body's `glance` object.
     pub const REQUEST: Self = Self {
         block: "glance.block",
         threshold: "glance.threshold",
         dynamic: "glance.dynamic_block",
+        tree: "glance.tree",
     };
 }
 
@@ -183,7 +187,7 @@ impl DiffusionOptions {
     /// range names the option and its range.
     pub fn settings_for(
         &self,
-        spec: crate::DecodeSpec,
+        spec: &crate::DecodeSpec,
         names: &OptionNames,
     ) -> Result<Option<DiffusionSettings>> {
         if !self.any() {
@@ -718,22 +722,25 @@ mod tests {
     #[test]
     fn options_that_do_not_apply_are_refused_naming_both() {
         use crate::DecodeSpec as D;
+        let (linear, threshold_mode, quadratic) = (
+            D::diffusion(DiffusionMode::Linear),
+            D::diffusion(DiffusionMode::Threshold),
+            D::diffusion(DiffusionMode::Quadratic),
+        );
         let flags = &OptionNames::FLAGS;
         let threshold = DiffusionOptions {
             threshold: Some(0.5),
             ..Default::default()
         };
         let e = threshold
-            .settings_for(D::DiffusionLinear, flags)
+            .settings_for(&linear, flags)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("--threshold") && e.contains("diffusion-linear"),
             "{e}"
         );
-        let s = threshold
-            .settings_for(D::DiffusionThreshold, flags)
-            .unwrap();
+        let s = threshold.settings_for(&threshold_mode, flags).unwrap();
         assert_eq!(s.unwrap().threshold, 0.5);
         let block = DiffusionOptions {
             block: Some(8),
@@ -741,17 +748,17 @@ mod tests {
             ..Default::default()
         };
         let e = block
-            .settings_for(D::Ar, &OptionNames::REQUEST)
+            .settings_for(&D::Autoregressive, &OptionNames::REQUEST)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("glance.block, glance.dynamic_block") && e.contains("`ar`"),
             "{e}"
         );
-        assert!(block.settings_for(D::DiffusionQuadratic, flags).is_ok());
+        assert!(block.settings_for(&quadratic, flags).is_ok());
         assert_eq!(
             DiffusionOptions::default()
-                .settings_for(D::Ar, flags)
+                .settings_for(&D::Autoregressive, flags)
                 .unwrap(),
             None
         );
@@ -772,7 +779,7 @@ mod tests {
             ),
         ] {
             let e = o
-                .settings_for(D::DiffusionThreshold, flags)
+                .settings_for(&threshold_mode, flags)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want), "{e}");

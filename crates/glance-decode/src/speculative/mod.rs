@@ -70,7 +70,7 @@ impl Speculative {
     /// ([`CostModel::measure_draft`]).
     pub fn cost_aware(mut self, cost: CostModel) -> Result<Self> {
         cost.check()?;
-        if cost.draft(self.draft.kind()).is_none() {
+        if cost.draft(self.draft.as_ref()).is_none() {
             return Err(Error::Config(format!(
                 "cost-aware speculation: the cost model has no figures for the {} head",
                 self.draft.kind()
@@ -96,7 +96,7 @@ impl Speculative {
     /// A planner for a request whose draft start runs `start_rows` rows, when cost-aware.
     fn planner(&self, start_rows: usize) -> Option<Planner> {
         let cost = self.cost.as_ref()?;
-        let draft = cost.draft(self.draft.kind())?.clone();
+        let draft = cost.draft(self.draft.as_ref())?.clone();
         Some(Planner::new(
             cost.clone(),
             draft,
@@ -148,7 +148,7 @@ fn bump(h: &mut Vec<u64>, i: usize, by: u64) {
 
 impl DecodeStrategy for Speculative {
     fn name(&self) -> &'static str {
-        self.draft.kind()
+        self.draft.kind().name()
     }
 
     fn start(
@@ -510,7 +510,7 @@ impl DecodeState for SpecState {
         if let (Some(m), Some(p), true) = (&s.memory, &s.planner, s.greedy) {
             m.lock().expect("not poisoned").merge(p.acceptance());
         }
-        let name = s.draft.kind();
+        let name = s.draft.kind().name();
         finish(
             name,
             s.cost_aware,

@@ -19,7 +19,7 @@
 use crate::sampler::argmax;
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
-use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, KvCache};
+use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, DraftLogits, KvCache};
 use serde::{Deserialize, Serialize};
 
 /// How the draft tree grows.
@@ -227,8 +227,8 @@ pub fn grow(
     let committed = cache.len();
     let mut forwards = 0;
     // The root's children.
-    let probs = draft_probs(target, root_hidden)?;
-    for (token, p) in top_k(&probs[0], settings.top_k) {
+    let probs = draft_probs(target, draft, root_hidden)?;
+    for (token, p) in probs.top_k(0, settings.top_k) {
         nodes.push(Grown {
             token,
             parent: None,
@@ -290,12 +290,12 @@ pub fn grow(
         // (n, hidden)
         let hidden = draft.forward(&rows, &positions, &mask, cache)?;
         forwards += 1;
-        let probs = draft_probs(target, &hidden)?;
+        let probs = draft_probs(target, draft, &hidden)?;
         let mut next = Vec::new();
         for (m, &i) in pick.iter().enumerate() {
             nodes[i].hidden = Some(hidden.narrow(0, m, 1)?);
             nodes[i].row = Some(spec_rows + m);
-            for (token, p) in top_k(&probs[m], settings.top_k) {
+            for (token, p) in probs.top_k(m, settings.top_k) {
                 next.push(nodes.len());
                 nodes.push(Grown {
                     token,
@@ -356,11 +356,34 @@ fn select(nodes: &[Grown], budget: usize, forwards: u64) -> DraftTree {
     }
 }
 
-/// Draft probabilities `(n, vocab)` of predicted hidden states `(n, hidden)` through the
-/// target's LM head (softmax at temperature 1: the tree ranks by the draft's own confidence).
-pub(crate) fn draft_probs(target: &dyn CausalLm, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
-    let logits: Vec<Vec<f32>> = target.logits(hidden)?.to_vec2()?;
-    Ok(logits
+/// The draft's distribution over the tokens it may propose, per predicted hidden state.
+pub(crate) struct DraftProbs {
+    /// `(n, columns)`: softmax at temperature 1 (the tree ranks by the draft's own confidence).
+    rows: Vec<Vec<f32>>,
+    logits: DraftLogits,
+}
+
+impl DraftProbs {
+    /// The `k` most likely tokens of row `m` with their probabilities, most likely first (ties
+    /// by column).
+    fn top_k(&self, m: usize, k: usize) -> Vec<(TokenId, f32)> {
+        top_k(&self.rows[m], k)
+            .into_iter()
+            .map(|(j, p)| (self.logits.token(j), p))
+            .collect()
+    }
+}
+
+/// Draft probabilities of predicted hidden states `(n, hidden)` through the target's LM head,
+/// restricted to the draft's reduced vocabulary where it keeps one ([`DraftLm::logits`]).
+pub(crate) fn draft_probs(
+    target: &dyn CausalLm,
+    draft: &dyn DraftLm,
+    hidden: &Tensor,
+) -> Result<DraftProbs> {
+    let logits = draft.logits(target, hidden)?;
+    let rows: Vec<Vec<f32>> = logits.logits.to_vec2()?;
+    let rows = rows
         .into_iter()
         .map(|mut row| {
             let max = row[argmax(&row) as usize];
@@ -374,11 +397,12 @@ pub(crate) fn draft_probs(target: &dyn CausalLm, hidden: &Tensor) -> Result<Vec<
             }
             row
         })
-        .collect())
+        .collect();
+    Ok(DraftProbs { rows, logits })
 }
 
-/// The `k` most likely tokens with their probabilities, most likely first (ties by id).
-fn top_k(probs: &[f32], k: usize) -> Vec<(TokenId, f32)> {
+/// The `k` most likely columns with their probabilities, most likely first (ties by column).
+fn top_k(probs: &[f32], k: usize) -> Vec<(usize, f32)> {
     let mut idx: Vec<usize> = (0..probs.len()).collect();
     let k = k.min(idx.len());
     if k == 0 {
@@ -389,7 +413,7 @@ fn top_k(probs: &[f32], k: usize) -> Vec<(TokenId, f32)> {
     });
     idx.truncate(k);
     idx.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-    idx.into_iter().map(|i| (i as TokenId, probs[i])).collect()
+    idx.into_iter().map(|i| (i, probs[i])).collect()
 }
 
 #[cfg(test)]

@@ -21,8 +21,8 @@ use crate::request::Request;
 use glance_core::{Error, Result};
 use glance_decode::diffusion::linear_pays_at_prior;
 use glance_decode::speculative::plan::{Acceptance, Planner, PRIOR_ACCEPTANCE};
-use glance_decode::{CostModel, DecodeSpec};
-use glance_nn::{CausalLm, DraftLm};
+use glance_decode::{CostModel, DecodeSpec, DiffusionMode};
+use glance_nn::{CausalLm, DraftKind, DraftLm};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -51,7 +51,7 @@ impl Choice {
             }
         } else {
             Choice {
-                spec: DecodeSpec::Ar,
+                spec: DecodeSpec::Autoregressive,
                 cost: None,
                 reason: plain,
             }
@@ -79,7 +79,7 @@ impl Engine {
             }
             let cost = slot.as_mut().expect("set above");
             if let Some(d) = draft {
-                if cost.draft(d.kind()).is_none() {
+                if cost.draft(d).is_none() {
                     cost.measure_draft(text, d)?;
                     self.write_cost(cost);
                 }
@@ -114,37 +114,38 @@ impl Engine {
 
     /// The concrete strategy `request` runs: itself, or `auto`'s choice.
     pub(crate) fn choose(&self, request: &Request) -> Result<Option<Choice>> {
-        if request.decode != DecodeSpec::Auto {
+        if !request.decode.is_auto() {
             return Ok(None);
         }
         let with_images = !request.prompt.images().is_empty();
         let kinds = if with_images {
-            [DecodeSpec::Vispec, DecodeSpec::Eagle]
+            [DraftKind::Vispec, DraftKind::Eagle]
         } else {
-            [DecodeSpec::Eagle, DecodeSpec::Vispec]
+            [DraftKind::Eagle, DraftKind::Vispec]
         };
         // Heads named by `--draft` must load (a broken one is an error, as with `--decode
         // vispec`); the model directory's are used where present.
         let named = self.named_draft_kinds()?;
         let mut head = None;
-        for spec in kinds {
-            let kind = spec.draft_kind().expect("speculative specs");
+        for kind in kinds {
             if named.is_empty() {
                 if let Ok(h) = self.draft(kind) {
-                    head = Some((spec, h));
+                    head = Some(h);
                     break;
                 }
             } else if named.contains(&kind) {
-                head = Some((spec, self.draft(kind)?));
+                head = Some(self.draft(kind)?);
                 break;
             }
         }
-        let Some((spec, head)) = head else {
+        let Some(head) = head else {
             return self.choose_diffusion(request).map(Some);
         };
+        // The tree is the request's (`Engine::tree`), as for a named speculative strategy.
+        let spec = DecodeSpec::speculative(head.kind());
         let cost = self.cost_model(Some(head.as_ref()))?;
         let draft = cost
-            .draft(head.kind())
+            .draft(head.as_ref())
             .cloned()
             .ok_or_else(|| Error::Config("the cost model lacks the draft's figures".into()))?;
         let tree = self.tree(request);
@@ -157,13 +158,14 @@ impl Engine {
             draft.step(1) / cost.pass(1)
         );
         let pays = Planner::new(cost.clone(), draft, tree, 0).pays_at_prior();
+        let name = spec.name();
         Ok(Some(Choice::either(
             pays,
             spec,
             cost,
-            format!("{spec} (cost-aware): {summary}"),
+            format!("{name} (cost-aware): {summary}"),
             format!(
-                "ar: a {spec} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a \
+                "ar: a {name} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a \
                  token) cannot beat a decode step here ({summary})"
             ),
         )))
@@ -173,7 +175,7 @@ impl Engine {
     /// configs once (an unreadable one is an error each time it is asked for).
     ///
     /// [`EngineOptions::drafts`]: crate::EngineOptions::drafts
-    fn named_draft_kinds(&self) -> Result<&[&'static str]> {
+    fn named_draft_kinds(&self) -> Result<&[DraftKind]> {
         if let Some(kinds) = self.named_kinds.get() {
             return Ok(kinds);
         }
@@ -191,7 +193,7 @@ impl Engine {
     fn choose_diffusion(&self, request: &Request) -> Result<Choice> {
         if self.model.config().block_diffusion.is_none() {
             return Ok(Choice {
-                spec: DecodeSpec::Ar,
+                spec: DecodeSpec::Autoregressive,
                 cost: None,
                 reason: "ar: the model has no draft head and is not converted for block \
                          diffusion"
@@ -209,7 +211,7 @@ impl Engine {
         );
         Ok(Choice::either(
             linear_pays_at_prior(&cost, largest),
-            DecodeSpec::DiffusionLinear,
+            DecodeSpec::diffusion(DiffusionMode::Linear),
             cost,
             format!("diffusion-linear (cost-aware blocks ≤ {largest}): {summary}"),
             format!(

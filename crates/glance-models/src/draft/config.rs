@@ -3,6 +3,7 @@
 use crate::checkpoint::read_json;
 use crate::text::TextConfig;
 use glance_core::{Error, Result};
+use glance_nn::DraftKind;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
@@ -26,6 +27,11 @@ pub struct DraftConfig {
     pub global_injection: bool,
     /// The decoder layer's shape: the target's HF text config with `num_hidden_layers = 1`.
     pub text_config: Value,
+    /// The tokens the head may propose, most frequent first (FR-Spec's reduced draft vocabulary:
+    /// what the target emits on the draft's training data, `glance train draft-vocab`); `None`:
+    /// the target's whole vocabulary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_vocab: Option<Vec<u32>>,
 }
 
 impl DraftConfig {
@@ -47,6 +53,7 @@ impl DraftConfig {
             adaptor_queries,
             global_injection,
             text_config: text,
+            draft_vocab: None,
         };
         config.validate()?;
         Ok(config)
@@ -66,12 +73,20 @@ impl DraftConfig {
         Ok(config)
     }
 
+    /// Writes `dir/config.json` (`dir` created).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let path = dir.join("config.json");
+        let json = serde_json::to_string_pretty(self).map_err(|e| Error::json(&path, e))?;
+        std::fs::write(&path, json + "\n").map_err(|e| Error::io(&path, e))
+    }
+
     /// `ViSpec` parts on: `vispec`; both off: `eagle`.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> DraftKind {
         if self.adaptor_queries.is_some() || self.global_injection {
-            "vispec"
+            DraftKind::Vispec
         } else {
-            "eagle"
+            DraftKind::Eagle
         }
     }
 
@@ -102,6 +117,16 @@ impl DraftConfig {
                 )));
             }
         }
+        if let Some(ids) = &self.draft_vocab {
+            check_vocab(ids, layer.vocab_size)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps `ids` (most frequent first) as the head's reduced vocabulary, checked.
+    pub fn set_draft_vocab(&mut self, ids: Vec<u32>) -> Result<()> {
+        check_vocab(&ids, self.layer_config()?.vocab_size)?;
+        self.draft_vocab = Some(ids);
         Ok(())
     }
 
@@ -116,5 +141,47 @@ impl DraftConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// A reduced draft vocabulary: at least one token, each once, every one a token of the target.
+fn check_vocab(ids: &[u32], vocab: usize) -> Result<()> {
+    if ids.is_empty() {
+        return Err(Error::Config("draft_vocab is empty".into()));
+    }
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(Error::Config(format!(
+            "draft_vocab holds token {id}, outside the target's vocabulary of {vocab}"
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(ids.len());
+    if let Some(&id) = ids.iter().find(|&&id| !seen.insert(id)) {
+        return Err(Error::Config(format!("draft_vocab holds token {id} twice")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reduced_vocabulary_is_checked_and_kept() {
+        let text = serde_json::json!({
+            "vocab_size": 50, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5
+        });
+        let mut c = DraftConfig::for_target(&text, None, false).unwrap();
+        assert!(c.draft_vocab.is_none());
+        for bad in [vec![], vec![3, 50], vec![4, 2, 4]] {
+            assert!(c.set_draft_vocab(bad.clone()).is_err(), "{bad:?}");
+        }
+        c.set_draft_vocab(vec![9, 2, 0]).unwrap();
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["draft_vocab"], serde_json::json!([9, 2, 0]));
+        let back: DraftConfig = serde_json::from_value(json).unwrap();
+        back.validate().unwrap();
+        assert_eq!(back, c);
     }
 }

@@ -11,10 +11,11 @@ use candle_nn::VarBuilder;
 use glance_core::{Error, Result};
 use glance_nn::weights::{linear, linear_as, param, rms_norm};
 use glance_nn::{
-    attention, AttnMask, DraftContext, DraftLm, DraftPrompt, DraftStart, KvCache, Linear, Mode,
-    RmsNorm, RotaryEmbedding, WeightFormat, WeightLoad,
+    attention, AttnMask, CausalLm, DraftContext, DraftKind, DraftLm, DraftLogits, DraftPrompt,
+    DraftStart, KvCache, Linear, Mode, RmsNorm, RotaryEmbedding, WeightFormat, WeightLoad,
 };
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 /// ViSpec's vision adaptor: `queries` cross-attend over an image's visual rows.
 struct Adaptor {
@@ -81,6 +82,11 @@ pub struct DraftHead {
     rope: RotaryEmbedding,
     mode: Mode,
     device: Device,
+    /// The reduced vocabulary of the config, shared with each [`DraftLogits`].
+    vocab: Option<Arc<[u32]>>,
+    /// The target's LM head restricted to `vocab`, built from the first target the head drafts
+    /// for (a head serves one target: the engine checks that it fits).
+    vocab_head: OnceLock<Linear>,
 }
 
 impl DraftHead {
@@ -136,6 +142,8 @@ impl DraftHead {
                 vb.device(),
             )?,
             layer_config: c,
+            vocab: config.draft_vocab.as_deref().map(Arc::from),
+            vocab_head: OnceLock::new(),
             config,
             mode,
             device: vb.device().clone(),
@@ -149,10 +157,7 @@ impl DraftHead {
         let (head, tensors) = with_random_weights(seed, &Device::Cpu, |vb| {
             Self::from_var_builder(vb, config.clone(), Mode::Infer)
         })?;
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let path = dir.join("config.json");
-        let json = serde_json::to_string_pretty(&config).map_err(|e| Error::json(&path, e))?;
-        std::fs::write(&path, json + "\n").map_err(|e| Error::io(&path, e))?;
+        config.save(dir)?;
         candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
         Ok(head)
     }
@@ -258,8 +263,39 @@ enum Piece {
 }
 
 impl DraftLm for DraftHead {
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> DraftKind {
         self.config.kind()
+    }
+
+    fn vocab(&self) -> Option<&[u32]> {
+        self.vocab.as_deref()
+    }
+
+    fn logits(&self, target: &dyn CausalLm, hidden: &Tensor) -> Result<DraftLogits> {
+        let Some(ids) = &self.vocab else {
+            return Ok(DraftLogits {
+                logits: target.logits(hidden)?,
+                ids: None,
+            });
+        };
+        let head = match self.vocab_head.get() {
+            Some(h) => h,
+            None => match target.lm_head_rows(ids)? {
+                // Two first drafts at once build the same rows; one is kept.
+                Some(h) => self.vocab_head.get_or_init(|| h),
+                None => {
+                    return Ok(DraftLogits {
+                        logits: target.logits(hidden)?,
+                        ids: None,
+                    })
+                }
+            },
+        };
+        Ok(DraftLogits {
+            // (n, hidden) -> (n, |vocab|)
+            logits: head.forward(hidden)?,
+            ids: Some(ids.clone()),
+        })
     }
 
     fn new_cache(&self) -> KvCache {
@@ -443,7 +479,7 @@ mod tests {
         let loaded = DraftHead::load(&dir, &Device::Cpu).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(loaded.config(), &config);
-        assert_eq!(loaded.kind(), "vispec");
+        assert_eq!(loaded.kind(), DraftKind::Vispec);
         let x = Tensor::arange(0f32, 64.0, &Device::Cpu)
             .unwrap()
             .reshape((2, 32))

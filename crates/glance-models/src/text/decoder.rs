@@ -739,4 +739,8 @@ impl CausalLm for TextModel {
     fn logits_rows(&self, hidden: &Tensor) -> Result<Tensor> {
         TextModel::logits_rows(self, hidden)
     }
+
+    fn lm_head_rows(&self, ids: &[u32]) -> Result<Option<Linear>> {
+        Ok(Some(self.lm_head.select_rows(ids)?))
+    }
 }

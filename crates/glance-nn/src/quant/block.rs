@@ -165,6 +165,33 @@ impl<F: BlockFormat> BlockMatrix<F> {
         Ok(Self::in_kernel_order(rows, cols, qs, scales))
     }
 
+    /// A matrix of rows `rows` of this one, in that order, the same blocks (copied).
+    ///
+    /// # Panics
+    /// If a row is outside the matrix.
+    pub fn select_rows(&self, rows: &[usize]) -> Self {
+        let (len, nb) = (Self::row_len(self.cols), self.cols / BLOCK);
+        let mut qs = Vec::with_capacity(rows.len() * len);
+        let mut scales = Vec::with_capacity(rows.len() * nb);
+        for &r in rows {
+            assert!(
+                r < self.rows,
+                "{}::select_rows: row {r} of {}",
+                F::MATRIX,
+                self.rows
+            );
+            qs.extend_from_slice(&self.qs[r * len..(r + 1) * len]);
+            scales.extend_from_slice(&self.scales[r * nb..(r + 1) * nb]);
+        }
+        Self {
+            rows: rows.len(),
+            cols: self.cols,
+            qs,
+            scales,
+            format: PhantomData,
+        }
+    }
+
     /// Bytes of the stored elements and scales.
     pub fn storage_bytes(&self) -> usize {
         self.qs.len() * std::mem::size_of::<F::Q>() + 2 * self.scales.len()

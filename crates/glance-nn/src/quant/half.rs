@@ -124,6 +124,29 @@ impl HalfMatrix {
         2 * self.rows * self.cols
     }
 
+    /// A matrix of rows `rows` of this one, in that order, the same bits (copied).
+    ///
+    /// # Panics
+    /// If a row is outside the matrix.
+    pub fn select_rows(&self, rows: &[usize]) -> Self {
+        let (bits, n) = (self.bits(), self.cols);
+        let mut out = Vec::with_capacity(rows.len() * n);
+        for &r in rows {
+            assert!(
+                r < self.rows,
+                "HalfMatrix::select_rows: row {r} of {}",
+                self.rows
+            );
+            out.extend_from_slice(&bits[r * n..(r + 1) * n]);
+        }
+        Self {
+            kind: self.kind,
+            rows: rows.len(),
+            cols: n,
+            data: HalfData::Owned(out),
+        }
+    }
+
     /// Rows `first..first + out.len() / cols` widened to f32 into `out`.
     ///
     /// # Panics

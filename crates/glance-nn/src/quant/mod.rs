@@ -669,6 +669,19 @@ impl PackedMatrix {
         }
     }
 
+    /// A matrix of rows `rows` of this one, in that order, in the same format with the same
+    /// stored bits: each of its output rows is computed exactly as here.
+    ///
+    /// # Panics
+    /// If a row is outside the matrix.
+    pub fn select_rows(&self, rows: &[usize]) -> Self {
+        match self {
+            Self::Half(h) => Self::Half(h.select_rows(rows)),
+            Self::Q8(q) => Self::Q8(q.select_rows(rows)),
+            Self::Q4(q) => Self::Q4(q.select_rows(rows)),
+        }
+    }
+
     /// Whether the weights are borrowed from a mapped checkpoint.
     pub fn is_shared(&self) -> bool {
         matches!(self, Self::Half(h) if h.is_shared())

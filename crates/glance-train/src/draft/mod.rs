@@ -43,6 +43,7 @@ pub mod passes;
 pub mod samples;
 pub mod state;
 pub mod trainer;
+pub mod vocab;
 
 use crate::config::{Budget, OptimSpec};
 use crate::{Result, TrainError};
@@ -199,11 +200,11 @@ impl DraftTrainConfig {
     }
 
     /// `vispec` or `eagle`.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> glance_nn::DraftKind {
         if self.adaptor_queries.is_some() || self.global_injection {
-            "vispec"
+            glance_nn::DraftKind::Vispec
         } else {
-            "eagle"
+            glance_nn::DraftKind::Eagle
         }
     }
 

@@ -190,6 +190,28 @@ fn argmax(x: &Tensor) -> Result<Vec<u32>> {
     Ok(x.argmax(D::Minus1)?.to_vec1::<u32>()?)
 }
 
+/// The draft's pick of each row of logits `(m, vocab)`: the argmax over the whole vocabulary,
+/// or over the head's reduced vocabulary where it keeps one (what it proposes when decoding;
+/// the first of equal logits in the list wins).
+fn draft_pick(x: &Tensor, vocab: Option<&[u32]>) -> Result<Vec<u32>> {
+    let Some(ids) = vocab else {
+        return argmax(x);
+    };
+    let rows: Vec<Vec<f32>> = x.detach().to_vec2()?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let mut best = ids[0];
+            for &id in &ids[1..] {
+                if row[id as usize] > row[best as usize] {
+                    best = id;
+                }
+            }
+            best
+        })
+        .collect())
+}
+
 /// The multi-pass forward of `s` through `head` (in `Mode::Train` for training) with the
 /// target `lm`'s LM head, its loss divided by `norm`, and the agreement per pass.
 pub fn sample_loss(
@@ -283,7 +305,7 @@ pub fn sample_loss(
             None => term,
             Some(acc) => (acc + term)?,
         });
-        let (got, want) = (argmax(&logits)?, argmax(&want_logits)?);
+        let (got, want) = (draft_pick(&logits, head.vocab())?, argmax(&want_logits)?);
         agreement.rows[k - 1] += m as u64;
         for i in 0..m {
             let hit = got[i] == want[i];
@@ -306,6 +328,19 @@ pub fn sample_loss(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reduced_vocabulary_picks_only_its_own_tokens() {
+        // (2, 5)
+        let x = Tensor::new(
+            &[[0.1f32, 0.9, 0.3, 0.2, 0.0], [0.5, 0.1, 0.1, 0.4, 0.45]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(draft_pick(&x, None).unwrap(), vec![1, 0]);
+        assert_eq!(draft_pick(&x, Some(&[3, 2, 4])).unwrap(), vec![2, 4]);
+        assert_eq!(draft_pick(&x, Some(&[0])).unwrap(), vec![0, 0]);
+    }
 
     /// Five first-pass keys, rows seeing keys 0..=2 and 0..=3, one earlier block of three keys:
     /// drawn by hand (`.` visible, `x` hidden).

@@ -254,6 +254,11 @@ impl SampleSource {
         Ok(self)
     }
 
+    /// The target's end-of-sequence tokens.
+    pub fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
     /// The id of a token of the target's tokenizer.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         match (&self.target, &self.data) {

@@ -244,7 +244,7 @@ fn load_heads(args: &SpecBenchArgs, model_dir: &Path, engine: &Engine) -> Result
 fn columns(heads: Vec<Head>) -> Result<Vec<Column>> {
     let mut cols = vec![Column {
         name: "ar".into(),
-        spec: DecodeSpec::Ar,
+        spec: DecodeSpec::Autoregressive,
         head: None,
         auto_heads: Vec::new(),
     }];
@@ -268,7 +268,7 @@ fn columns(heads: Vec<Head>) -> Result<Vec<Column>> {
         }
         cols.push(Column {
             name,
-            spec: head.config.kind().parse()?,
+            spec: DecodeSpec::speculative(head.config.kind()),
             head: Some(head),
             auto_heads: Vec::new(),
         });
@@ -283,7 +283,7 @@ fn columns(heads: Vec<Head>) -> Result<Vec<Column>> {
     }
     cols.push(Column {
         name: "auto".into(),
-        spec: DecodeSpec::Auto,
+        spec: DecodeSpec::auto(),
         head: None,
         auto_heads,
     });
@@ -309,8 +309,16 @@ fn answer(
     let request = Request {
         sampling,
         max_new_tokens,
-        decode: col.spec,
-        tree: (col.spec != DecodeSpec::Ar).then(|| tree.clone()),
+        decode: match &col.spec {
+            DecodeSpec::Speculative { kind, .. } => DecodeSpec::Speculative {
+                kind: *kind,
+                tree: Some(tree.clone()),
+            },
+            DecodeSpec::Auto { .. } => DecodeSpec::Auto {
+                tree: Some(tree.clone()),
+            },
+            other => other.clone(),
+        },
         ..Request::chat(question, vec![image.clone()])
     };
     engine
@@ -344,7 +352,8 @@ fn measure(
                 tallies: cols
                     .iter()
                     .map(|c| Tally {
-                        mismatches: (temperature == 0.0 && c.spec != DecodeSpec::Ar).then_some(0),
+                        mismatches: (temperature == 0.0 && c.spec != DecodeSpec::Autoregressive)
+                            .then_some(0),
                         ..Tally::default()
                     })
                     .collect(),
