@@ -231,16 +231,19 @@ fn train_draft_vocab_keeps_the_emitted_tokens_with_the_head() {
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(shipped.join(f), head.join(f)).unwrap();
     }
-    let o = glance(&[
-        "train",
-        "draft-vocab",
-        "--head",
-        s(&head),
-        "--target",
-        "glance-tiny",
-        "--samples",
-        "4",
-    ]);
+    let vocab_cmd = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "draft-vocab",
+            "--head",
+            s(&head),
+            "--target",
+            "glance-tiny",
+        ];
+        args.extend(extra);
+        glance(&args)
+    };
+    let o = vocab_cmd(&["--samples", "4"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("tokens kept"), "{}", stdout(&o));
     let config = DraftConfig::load(&head).unwrap();
@@ -266,26 +269,8 @@ fn train_draft_vocab_keeps_the_emitted_tokens_with_the_head() {
     };
     assert_eq!(answer(&["eagle", "--draft", s(&head)]), answer(&["ar"]));
     // Bad settings are refused before anything is counted.
-    let o = glance(&[
-        "train",
-        "draft-vocab",
-        "--head",
-        s(&head),
-        "--target",
-        "glance-tiny",
-        "--size",
-        "0",
-    ]);
-    assert_fails_with(&o, "--size");
-    let o = glance(&[
-        "train",
-        "draft-vocab",
-        "--head",
-        s(&head),
-        "--target",
-        "glance-tiny",
-        "--clear",
-    ]);
+    assert_fails_with(&vocab_cmd(&["--size", "0"]), "--size");
+    let o = vocab_cmd(&["--clear"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(DraftConfig::load(&head).unwrap().draft_vocab.is_none());
 }

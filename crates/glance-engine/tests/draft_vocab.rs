@@ -2,26 +2,18 @@
 //! tokens of the target's own answers (or fewer) still decode exactly as autoregressive decoding
 //! does, accept drafts, and never propose a token outside their vocabulary.
 
-use glance_engine::{DecodeSpec, DraftKind, Engine, EngineOptions, Flow, ImageInput, Request};
+mod common;
+
+use common::{shipped, world_image};
+use glance_engine::{DecodeSpec, DraftKind, Engine, EngineOptions, Flow, Request};
 use glance_models::draft::{DraftConfig, DraftHead};
 use glance_models::llava::Llava;
 use glance_nn::{CausalLm, DraftLm};
 use std::path::PathBuf;
 
-fn model(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name)
-}
-
-fn world(index: u64) -> ImageInput {
-    let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
-    ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()))
-}
-
 /// A copy of the shipped `kind` head of glance-tiny under `name`, keeping only `vocab`.
 fn head_with_vocab(kind: &str, name: &str, vocab: Vec<u32>) -> PathBuf {
-    let from = model("glance-tiny").join(format!("draft-{kind}"));
+    let from = shipped("glance-tiny").join(format!("draft-{kind}"));
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("draft-vocab-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(
@@ -45,7 +37,7 @@ fn requests() -> Vec<Request> {
     .into_iter()
     .map(|(text, image, n)| Request {
         max_new_tokens: n,
-        ..Request::chat(text, vec![world(image)])
+        ..Request::chat(text, vec![world_image(image)])
     })
     .collect()
 }
@@ -56,7 +48,7 @@ fn run(e: &Engine, r: &Request) -> glance_engine::Response {
 
 #[test]
 fn reduced_vocabulary_heads_stay_lossless_and_accept_drafts() {
-    let plain = Engine::load(&model("glance-tiny"), EngineOptions::single_request()).unwrap();
+    let plain = Engine::load(&shipped("glance-tiny"), EngineOptions::single_request()).unwrap();
     let asked = requests();
     let want: Vec<_> = asked.iter().map(|r| run(&plain, r)).collect();
     // The tokens of the answers (EOS included): what FR-Spec's counting would keep.
@@ -82,7 +74,7 @@ fn reduced_vocabulary_heads_stay_lossless_and_accept_drafts() {
         ] {
             let dir = head_with_vocab(kind, &format!("{kind}-{name}"), vocab);
             let e = Engine::load(
-                &model("glance-tiny"),
+                &shipped("glance-tiny"),
                 EngineOptions {
                     drafts: vec![dir],
                     ..EngineOptions::single_request()
@@ -113,11 +105,11 @@ fn reduced_vocabulary_heads_stay_lossless_and_accept_drafts() {
 
 #[test]
 fn reduced_vocabulary_logits_are_the_target_heads_own_columns() {
-    let target = Llava::load(&model("glance-tiny"), &candle_core::Device::Cpu).unwrap();
+    let target = Llava::load(&shipped("glance-tiny"), &candle_core::Device::Cpu).unwrap();
     let vocab = vec![5, 0, 77, 13];
     let dir = head_with_vocab("eagle", "columns", vocab.clone());
     let full = DraftHead::load(
-        &model("glance-tiny").join("draft-eagle"),
+        &shipped("glance-tiny").join("draft-eagle"),
         &candle_core::Device::Cpu,
     )
     .unwrap();

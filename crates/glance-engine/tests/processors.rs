@@ -8,24 +8,18 @@
 //! * the log-probabilities are the same whichever strategy produced the tokens, batched or
 //!   alone, and equal the log-softmax of the prompt logits of the prompt followed by the answer.
 
+mod common;
+
+use common::{shipped, world_image};
 use glance_core::SamplingParams;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Prompt, Request, Response,
 };
 use glance_engine::{DiffusionMode, DraftKind};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 fn engine(name: &str) -> Engine {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name);
-    Engine::load(&dir, EngineOptions::default()).unwrap()
-}
-
-fn world_image(index: u64) -> ImageInput {
-    let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
-    ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image))
+    Engine::load(&shipped(name), EngineOptions::default()).unwrap()
 }
 
 fn run(e: &Engine, r: &Request) -> Response {

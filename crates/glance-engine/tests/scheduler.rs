@@ -3,25 +3,16 @@
 //! passes, joining at different steps with their prompts prefilled in chunks, and each gets
 //! exactly the tokens, text and finish reason it gets alone — greedy and seeded.
 
+mod common;
+
+use common::{shipped, world_image};
 use glance_core::SamplingParams;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Request, Response, Sequence,
 };
 use glance_engine::{DiffusionMode, DraftKind};
 use glance_prune::{Budget, Policy, PruneSpec};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-
-fn model(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name)
-}
-
-fn world(index: u64) -> ImageInput {
-    let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
-    ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()))
-}
 
 fn ask(text: &str, images: Vec<ImageInput>, n: usize, decode: DecodeSpec) -> Request {
     Request {
@@ -110,11 +101,11 @@ fn check_against_solo(engine: &Engine, requests: &[Request], chunk: usize, at_on
 
 #[test]
 fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
-    let e = Engine::load(&model("glance-tiny"), EngineOptions::default()).unwrap();
+    let e = Engine::load(&shipped("glance-tiny"), EngineOptions::default()).unwrap();
     let describe = "Describe the image.";
     let mut sampled = ask(
         describe,
-        vec![world(3)],
+        vec![world_image(3)],
         24,
         DecodeSpec::speculative(DraftKind::Vispec),
     );
@@ -124,7 +115,7 @@ fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
     };
     let mut stopped = ask(
         describe,
-        vec![world(4)],
+        vec![world_image(4)],
         30,
         DecodeSpec::speculative(DraftKind::Eagle),
     );
@@ -132,11 +123,16 @@ fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
     let requests = vec![
         ask(
             describe,
-            vec![world(0)],
+            vec![world_image(0)],
             32,
             DecodeSpec::speculative(DraftKind::Vispec),
         ),
-        ask(describe, vec![world(1)], 24, DecodeSpec::Autoregressive),
+        ask(
+            describe,
+            vec![world_image(1)],
+            24,
+            DecodeSpec::Autoregressive,
+        ),
         ask(
             "What is one plus one?",
             vec![],
@@ -146,7 +142,7 @@ fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
         pruned(
             ask(
                 describe,
-                vec![world(2)],
+                vec![world_image(2)],
                 28,
                 DecodeSpec::speculative(DraftKind::Vispec),
             ),
@@ -155,15 +151,25 @@ fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
         ),
         sampled,
         pruned(
-            ask(describe, vec![world(5)], 20, DecodeSpec::Autoregressive),
+            ask(
+                describe,
+                vec![world_image(5)],
+                20,
+                DecodeSpec::Autoregressive,
+            ),
             Policy::FastV,
             0.25,
         ),
         stopped,
-        ask(describe, vec![world(6), world(7)], 16, DecodeSpec::auto()),
         ask(
             describe,
-            vec![world(0)],
+            vec![world_image(6), world_image(7)],
+            16,
+            DecodeSpec::auto(),
+        ),
+        ask(
+            describe,
+            vec![world_image(0)],
             20,
             DecodeSpec::speculative(DraftKind::Eagle),
         ),
@@ -173,11 +179,11 @@ fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
 
 #[test]
 fn block_diffusion_requests_share_passes_with_plain_ones() {
-    let e = Engine::load(&model("glance-tiny-dvlm"), EngineOptions::default()).unwrap();
+    let e = Engine::load(&shipped("glance-tiny-dvlm"), EngineOptions::default()).unwrap();
     let describe = "Describe the image.";
     let mut sampled = ask(
         describe,
-        vec![world(2)],
+        vec![world_image(2)],
         20,
         DecodeSpec::diffusion(DiffusionMode::Linear),
     );
@@ -185,20 +191,25 @@ fn block_diffusion_requests_share_passes_with_plain_ones() {
     let requests = vec![
         ask(
             describe,
-            vec![world(0)],
+            vec![world_image(0)],
             32,
             DecodeSpec::diffusion(DiffusionMode::Linear),
         ),
         ask(
             describe,
-            vec![world(1)],
+            vec![world_image(1)],
             24,
             DecodeSpec::diffusion(DiffusionMode::Quadratic),
         ),
-        ask(describe, vec![world(2)], 16, DecodeSpec::Autoregressive),
         ask(
             describe,
-            vec![world(3)],
+            vec![world_image(2)],
+            16,
+            DecodeSpec::Autoregressive,
+        ),
+        ask(
+            describe,
+            vec![world_image(3)],
             24,
             DecodeSpec::diffusion(DiffusionMode::Threshold),
         ),
@@ -206,7 +217,7 @@ fn block_diffusion_requests_share_passes_with_plain_ones() {
         pruned(
             ask(
                 describe,
-                vec![world(4)],
+                vec![world_image(4)],
                 24,
                 DecodeSpec::diffusion(DiffusionMode::Linear),
             ),
@@ -223,7 +234,7 @@ fn block_diffusion_requests_share_passes_with_plain_ones() {
 #[test]
 fn choices_share_one_prefill_and_answer_as_alone() {
     use glance_engine::SharedPrefill;
-    let e = Engine::load(&model("glance-tiny"), EngineOptions::single_request()).unwrap();
+    let e = Engine::load(&shipped("glance-tiny"), EngineOptions::single_request()).unwrap();
     for (decode, prune) in [
         (DecodeSpec::Autoregressive, None),
         (
@@ -233,7 +244,12 @@ fn choices_share_one_prefill_and_answer_as_alone() {
     ] {
         let choices: Vec<Request> = (0..3)
             .map(|i| {
-                let mut r = ask("Describe the image.", vec![world(1)], 24, decode.clone());
+                let mut r = ask(
+                    "Describe the image.",
+                    vec![world_image(1)],
+                    24,
+                    decode.clone(),
+                );
                 if let Some(p) = prune {
                     r = pruned(r, p, 0.25);
                 }
@@ -277,7 +293,7 @@ fn choices_share_one_prefill_and_answer_as_alone() {
     let share = SharedPrefill::new();
     let r = ask(
         "Describe the image.",
-        vec![world(1)],
+        vec![world_image(1)],
         8,
         DecodeSpec::Autoregressive,
     );

@@ -4,18 +4,15 @@
 //! the twinned ViSpec head and block diffusion on the twinned glance-tiny-dvlm stay lossless, and
 //! the engine masks the ids its tokenizer cannot decode.
 
+mod common;
+
+use common::shipped;
 use glance_engine::DraftKind;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request, TwinShape, WeightFormat,
 };
 use serde_json::json;
 use std::path::PathBuf;
-
-fn model(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name)
-}
 
 /// glance-tiny (d256, 4 layers, 4 heads of 64) into d512, 8 layers, 8 query / 4 KV heads of
 /// `head_dim` (8·64 = 512, or 128 to place each head in one twice its size).
@@ -48,7 +45,7 @@ fn load(dir: &str, weights: WeightFormat, twin: Option<TwinShape>) -> Engine {
         .with_threads(Some(2))
         .with_weights(weights)
         .with_twin(twin);
-    Engine::load(&model(dir), options).unwrap()
+    Engine::load(&shipped(dir), options).unwrap()
 }
 
 fn answers(e: &Engine, requests: &[Request]) -> Vec<Vec<u32>> {

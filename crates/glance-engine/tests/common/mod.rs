@@ -59,3 +59,16 @@ pub fn tensors(root: &Path, case: &Value) -> HashMap<String, Tensor> {
     candle_core::safetensors::load(root.join(case["tensors"].as_str().unwrap()), &Device::Cpu)
         .unwrap()
 }
+
+/// A shipped model directory, `models/<name>`.
+pub fn shipped(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(name)
+}
+
+/// World test image `index`, decoded.
+pub fn world_image(index: u64) -> ImageInput {
+    let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
+    ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image))
+}
