@@ -268,6 +268,9 @@ pub fn run(a: AllArgs) -> Result<()> {
             "{:<13} {:>11}  llava/model → glance-tiny/; the heads and diffusion/model at the end",
             "assemble", ""
         );
+        for args in vocab_args(&a.out) {
+            println!("{:<13} {:>11}  glance {}", "", "", args.join(" "));
+        }
         for (name, args) in &evals {
             println!("eval {name:<8} {:>11}  glance {}", "", args.join(" "));
         }
@@ -333,7 +336,7 @@ pub fn run(a: AllArgs) -> Result<()> {
             );
         }
     }
-    assemble(&a.out)?;
+    assemble(&a.out, &exe)?;
     if !family.stages.get("eval").is_some_and(|r| r.done) {
         let mut spent = family.stages.get("eval").map_or(0.0, |r| r.seconds);
         for (name, args) in &evals {
@@ -440,7 +443,9 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// `glance-tiny/` with its heads, and `glance-tiny-dvlm/`.
-fn assemble(out: &Path) -> Result<()> {
+/// Copies the heads into the base and the converted model beside it, and gives each head its
+/// reduced vocabulary ([`vocab_args`]).
+fn assemble(out: &Path, exe: &Path) -> Result<()> {
     let base = out.join("glance-tiny");
     for kind in ["vispec", "eagle"] {
         copy_dir(
@@ -448,7 +453,37 @@ fn assemble(out: &Path) -> Result<()> {
             &base.join(format!("draft-{kind}")),
         )?;
     }
-    copy_dir(&out.join("diffusion/model"), &out.join("glance-tiny-dvlm"))
+    copy_dir(&out.join("diffusion/model"), &out.join("glance-tiny-dvlm"))?;
+    for args in vocab_args(out) {
+        let status = run_stage(exe, &args, |_| {})?;
+        if !status.success() {
+            bail!(
+                "glance {} failed ({status}); continue with `glance train all --out {} --resume`",
+                args.join(" "),
+                out.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `glance train draft-vocab` for each assembled head: the tokens the base emits on the heads'
+/// training samples (FR-Spec), so their draft steps read those rows of the LM head only.
+fn vocab_args(out: &Path) -> Vec<Vec<String>> {
+    let base = out.join("glance-tiny");
+    ["vispec", "eagle"]
+        .iter()
+        .map(|kind| {
+            vec![
+                "train".into(),
+                "draft-vocab".into(),
+                "--head".into(),
+                s(base.join(format!("draft-{kind}"))),
+                "--target".into(),
+                s(&base),
+            ]
+        })
+        .collect()
 }
 
 /// The family's numbers, one row per evaluation, and each stage's wall time.
