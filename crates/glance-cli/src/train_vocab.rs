@@ -81,12 +81,14 @@ pub fn run(a: VocabArgs) -> Result<()> {
         .set_draft_vocab(ids)
         .context("the counted vocabulary")?;
     config.save(&a.head)?;
+    let share = match settings.size {
+        Some(_) => format!("{:.2}% of", 100.0 * coverage),
+        None => "every token of".into(),
+    };
     println!(
-        "{}: {kept} of the target's {} tokens kept ({:.2}% of the {} answer tokens counted on {} \
-         samples)",
+        "{}: {kept} of the target's {vocab} tokens kept ({share} the {} answer tokens counted on \
+         {} samples)",
         a.head.display(),
-        vocab,
-        100.0 * coverage,
         counts.total,
         2 * a.samples
     );
