@@ -59,8 +59,10 @@ pub struct ModelArgs {
 pub struct TwinArgs {
     /// Load the model as its real-shape twin: the same answers, computed by a decoder of the
     /// named shape that streams its bytes and does its multiply-adds — tinyllama-1.1b (22
-    /// layers, d2048) or llava-7b (Llama-2-7B: 32 layers, d4096). Built at load time in the
-    /// --weights format (nothing is written); draft heads load as twins too.
+    /// layers, d2048), llava-7b (Llama-2-7B: 32 layers, d4096), or the decoder of llava-next-7b,
+    /// qwen2.5-vl-3b, qwen2.5-vl-7b or internvl2.5-4b (where the model fits the shape: a
+    /// refusal names the size that does not). Built at load time in the --weights format
+    /// (nothing is written); draft heads load as twins too.
     #[arg(long, value_name = "SHAPE", value_parser = parse_twin)]
     pub twin: Option<glance_engine::TwinShape>,
 }

@@ -39,7 +39,14 @@ use serde_json::Value;
 use std::path::Path;
 
 /// The named twin shapes.
-pub const TWIN_SHAPES: [&str; 2] = ["tinyllama-1.1b", "llava-7b"];
+pub const TWIN_SHAPES: [&str; 6] = [
+    "tinyllama-1.1b",
+    "llava-7b",
+    "llava-next-7b",
+    "qwen2.5-vl-3b",
+    "qwen2.5-vl-7b",
+    "internvl2.5-4b",
+];
 
 /// The seed of every twin's random parts (each tensor draws its own stream by name).
 const SEED: u64 = 0;
@@ -53,15 +60,29 @@ pub struct TwinShape {
 
 impl TwinShape {
     /// A named shape: `tinyllama-1.1b` (22 layers, d2048, 32 query / 4 KV heads of 64, 5632
-    /// MLP units, vocabulary 32000) or `llava-7b` (Llava-1.5-7B's Llama-2-7B: 32 layers, d4096,
-    /// 32 / 32 heads of 128, 11008 units, vocabulary 32064).
+    /// MLP units, vocabulary 32000), `llava-7b` (Llava-1.5-7B's Llama-2-7B: 32 layers, d4096,
+    /// 32 / 32 heads of 128, 11008 units, vocabulary 32064), or the decoders of the seeds' models
+    /// ([`presets`]): `llava-next-7b` (Mistral-7B, 32 / 8 heads, vocabulary 32064),
+    /// `qwen2.5-vl-3b` (36 layers, d2048, 16 / 2 heads), `qwen2.5-vl-7b` (28 layers, d3584, 28 /
+    /// 4 heads) and `internvl2.5-4b` (Qwen2.5-3B). A twin keeps the small model's kind of
+    /// decoder (its RoPE, no attention biases), so it reads the bytes and does the multiply-adds
+    /// of the shape's decoder; it is exact only where the small model fits the shape (the KV
+    /// heads above all: glance-tiny's 4 do not fit the 3B / 4B decoders' 2, see [`map::TwinMap`]).
     pub fn preset(name: &str) -> Result<Self> {
         let text = match name {
             "tinyllama-1.1b" => presets::text_config_value(name)?,
-            "llava-7b" => {
-                let mut v = presets::text_config_value("llama-2-7b")?;
+            "llava-7b" | "llava-next-7b" => {
+                let backbone = if name == "llava-7b" {
+                    "llama-2-7b"
+                } else {
+                    "mistral-7b"
+                };
+                let mut v = presets::text_config_value(backbone)?;
                 v["vocab_size"] = Value::from(presets::LLAVA_VOCAB);
                 v
+            }
+            "qwen2.5-vl-3b" | "qwen2.5-vl-7b" | "internvl2.5-4b" => {
+                presets::text_config_value(name)?
             }
             other => {
                 return Err(Error::InvalidParam(format!(

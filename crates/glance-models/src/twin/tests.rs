@@ -325,6 +325,44 @@ fn named_shapes_and_memory_checks() {
         (tiny.head_dim, tiny.intermediate_size, tiny.vocab_size),
         (64, 5632, 32000)
     );
+    // The seeds' decoders: glance-tiny's 4 KV heads fit the 7B ones, not the 3B / 4B ones'
+    // 2, and the refusal names the size.
+    let tiny_text = crate::text::TextConfig::from_value(
+        &serde_json::from_str::<serde_json::Value>(
+            &std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../models/glance-tiny/config.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap()["text_config"],
+    )
+    .unwrap();
+    for (name, layers, hidden, kv, fits) in [
+        ("llava-next-7b", 32, 4096, 8, true),
+        ("qwen2.5-vl-7b", 28, 3584, 4, true),
+        ("qwen2.5-vl-3b", 36, 2048, 2, false),
+        ("internvl2.5-4b", 36, 2048, 2, false),
+    ] {
+        let big = TwinShape::preset(name).unwrap().sizes().unwrap();
+        assert_eq!(
+            (
+                big.num_layers,
+                big.hidden_size,
+                big.num_kv_heads,
+                big.head_dim
+            ),
+            (layers, hidden, kv, 128),
+            "{name}"
+        );
+        match map::TwinMap::new(&tiny_text, &big) {
+            Ok(_) => assert!(fits, "{name}"),
+            Err(e) => {
+                assert!(!fits, "{name}: {e}");
+                assert!(e.to_string().contains("num_key_value_heads 2 < 4"), "{e}");
+            }
+        }
+    }
     let big = TwinShape::preset("llava-7b").unwrap().sizes().unwrap();
     assert_eq!(
         (
