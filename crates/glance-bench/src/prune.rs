@@ -23,12 +23,15 @@
 
 use crate::{bail_options, Context, Progress, Result};
 use candle_core::{Device, Tensor};
+use glance_core::SamplingParams;
+use glance_decode::autoregressive::pick;
+use glance_decode::Sampler;
 use glance_engine::eval::{evaluate_specs, DescriptionScore, EvalOptions, EvalReport};
 use glance_engine::{Engine, EngineOptions};
 use glance_models::llava::{Llava, LlavaConfig, PromptFormat, WeightLayout};
 use glance_models::presets;
 use glance_models::random::random_var_builder;
-use glance_nn::{CausalLm, Mode};
+use glance_nn::Mode;
 use glance_prune::{prefill_llava, Budget, Policy, PruneSpec};
 use glance_world::{Family, Split};
 use serde::Serialize;
@@ -275,13 +278,8 @@ fn measure_ttft(
         for r in rows.iter_mut() {
             let start = Instant::now();
             let p = prefill_llava(model, ids, &[&encoding], query, &r.cell.spec(tau))?;
-            // (1, vocab)
-            let logits: Vec<f32> = model
-                .text()
-                .logits(&p.state.last_hidden()?)?
-                .squeeze(0)?
-                .to_vec1()?;
-            let _first = glance_decode::sampler::argmax(&logits);
+            let mut greedy = Sampler::new(SamplingParams::greedy())?;
+            let _first = pick(model.text(), &p.state.last_hidden()?, &mut greedy)?;
             let total = start.elapsed().as_secs_f64();
             let select = p.stats.select_time.as_secs_f64();
             if total < r.select_s + r.prefill_s {
