@@ -14,6 +14,15 @@ pub enum BenchError {
     /// A tensor operation of a measurement.
     #[error(transparent)]
     Tensor(#[from] candle_core::Error),
+    /// The server of a serving benchmark.
+    #[error(transparent)]
+    Serve(#[from] glance_serve::ServeError),
+    /// A client's connection to the server, or a file.
+    #[error("I/O: {0}")]
+    Io(String),
+    /// A server's answer that is not the JSON it should be.
+    #[error("JSON: {0}")]
+    Json(String),
     /// A thread pool for a measurement could not be built.
     #[error("thread pool: {0}")]
     Pool(String),
@@ -36,6 +45,18 @@ pub enum BenchError {
 impl From<rayon::ThreadPoolBuildError> for BenchError {
     fn from(e: rayon::ThreadPoolBuildError) -> Self {
         BenchError::Pool(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for BenchError {
+    fn from(e: std::io::Error) -> Self {
+        BenchError::Io(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for BenchError {
+    fn from(e: serde_json::Error) -> Self {
+        BenchError::Json(e.to_string())
     }
 }
 

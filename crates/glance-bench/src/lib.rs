@@ -7,12 +7,15 @@
 //! * [`prune`]: every pruning policy × budget: time to first token and accuracy.
 //! * [`spec`]: autoregressive against speculative decoding, and the memory-bound projection.
 //! * [`diffusion`]: block-diffusion decoding of a converted model.
+//! * [`serve`]: the server under concurrent streaming clients, batching on and off, or a mix of
+//!   request kinds.
 
 pub mod decode;
 pub mod diffusion;
 mod error;
 pub mod machine;
 pub mod prune;
+pub mod serve;
 pub mod spec;
 pub mod tally;
 

@@ -7,7 +7,6 @@ mod decode;
 mod diffusion;
 mod prune;
 mod serve;
-mod serve_mix;
 mod spec;
 
 use anyhow::Result;
