@@ -7,7 +7,7 @@
 //! sequences of each strategy per scheduler step (from the server's `/metrics`).
 
 use super::client::{stream_once, wave, Sample};
-use super::{latencies, server_config, ServeOptions};
+use super::{server_config, ServeOptions, WaveFigures};
 use crate::{BenchError, Context, Result};
 use glance_engine::{DecodeSpec, Engine};
 use serde::Serialize;
@@ -92,17 +92,10 @@ pub struct MixRow {
     pub workload: String,
     pub clients: usize,
     pub kind: &'static str,
-    pub requests: usize,
-    pub tokens: usize,
-    pub wall_s: f64,
-    pub tokens_per_s: f64,
     /// Against one client sending this kind alone (a kind first met in the mixed workload:
     /// its first row).
-    pub speedup_vs_one_client: f64,
-    pub ttft_p50_s: f64,
-    pub ttft_p99_s: f64,
-    pub tpot_p50_s: f64,
-    pub tpot_p99_s: f64,
+    #[serde(flatten)]
+    pub figures: WaveFigures,
     /// Mean sequences of each strategy per scheduler step during the wave.
     pub sequences_per_step: BTreeMap<String, f64>,
 }
@@ -176,23 +169,13 @@ pub fn run(
                 if mine.is_empty() {
                     continue;
                 }
-                let tokens: usize = mine.iter().map(|s| s.tokens).sum();
-                let rate = tokens as f64 / wall;
-                let base = *single.entry(k.name()).or_insert(rate);
-                let [t50, t99, p50, p99] = latencies(mine.iter().copied());
+                let figures = WaveFigures::new(&mine, wall, single.get(k.name()).copied());
+                single.entry(k.name()).or_insert(figures.tokens_per_s);
                 rows.push(MixRow {
                     workload: workload.clone(),
                     clients: c,
                     kind: k.name(),
-                    requests: mine.len(),
-                    tokens,
-                    wall_s: wall,
-                    tokens_per_s: rate,
-                    speedup_vs_one_client: rate / base,
-                    ttft_p50_s: t50,
-                    ttft_p99_s: t99,
-                    tpot_p50_s: p50,
-                    tpot_p99_s: p99,
+                    figures,
                     sequences_per_step: composition.clone(),
                 });
             }

@@ -120,21 +120,51 @@ impl ServeOptions {
     }
 }
 
+/// What the clients of one wave (or of one kind in it) saw: throughput and latency.
+#[derive(Debug, Clone, Serialize)]
+pub struct WaveFigures {
+    pub requests: usize,
+    pub tokens: usize,
+    pub wall_s: f64,
+    pub tokens_per_s: f64,
+    /// Against one client alone (see the row for which).
+    pub speedup_vs_one_client: f64,
+    pub ttft_p50_s: f64,
+    pub ttft_p99_s: f64,
+    pub tpot_p50_s: f64,
+    pub tpot_p99_s: f64,
+}
+
+impl WaveFigures {
+    /// The figures of `samples` answered in `wall_s` seconds; `one_client` is the rate to
+    /// compare with (`None`: this rate, the first row of its series).
+    pub fn new(samples: &[&Sample], wall_s: f64, one_client: Option<f64>) -> Self {
+        let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+        let rate = tokens as f64 / wall_s;
+        let ttft: Vec<f64> = samples.iter().map(|s| s.ttft).collect();
+        let tpot: Vec<f64> = samples.iter().filter_map(|s| s.tpot).collect();
+        Self {
+            requests: samples.len(),
+            tokens,
+            wall_s,
+            tokens_per_s: rate,
+            speedup_vs_one_client: rate / one_client.unwrap_or(rate),
+            ttft_p50_s: pct(&ttft, 50.0),
+            ttft_p99_s: pct(&ttft, 99.0),
+            tpot_p50_s: pct(&tpot, 50.0),
+            tpot_p99_s: pct(&tpot, 99.0),
+        }
+    }
+}
+
 /// One wave as its clients saw it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServeRow {
     pub model: String,
     pub clients: usize,
     pub batching: bool,
-    pub requests: usize,
-    pub tokens: usize,
-    pub wall_s: f64,
-    pub tokens_per_s: f64,
-    pub speedup_vs_one_client: f64,
-    pub ttft_p50_s: f64,
-    pub ttft_p99_s: f64,
-    pub tpot_p50_s: f64,
-    pub tpot_p99_s: f64,
+    #[serde(flatten)]
+    pub figures: WaveFigures,
 }
 
 /// What `glance bench serve` reports (the JSON it writes).
@@ -152,18 +182,6 @@ pub struct ServeReport {
 pub enum Outcome {
     Plain(ServeReport),
     Mix(mix::MixReport),
-}
-
-/// The p50 and p99 of the times to first token and per output token of `samples`.
-pub(crate) fn latencies<'a>(samples: impl Iterator<Item = &'a Sample> + Clone) -> [f64; 4] {
-    let ttft: Vec<f64> = samples.clone().map(|s| s.ttft).collect();
-    let tpot: Vec<f64> = samples.filter_map(|s| s.tpot).collect();
-    [
-        pct(&ttft, 50.0),
-        pct(&ttft, 99.0),
-        pct(&tpot, 50.0),
-        pct(&tpot, 99.0),
-    ]
 }
 
 /// Checks the options, loads the model and runs the waves (or the mixed workload).
@@ -215,23 +233,13 @@ pub fn run(o: &ServeOptions, progress: &mut dyn crate::Progress) -> Result<Outco
                     .map(|(_, s)| s)
                     .collect();
                 let wall = start.elapsed().as_secs_f64();
-                let tokens: usize = samples.iter().map(|s| s.tokens).sum();
-                let rate = tokens as f64 / wall;
-                let base = *single.get_or_insert(rate);
-                let [t50, t99, p50, p99] = latencies(samples.iter());
+                let figures = WaveFigures::new(&samples.iter().collect::<Vec<_>>(), wall, single);
+                single.get_or_insert(figures.tokens_per_s);
                 rows.push(ServeRow {
                     model: name.clone(),
                     clients: c,
                     batching,
-                    requests: samples.len(),
-                    tokens,
-                    wall_s: wall,
-                    tokens_per_s: rate,
-                    speedup_vs_one_client: rate / base,
-                    ttft_p50_s: t50,
-                    ttft_p99_s: t99,
-                    tpot_p50_s: p50,
-                    tpot_p99_s: p99,
+                    figures,
                 });
             }
             server.shutdown()?;

@@ -6,7 +6,7 @@ use crate::plot::{write_line_plot, Axes, Series};
 use anyhow::Result;
 use clap::Args;
 use glance_bench::serve::mix::MixReport;
-use glance_bench::serve::{Outcome, ServeOptions, ServeRow};
+use glance_bench::serve::{Outcome, ServeOptions, ServeRow, WaveFigures};
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
@@ -94,70 +94,53 @@ pub fn run(args: ServeBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The columns every serving table shares.
+const FIGURES: &str = "tokens     tok/s  × 1 cli  TTFT p50  TTFT p99  TPOT p50  TPOT p99";
+
+/// A row's shared columns (TPOT with `decimals` decimals).
+fn figures(f: &WaveFigures, decimals: usize) -> String {
+    format!(
+        "{:>6} {:>9.1} {:>8.2} {:>7.0}ms {:>7.0}ms {:>7.decimals$}ms {:>7.decimals$}ms",
+        f.tokens,
+        f.tokens_per_s,
+        f.speedup_vs_one_client,
+        f.ttft_p50_s * 1e3,
+        f.ttft_p99_s * 1e3,
+        f.tpot_p50_s * 1e3,
+        f.tpot_p99_s * 1e3
+    )
+}
+
 fn print_rows(rows: &[ServeRow]) {
     println!(
-        "{:<22} {:>7} {:>8} {:>6} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}",
-        "model",
-        "clients",
-        "batching",
-        "tokens",
-        "tok/s",
-        "× 1 cli",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "TPOT p99"
+        "{:<22} {:>7} {:>8} {FIGURES}",
+        "model", "clients", "batching"
     );
     for r in rows {
-        println!(
-            "{:<22} {:>7} {:>8} {:>6} {:>9.1} {:>8.2} {:>8.0}ms {:>7.0}ms {:>7.1}ms {:>7.1}ms",
-            r.model,
-            r.clients,
-            if r.batching { "on" } else { "off" },
-            r.tokens,
-            r.tokens_per_s,
-            r.speedup_vs_one_client,
-            r.ttft_p50_s * 1e3,
-            r.ttft_p99_s * 1e3,
-            r.tpot_p50_s * 1e3,
-            r.tpot_p99_s * 1e3
-        );
+        let batching = if r.batching { "on" } else { "off" };
+        let shown = figures(&r.figures, 1);
+        println!("{:<22} {:>7} {batching:>8} {shown}", r.model, r.clients);
     }
 }
 
 fn print_mix(report: &MixReport) {
     println!(
-        "{:<10} {:>7} {:<10} {:>6} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}  sequences per step",
-        "workload",
-        "clients",
-        "kind",
-        "tokens",
-        "tok/s",
-        "× 1 cli",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "TPOT p99"
+        "{:<10} {:>7} {:<10} {FIGURES}  sequences per step",
+        "workload", "clients", "kind"
     );
     for r in &report.rows {
-        let shown: Vec<String> = r
+        let composition: Vec<String> = r
             .sequences_per_step
             .iter()
             .map(|(s, n)| format!("{s} {n:.2}"))
             .collect();
         println!(
-            "{:<10} {:>7} {:<10} {:>6} {:>9.1} {:>8.2} {:>7.0}ms {:>7.0}ms {:>7.2}ms {:>7.2}ms  {}",
+            "{:<10} {:>7} {:<10} {}  {}",
             r.workload,
             r.clients,
             r.kind,
-            r.tokens,
-            r.tokens_per_s,
-            r.speedup_vs_one_client,
-            r.ttft_p50_s * 1e3,
-            r.ttft_p99_s * 1e3,
-            r.tpot_p50_s * 1e3,
-            r.tpot_p99_s * 1e3,
-            shown.join(" · ")
+            figures(&r.figures, 2),
+            composition.join(" · ")
         );
     }
 }
@@ -165,7 +148,7 @@ fn print_mix(report: &MixReport) {
 /// A plot: its file suffix, the row's figure and its scale, the title and the y label.
 type Plot = (
     &'static str,
-    fn(&ServeRow) -> f64,
+    fn(&WaveFigures) -> f64,
     f64,
     &'static str,
     &'static str,
@@ -180,14 +163,14 @@ fn write_plots(json_path: &Path, rows: &[ServeRow]) -> Result<Vec<String>> {
             keys.push(k);
         }
     }
-    let series = |metric: fn(&ServeRow) -> f64, scale: f64| -> Vec<Series> {
+    let series = |metric: fn(&WaveFigures) -> f64, scale: f64| -> Vec<Series> {
         keys.iter()
             .map(|&(m, b)| Series {
                 name: format!("{m}, batching {}", if b { "on" } else { "off" }),
                 points: rows
                     .iter()
                     .filter(|r| r.model == m && r.batching == b)
-                    .map(|r| (r.clients as f64, metric(r) * scale))
+                    .map(|r| (r.clients as f64, metric(&r.figures) * scale))
                     .collect(),
             })
             .collect()
