@@ -57,7 +57,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     report["timings"]["load_s"] = json!(engine.load_time().as_secs_f64());
     report["pruning"] = json!({"policy": spec.policy.name(), "keep": spec.budget.to_string()});
     if let Some(cost) = engine.measured_cost() {
-        report["cost_model"] = crate::bench::cost_report(&cost);
+        report["cost_model"] = serde_json::to_value(glance_bench::CostReport::from(&cost))?;
     }
     // Tokens after the first (which the prefill gives) per forward pass after the prefill.
     let passes = response.decode.forward_passes;

@@ -319,8 +319,9 @@ pub(crate) fn emit(
     Ok(None)
 }
 
-/// Logits of one hidden row `(1, hidden)` → the sampled token.
-pub(crate) fn pick<M: CausalLm + ?Sized>(
+/// Logits of one hidden row `(1, hidden)` → the sampled token (the first token after a
+/// prefill: [`Prefilled::last_hidden`]).
+pub fn pick<M: CausalLm + ?Sized>(
     model: &M,
     hidden: &Tensor,
     sampler: &mut Sampler,

@@ -12,7 +12,7 @@
 use crate::speculative::tree::draft_probs;
 use candle_core::Tensor;
 use glance_core::{Error, Result};
-use glance_nn::{AttnMask, CausalLm, DraftLm, DraftPrompt, TreeMask};
+use glance_nn::{AttnMask, CausalLm, DraftLm, DraftPrompt, KvCache, TreeMask};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -115,11 +115,11 @@ impl CostModel {
             let positions: Vec<u32> = (0..context as u32).collect();
             model.forward(&xs, &positions, &AttnMask::causal(), &mut cache)?;
         }
-        time_pass(model, &mut cache, 1)?;
+        time_chain(model, &mut cache, 1)?;
         let mut pass_s = vec![f64::INFINITY; rows.len()];
         for _ in 0..SWEEPS {
             for (i, &k) in rows.iter().enumerate() {
-                pass_s[i] = pass_s[i].min(fastest(|| time_pass(model, &mut cache, k))?);
+                pass_s[i] = pass_s[i].min(fastest(|| time_chain(model, &mut cache, k))?);
             }
         }
         for i in (0..pass_s.len().saturating_sub(1)).rev() {
@@ -249,18 +249,33 @@ impl CostModel {
     }
 }
 
-/// Seconds of one target pass over `k` rows after those in `cache` (forward and logits), the
-/// rows rolled back after.
-fn time_pass(model: &dyn CausalLm, cache: &mut glance_nn::KvCache, k: usize) -> Result<f64> {
-    let ids = vec![0; k];
+/// Seconds of one target pass over `k` rows after those in `cache` (a chain under the tree
+/// mask, as a verification pass runs), the rows rolled back after.
+fn time_chain(model: &dyn CausalLm, cache: &mut KvCache, k: usize) -> Result<f64> {
     let mask = TreeMask::chain(k);
     let positions = mask.positions(cache.len() as u32);
+    time_pass(model, cache, &vec![0; k], &positions, &AttnMask::Tree(mask))
+}
+
+/// Seconds of one target pass over the rows of `ids` at `positions` under `mask` after those in
+/// `cache`: embedding, forward and the logits of every row (what a verification pass computes).
+/// The rows are rolled back after, so the cache is as it was.
+pub fn time_pass(
+    model: &dyn CausalLm,
+    cache: &mut KvCache,
+    ids: &[u32],
+    positions: &[u32],
+    mask: &AttnMask,
+) -> Result<f64> {
     let mark = cache.mark();
     let clock = Instant::now();
-    let xs = model.embed_tokens(&ids)?;
-    let hidden = model.forward(&xs, &positions, &AttnMask::Tree(mask), cache)?;
-    let _: Vec<Vec<f32>> = model.logits(&hidden)?.to_vec2()?;
+    // (rows, hidden)
+    let xs = model.embed_tokens(ids)?;
+    let hidden = model.forward(&xs, positions, mask, cache)?;
+    // (rows, vocab)
+    let logits: Vec<Vec<f32>> = model.logits(&hidden)?.to_vec2()?;
     let s = clock.elapsed().as_secs_f64();
+    std::hint::black_box(logits);
     cache.rollback(&mark)?;
     Ok(s)
 }

@@ -653,9 +653,7 @@ fn take_logprob(sink: &LogprobSink, i: usize, id: u32) -> Result<glance_decode::
 /// KV-cache bytes of a prefill of `rows` rows (f32 keys and values in every layer; buffers hold
 /// at least 128 rows).
 fn cache_bytes(c: ModelConfig<'_>, rows: usize) -> usize {
-    let t = &c.text;
-    let capacity = rows.max(128);
-    2 * t.num_layers * capacity * t.num_kv_heads * t.head_dim * 4
+    c.text.kv_bytes(rows.max(128))
 }
 
 /// What encoding the request's images cost: (vision time spent, time the encoding cache saved,

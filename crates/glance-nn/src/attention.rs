@@ -92,6 +92,18 @@ impl TreeMask {
         Self::new((0..t).map(|i| i.checked_sub(1)).collect()).expect("a chain is a valid tree")
     }
 
+    /// The `top_k`-ary tree of `k` nodes in breadth-first order, node 0 the root: node `i > 0`
+    /// hangs below node `(i - 1) / top_k` (the shape drafting grows when every node keeps its
+    /// `top_k` best children; `top_k = 1` is the chain).
+    pub fn k_ary(k: usize, top_k: usize) -> Self {
+        Self::new(
+            (0..k)
+                .map(|i| (i > 0).then(|| (i - 1) / top_k.max(1)))
+                .collect(),
+        )
+        .expect("a breadth-first tree's parents precede their children")
+    }
+
     /// Nodes (new rows) in the tree.
     pub fn len(&self) -> usize {
         self.parents.len()
@@ -659,6 +671,21 @@ mod tests {
         }
         assert!(AttnMask::block(0).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn k_ary_trees_are_breadth_first() {
+        let parents = |k, top_k| TreeMask::k_ary(k, top_k).parents().to_vec();
+        assert_eq!(
+            parents(6, 2),
+            vec![None, Some(0), Some(0), Some(1), Some(1), Some(2)]
+        );
+        assert_eq!(parents(3, 1), TreeMask::chain(3).parents().to_vec());
+        assert_eq!(
+            TreeMask::k_ary(7, 3).positions(5),
+            vec![5, 6, 6, 6, 7, 7, 7]
+        );
+        assert!(TreeMask::k_ary(0, 4).is_empty());
     }
 
     #[test]

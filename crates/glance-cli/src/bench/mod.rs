@@ -1,18 +1,17 @@
-//! `glance bench …`: benchmarks are commands that print a table and write JSON. Every ratio is
-//! measured side by side in one run (this machine is shared and noisy).
+//! `glance bench …`: each benchmark runs in the glance-bench library, which returns a typed
+//! report; this module turns flags into its options, prints the report's tables, and writes
+//! its JSON and plots. Every ratio is measured side by side in one run (this machine is shared
+//! and noisy).
 
 mod decode;
 mod diffusion;
-mod machine;
 mod prune;
 mod serve;
-mod serve_mix;
 mod spec;
-mod tally;
 
 use anyhow::Result;
 use clap::Subcommand;
-use glance_engine::ImageInput;
+use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -37,30 +36,6 @@ pub enum BenchCommand {
     Diffusion(diffusion::DiffusionBenchArgs),
 }
 
-/// The cost model as reports show it: the decode step in ms, `c(k)` at the timed row counts,
-/// and each draft head's step and prompt-row costs in decode steps.
-pub(crate) fn cost_report(cost: &glance_decode::CostModel) -> serde_json::Value {
-    let step = cost.pass(1);
-    let drafts: serde_json::Map<String, serde_json::Value> = cost
-        .drafts
-        .iter()
-        .map(|(kind, d)| {
-            let steps: Vec<f64> = d.step_s.iter().map(|s| s / step).collect();
-            (
-                kind.clone(),
-                serde_json::json!({"step_in_decode_steps": steps, "prompt_row_in_decode_steps": d.row_s / step}),
-            )
-        })
-        .collect();
-    serde_json::json!({
-        "key": cost.key,
-        "decode_step_ms": step * 1e3,
-        "c": cost.curve().into_iter().map(|(k, c)| serde_json::json!([k, c])).collect::<Vec<_>>(),
-        "drafts": drafts,
-        "measured_s": cost.measured_s,
-    })
-}
-
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(a) => decode::run(a),
@@ -81,59 +56,60 @@ pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// The most world test images a benchmark takes (the split has far more; this bounds a typo).
-pub const MAX_IMAGES: usize = 100_000;
-
-/// Checks `--n` world test images from `--start`.
-pub fn check_test_images(n: usize, start: u64) -> Result<()> {
-    if n == 0 || n > MAX_IMAGES {
-        anyhow::bail!("--n must be between 1 and {MAX_IMAGES} (world test images)");
-    }
-    let last = start.checked_add(n as u64 - 1);
-    if last.is_none_or(|l| glance_world::Split::Test.seed(l).is_err()) {
-        anyhow::bail!("--start {start} with --n {n} runs past the end of the test split");
-    }
-    Ok(())
+/// Writes a benchmark's report as pretty JSON to `path` (through a JSON value, so its keys are
+/// sorted as every JSON glance writes).
+pub fn write_report(path: &std::path::Path, report: &impl serde::Serialize) -> Result<()> {
+    write_json(path, &serde_json::to_value(report)?)
 }
 
-/// The first independent question of world test image `start` and the image: what the
-/// question benchmarks answer once, untimed, before measuring.
-pub fn warm_up_question(start: u64) -> Result<Option<(glance_world::Qa, ImageInput)>> {
-    let ex = glance_world::sample(glance_world::Split::Test, start)?;
-    let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
-    Ok(ex
-        .questions
-        .into_iter()
-        .find(|q| !q.follow_up)
-        .map(|qa| (qa, image)))
+/// A benchmark's progress on stderr: a bar per phase (`LABEL [elapsed] bar done/total images`)
+/// and its notes as lines.
+#[derive(Default)]
+pub struct Bars {
+    bar: Option<ProgressBar>,
 }
 
-/// Calls `f` on every independent question (no follow-up turns) of world test images
-/// `start .. start + n`, in order, with a progress bar labelled `label`; returns the seconds
-/// taken.
-pub fn for_each_question(
-    label: &str,
-    n: usize,
-    start: u64,
-    mut f: impl FnMut(&glance_world::Example, &glance_world::Qa, &ImageInput) -> Result<()>,
-) -> Result<f64> {
-    use indicatif::{ProgressBar, ProgressStyle};
-    let bar = ProgressBar::new(n as u64);
-    bar.set_style(
-        ProgressStyle::with_template(&format!(
-            "{label} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} images (eta {{eta}})"
-        ))
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let t0 = std::time::Instant::now();
-    for index in start..start + n as u64 {
-        let ex = glance_world::sample(glance_world::Split::Test, index)?;
-        let image = ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image.clone()));
-        for qa in ex.questions.iter().filter(|q| !q.follow_up) {
-            f(&ex, qa, &image)?;
+impl glance_bench::Progress for Bars {
+    fn start(&mut self, label: &str, total: u64) {
+        self.finish();
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(&format!(
+                "{label} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} images{{msg}} (eta {{eta}})"
+            ))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        self.bar = Some(bar);
+    }
+
+    fn advance(&mut self, done: u64, note: &str) {
+        if let Some(b) = &self.bar {
+            b.set_position(done);
+            if !note.is_empty() {
+                b.set_message(format!(", {note}"));
+            }
         }
-        bar.inc(1);
     }
-    bar.finish_and_clear();
-    Ok(t0.elapsed().as_secs_f64())
+
+    fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+
+    fn note(&mut self, text: &str) {
+        match &self.bar {
+            Some(b) => b.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+}
+
+/// `v` to `decimals`, `-` when not finite, right-aligned in `width`.
+pub fn cell(v: f64, width: usize, decimals: usize) -> String {
+    if v.is_finite() {
+        format!("{v:>width$.decimals$}")
+    } else {
+        format!("{:>width$}", "-")
+    }
 }

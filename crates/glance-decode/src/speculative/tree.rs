@@ -271,22 +271,21 @@ pub fn grow(
         let rows = draft.fuse(&target.embed_tokens(&ids)?, &prev, context)?;
         let positions: Vec<u32> = vec![root_pos + d as u32; pick.len()];
         // Each row sees the committed rows, its expanded ancestors and itself.
-        let kv_len = committed + spec_rows + pick.len();
-        let mut visible = vec![false; pick.len() * kv_len];
-        for (m, &i) in pick.iter().enumerate() {
-            let row = &mut visible[m * kv_len..(m + 1) * kv_len];
-            row[..committed].fill(true);
-            row[committed + spec_rows + m] = true;
-            let mut a = nodes[i].parent;
-            while let Some(j) = a {
-                let r = nodes[j]
-                    .row
-                    .ok_or_else(|| Error::Input("draft tree: an ancestor has no row".into()))?;
-                row[committed + r] = true;
-                a = nodes[j].parent;
-            }
-        }
-        let mask = AttnMask::visible(pick.len(), kv_len, visible)?;
+        let ancestors = pick
+            .iter()
+            .map(|&i| {
+                let mut rows = Vec::new();
+                let mut a = nodes[i].parent;
+                while let Some(j) = a {
+                    rows.push(nodes[j].row.ok_or_else(|| {
+                        Error::Input("draft tree: an ancestor has no row".into())
+                    })?);
+                    a = nodes[j].parent;
+                }
+                Ok(rows)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mask = level_mask(committed, spec_rows, &ancestors)?;
         // (n, hidden)
         let hidden = draft.forward(&rows, &positions, &mask, cache)?;
         forwards += 1;
@@ -312,6 +311,34 @@ pub fn grow(
         frontier = next;
     }
     Ok(select(&nodes, settings.budget, forwards))
+}
+
+/// The mask of one draft step over `ancestors.len()` new rows appended after `committed`
+/// committed rows and `spec_rows` speculative ones in the draft cache: new row `m` sees every
+/// committed row, the speculative rows `ancestors[m]` (its expanded ancestors, indices into the
+/// speculative region) and itself. A mask `(rows, committed + spec_rows + rows)`.
+pub fn level_mask(
+    committed: usize,
+    spec_rows: usize,
+    ancestors: &[Vec<usize>],
+) -> Result<AttnMask> {
+    let n = ancestors.len();
+    let kv_len = committed + spec_rows + n;
+    let mut visible = vec![false; n * kv_len];
+    for (m, rows) in ancestors.iter().enumerate() {
+        let row = &mut visible[m * kv_len..(m + 1) * kv_len];
+        row[..committed].fill(true);
+        row[committed + spec_rows + m] = true;
+        for &r in rows {
+            if r >= spec_rows {
+                return Err(Error::Input(format!(
+                    "draft tree: ancestor row {r} is past the {spec_rows} speculative rows"
+                )));
+            }
+            row[committed + r] = true;
+        }
+    }
+    Ok(AttnMask::visible(n, kv_len, visible)?)
 }
 
 /// The `budget` best nodes, closed under ancestors, parents first.
@@ -419,6 +446,21 @@ fn top_k(probs: &[f32], k: usize) -> Vec<(usize, f32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_level_sees_the_committed_rows_its_ancestors_and_itself() -> Result<()> {
+        // 2 committed rows, 2 speculative ones; row 0 hangs below speculative row 1, row 1 is
+        // a child of the root.
+        let AttnMask::Visible(m) = level_mask(2, 2, &[vec![1], vec![]])? else {
+            panic!("a visibility mask");
+        };
+        assert_eq!(m.dims(), (2, 6));
+        let row = |i: usize| (0..6).map(|j| m.get(i, j)).collect::<Vec<_>>();
+        assert_eq!(row(0), [true, true, false, true, true, false]);
+        assert_eq!(row(1), [true, true, false, false, false, true]);
+        assert!(level_mask(2, 1, &[vec![1]]).is_err());
+        Ok(())
+    }
 
     fn node(token: TokenId, parent: Option<usize>, score: f32, depth: usize) -> Grown {
         Grown {

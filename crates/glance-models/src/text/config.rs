@@ -240,6 +240,11 @@ impl TextConfig {
         Ok(())
     }
 
+    /// Bytes of the KV cache over `rows` rows: f32 keys and values of every layer's KV heads.
+    pub fn kv_bytes(&self, rows: usize) -> usize {
+        2 * self.num_layers * rows * self.num_kv_heads * self.head_dim * 4
+    }
+
     /// Parameters of the decoder (embeddings and LM head counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let (h, i, hd) = (self.hidden_size, self.intermediate_size, self.head_dim);
@@ -415,6 +420,9 @@ mod tests {
         assert_eq!(c.layer_windows, vec![None; 32]);
         // ~6.7B parameters.
         assert!((6_600_000_000..6_800_000_000).contains(&c.num_parameters()));
+        // LLaVA-1.5-7B's KV cache: 1 MiB per row (32 layers × 32 heads × 128 × K and V × f32).
+        assert_eq!(c.kv_bytes(1), 1 << 20);
+        assert_eq!(c.kv_bytes(576), 576 << 20);
     }
 
     #[test]

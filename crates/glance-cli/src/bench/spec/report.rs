@@ -1,30 +1,18 @@
-//! The tables `glance bench spec` prints (one per temperature × answer kind), its JSON, and its
-//! two plots: acceptance rate by draft depth, and tokens per round by position in the
-//! description (the "middle-forgetting" curve).
+//! The tables `glance bench spec` prints (one per temperature × answer kind) and its two plots:
+//! acceptance rate by draft depth, and tokens per round by position in the description (the
+//! "middle-forgetting" curve).
 
-use super::{Column, Measured, SpecBenchArgs};
-use crate::bench::tally::{num, Kind, Tally, PHASES};
+use crate::bench::cell;
 use crate::plot::{write_line_plot, Axes, Series};
 use anyhow::Result;
+use glance_bench::spec::{SpecGroup, SpecReport};
+use glance_bench::tally::{Kind, TallyRow, PHASES};
 use glance_decode::speculative::POSITION_BUCKET;
-use glance_decode::TreeSettings;
-use glance_engine::eval::SHORT_MAX_NEW_TOKENS;
-use glance_engine::Engine;
-use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Position buckets with fewer rounds than this are left out of the plot (not the table): the
 /// last bucket of the longest answer alone is noise.
 const MIN_PLOTTED_ROUNDS: u64 = 5;
-
-/// `v` to `decimals`, `-` when not finite, right-aligned in `width`.
-fn cell(v: f64, width: usize, decimals: usize) -> String {
-    if v.is_finite() {
-        format!("{v:>width$.decimals$}")
-    } else {
-        format!("{:>width$}", "-")
-    }
-}
 
 /// A row of rates, each in 5 characters.
 fn rates(v: &[f64], n: usize) -> String {
@@ -42,26 +30,28 @@ fn kind_title(kind: Kind) -> &'static str {
 }
 
 /// Prints one group's tables.
-fn print_group(t: f32, kind: Kind, cols: &[Column], tallies: &[Tally]) {
-    let ar = &tallies[0];
+fn print_group(g: &SpecGroup) {
+    let rows = &g.strategies;
+    let ar = &rows[0];
     println!(
-        "\nT={t} · {}: {} questions, {} tokens by ar",
-        kind_title(kind),
+        "\nT={} · {}: {} questions, {} tokens by ar",
+        g.temperature,
+        kind_title(g.kind),
         ar.questions,
-        ar.tokens
+        ar.completion_tokens
     );
-    let depth = tallies
+    let depth = rows
         .iter()
         .map(|x| x.offered_by_depth.len())
         .max()
         .unwrap_or(0);
-    let buckets = tallies
+    let buckets = rows
         .iter()
         .map(|x| x.rounds_by_position.len())
         .max()
         .unwrap_or(0);
     let by_depth = format!("acceptance at depth 1..{depth}");
-    let score = if kind == Kind::Description {
+    let score = if g.kind == Kind::Description {
         "F1"
     } else {
         "accuracy"
@@ -71,52 +61,48 @@ fn print_group(t: f32, kind: Kind, cols: &[Column], tallies: &[Tally]) {
         "{:<22} {:>7} {:>7} | {:<w$} | {:>7} {:>8} | {:>8} {:>8}",
         "strategy", "tok/fwd", "rows", by_depth, "tok/s", "speedup", "mismatch", score
     );
-    for (c, x) in cols.iter().zip(tallies) {
-        let mismatch = x.mismatches.map_or("-".to_string(), |m| m.to_string());
-        let rows = if x.rounds > 0 {
-            x.mean_tree_rows()
+    for x in rows {
+        let mismatch = x
+            .greedy_mismatches
+            .map_or("-".to_string(), |m| m.to_string());
+        let tree_rows = if x.rounds > 0 {
+            x.mean_tree_rows
         } else {
             f64::NAN
         };
         println!(
             "{:<22} {} {} | {:<w$} | {} {}× | {:>8} {}",
-            c.name,
-            cell(x.tokens_per_forward(), 7, 2),
-            cell(rows, 7, 1),
+            x.strategy,
+            cell(x.tokens_per_forward, 7, 2),
+            cell(tree_rows, 7, 1),
             if x.rounds > 0 {
-                rates(&x.acceptance_by_depth(), depth)
+                rates(&x.acceptance_by_depth, depth)
             } else {
                 String::new()
             },
-            cell(x.tokens_per_s(), 7, 0),
-            cell(x.tokens_per_s() / ar.tokens_per_s(), 7, 2),
+            cell(x.decode_tokens_per_s, 7, 0),
+            cell(x.speedup, 7, 2),
             mismatch,
-            cell(x.accuracy(), 8, 3)
+            cell(x.accuracy, 8, 3)
         );
     }
-    for (c, x) in cols.iter().zip(tallies) {
-        let predicted = x.predicted_speedup();
-        if predicted.is_finite() {
-            println!(
-                "{}: the cost model predicted {predicted:.2}× for the rounds it planned, measured \
-                 {:.2}×",
-                c.name,
-                x.tokens_per_s() / ar.tokens_per_s()
-            );
-        }
+    for x in rows.iter().filter(|x| x.predicted_speedup.is_finite()) {
+        println!(
+            "{}: the cost model predicted {:.2}× for the rounds it planned, measured {:.2}×",
+            x.strategy, x.predicted_speedup, x.speedup
+        );
     }
-    let ar_step = ar.decode_s / ar.forwards as f64;
+    let ar_step = ar.decode_s / ar.forward_passes as f64;
     println!(
         "where the decode time went (share of decode time; ms per answer for start, per round for \
          the rest); ar: {} ms per forward",
         cell(ar_step * 1e3, 0, 2).trim()
     );
-    for (c, x) in cols.iter().zip(tallies).filter(|(_, x)| x.rounds > 0) {
+    for x in rows.iter().filter(|x| x.rounds > 0) {
         let parts: Vec<String> = PHASES
             .iter()
-            .zip(x.phase_us)
-            .map(|(p, us)| {
-                let s = us as f64 / 1e6;
+            .map(|p| {
+                let s = x.phase_s.get(*p).copied().unwrap_or(0.0);
                 let per = if *p == "start" {
                     x.questions as u64
                 } else {
@@ -129,7 +115,7 @@ fn print_group(t: f32, kind: Kind, cols: &[Column], tallies: &[Tally]) {
                 )
             })
             .collect();
-        println!("{:<22} {}", c.name, parts.join(" · "));
+        println!("{:<22} {}", x.strategy, parts.join(" · "));
     }
     if buckets == 0 {
         return;
@@ -142,72 +128,26 @@ fn print_group(t: f32, kind: Kind, cols: &[Column], tallies: &[Tally]) {
         "strategy",
         head.join(" ")
     );
-    for (c, x) in cols.iter().zip(tallies).filter(|(_, x)| x.rounds > 0) {
+    for x in rows.iter().filter(|x| x.rounds > 0) {
         println!(
             "{:<22} {}",
-            c.name,
-            rates(&x.tokens_per_round_by_position(), buckets)
+            x.strategy,
+            rates(&x.tokens_per_round_by_position, buckets)
         );
     }
 }
 
-/// Prints every table and returns the report's JSON (without the projection).
-pub fn report(
-    dir: &Path,
-    engine: &Engine,
-    args: &SpecBenchArgs,
-    tree: &TreeSettings,
-    cols: &[Column],
-    m: &Measured,
-) -> Result<Value> {
-    let mut groups = Vec::new();
-    for g in &m.groups {
-        print_group(g.temperature, g.kind, cols, &g.tallies);
-        let ar_rate = g.tallies[0].tokens_per_s();
-        let strategies: Vec<Value> = cols
-            .iter()
-            .zip(&g.tallies)
-            .map(|(c, x)| x.to_json(&c.name, ar_rate))
-            .collect();
-        groups.push(json!({
-            "temperature": g.temperature,
-            "answers": g.kind.name(),
-            "questions": g.tallies[0].questions,
-            "strategies": strategies,
-        }));
+/// Prints every group's tables and the run's summary line.
+pub fn print(r: &SpecReport) {
+    for g in &r.groups {
+        print_group(g);
     }
     println!(
         "\n{} images, {} questions at each temperature, {:.1} s (tok/fwd: tokens per target \
          forward; rows: mean rows verified per forward; speedup: decode tokens/s over ar's, \
          measured interleaved)",
-        m.images, m.questions, m.seconds
+        r.images, r.questions, r.seconds
     );
-    let strategies: Vec<Value> = cols
-        .iter()
-        .map(|c| match &c.head {
-            None => json!({"name": c.name, "decode": c.spec.name()}),
-            Some(h) => json!({"name": c.name, "decode": c.spec.name(), "head": h.dir,
-                "adaptor_queries": h.config.adaptor_queries,
-                "global_injection": h.config.global_injection}),
-        })
-        .collect();
-    Ok(json!({
-        "bench": "spec",
-        "model": dir,
-        "threads": engine.threads(),
-        "split": "test",
-        "start": args.start,
-        "images": m.images,
-        "questions": m.questions,
-        "temperatures": args.temperature,
-        "max_new_tokens": args.max_new_tokens,
-        "short_max_new_tokens": SHORT_MAX_NEW_TOKENS.min(args.max_new_tokens),
-        "tree": tree,
-        "position_bucket": POSITION_BUCKET,
-        "strategies": strategies,
-        "groups": groups,
-        "seconds": num(m.seconds),
-    }))
 }
 
 fn short(kind: Kind) -> &'static str {
@@ -226,27 +166,27 @@ fn ticks(n: usize, step: usize, first: usize) -> Vec<(f64, String)> {
 /// The acceptance-by-depth plot (a line per strategy × answer kind × temperature) and the
 /// tokens-per-round-by-position plot (descriptions; a line per strategy × temperature; buckets of
 /// at least [`MIN_PLOTTED_ROUNDS`] rounds).
-pub fn plots(paths: &[PathBuf], cols: &[Column], m: &Measured) -> Result<()> {
+pub fn plots(paths: &[PathBuf], r: &SpecReport) -> Result<()> {
     let spec_lines = || {
-        m.groups.iter().flat_map(|g| {
-            cols.iter()
-                .zip(&g.tallies)
-                .filter(|(_, x)| x.rounds > 0)
-                .map(move |(c, x)| (g, c, x))
+        r.groups.iter().flat_map(|g| {
+            g.strategies
+                .iter()
+                .filter(|x| x.rounds > 0)
+                .map(move |x| (g, x))
         })
     };
     let depth = spec_lines()
-        .map(|(_, _, x)| x.offered_by_depth.len())
+        .map(|(_, x)| x.offered_by_depth.len())
         .max()
         .unwrap_or(1);
     let series: Vec<Series> = spec_lines()
-        .map(|(g, c, x)| Series {
-            name: format!("{} {} T{}", c.name, short(g.kind), g.temperature),
+        .map(|(g, x): (&SpecGroup, &TallyRow)| Series {
+            name: format!("{} {} T{}", x.strategy, short(g.kind), g.temperature),
             points: x
-                .acceptance_by_depth()
-                .into_iter()
+                .acceptance_by_depth
+                .iter()
                 .enumerate()
-                .map(|(d, a)| ((d + 1) as f64, a))
+                .map(|(d, &a)| ((d + 1) as f64, a))
                 .collect(),
         })
         .collect();
@@ -260,21 +200,21 @@ pub fn plots(paths: &[PathBuf], cols: &[Column], m: &Measured) -> Result<()> {
     };
     write_line_plot(&paths[0], &axes, &series)?;
     let series: Vec<Series> = spec_lines()
-        .filter(|(g, _, _)| g.kind == Kind::Description)
-        .map(|(g, c, x)| Series {
-            name: format!("{} T{}", c.name, g.temperature),
+        .filter(|(g, _)| g.kind == Kind::Description)
+        .map(|(g, x)| Series {
+            name: format!("{} T{}", x.strategy, g.temperature),
             points: x
-                .tokens_per_round_by_position()
-                .into_iter()
+                .tokens_per_round_by_position
+                .iter()
                 .enumerate()
                 .filter(|&(b, _)| x.rounds_by_position[b] >= MIN_PLOTTED_ROUNDS)
-                .map(|(b, v)| ((b * POSITION_BUCKET) as f64, v))
+                .map(|(b, &v)| ((b * POSITION_BUCKET) as f64, v))
                 .collect(),
         })
         .collect();
     let buckets = spec_lines()
-        .filter(|(g, _, _)| g.kind == Kind::Description)
-        .map(|(_, _, x)| x.rounds_by_position.len())
+        .filter(|(g, _)| g.kind == Kind::Description)
+        .map(|(_, x)| x.rounds_by_position.len())
         .max()
         .unwrap_or(1);
     let x_ticks = ticks(buckets, POSITION_BUCKET, 0);

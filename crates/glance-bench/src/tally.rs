@@ -4,7 +4,8 @@
 
 use glance_engine::Response;
 use glance_world::Family;
-use serde_json::{json, Value};
+use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// The answer kinds reported apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +90,7 @@ fn add_into(into: &mut Vec<u64>, from: &[u64]) {
     into.iter_mut().zip(from).for_each(|(a, b)| *a += b);
 }
 
+/// `a / b`, NaN when `b` is not positive.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
@@ -103,15 +105,6 @@ fn rates(num: &[u64], den: &[u64]) -> Vec<f64> {
         .enumerate()
         .map(|(i, &d)| ratio(num.get(i).copied().unwrap_or(0) as f64, d as f64))
         .collect()
-}
-
-/// `x` as JSON, `null` when not finite.
-pub fn num(x: f64) -> Value {
-    if x.is_finite() {
-        json!(x)
-    } else {
-        Value::Null
-    }
 }
 
 impl Tally {
@@ -207,47 +200,147 @@ impl Tally {
         ratio(per_family.iter().sum(), per_family.len() as f64)
     }
 
-    /// Everything, with the derived rates; `ar_tokens_per_s` gives the speedup.
-    pub fn to_json(&self, name: &str, ar_tokens_per_s: f64) -> Value {
-        let vec = |v: Vec<f64>| Value::Array(v.into_iter().map(num).collect());
-        let families: serde_json::Map<String, Value> = Family::ALL
+    /// Everything, with the derived rates, as one report row; `ar_tokens_per_s` gives the
+    /// speedup.
+    pub fn row(&self, name: &str, ar_tokens_per_s: f64) -> TallyRow {
+        let families = Family::ALL
             .iter()
             .zip(&self.scores)
             .filter(|(_, (_, n))| *n > 0)
             .map(|(f, (s, n))| {
-                (
-                    f.name().to_string(),
-                    json!({"questions": n, "score": s / *n as f64}),
-                )
+                let score = FamilyScore {
+                    questions: *n,
+                    score: s / *n as f64,
+                };
+                (f.name().to_string(), score)
             })
             .collect();
-        json!({
-            "strategy": name,
-            "questions": self.questions,
-            "completion_tokens": self.tokens,
-            "forward_passes": self.forwards,
-            "tokens_per_forward": num(self.tokens_per_forward()),
-            "decode_s": self.decode_s,
-            "decode_tokens_per_s": num(self.tokens_per_s()),
-            "speedup": num(self.tokens_per_s() / ar_tokens_per_s),
-            "predicted_speedup": num(self.predicted_speedup()),
-            "rounds": self.rounds,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted,
-            "draft_forwards": self.draft_forwards,
-            "recovered_tokens": self.recovered,
-            "mean_tree_rows": num(self.mean_tree_rows()),
-            "draft_forwards_per_round": num(self.draft_forwards_per_round()),
-            "accepted_by_depth": self.accepted_by_depth,
-            "offered_by_depth": self.offered_by_depth,
-            "acceptance_by_depth": vec(self.acceptance_by_depth()),
-            "rounds_by_position": self.rounds_by_position,
-            "emitted_by_position": self.emitted_by_position,
-            "tokens_per_round_by_position": vec(self.tokens_per_round_by_position()),
-            "phase_s": PHASES.iter().zip(self.phase_us).map(|(p, us)| (p.to_string(), json!(us as f64 / 1e6))).collect::<serde_json::Map<_, _>>(),
-            "accuracy": num(self.accuracy()),
-            "families": families,
-            "greedy_mismatches": self.mismatches,
-        })
+        TallyRow {
+            strategy: name.to_string(),
+            questions: self.questions,
+            completion_tokens: self.tokens,
+            forward_passes: self.forwards,
+            tokens_per_forward: self.tokens_per_forward(),
+            decode_s: self.decode_s,
+            decode_tokens_per_s: self.tokens_per_s(),
+            speedup: self.tokens_per_s() / ar_tokens_per_s,
+            predicted_speedup: self.predicted_speedup(),
+            rounds: self.rounds,
+            draft_tokens: self.draft_tokens,
+            accepted_tokens: self.accepted,
+            draft_forwards: self.draft_forwards,
+            recovered_tokens: self.recovered,
+            mean_tree_rows: self.mean_tree_rows(),
+            draft_forwards_per_round: self.draft_forwards_per_round(),
+            accepted_by_depth: self.accepted_by_depth.clone(),
+            offered_by_depth: self.offered_by_depth.clone(),
+            acceptance_by_depth: self.acceptance_by_depth(),
+            rounds_by_position: self.rounds_by_position.clone(),
+            emitted_by_position: self.emitted_by_position.clone(),
+            tokens_per_round_by_position: self.tokens_per_round_by_position(),
+            phase_s: PHASES
+                .iter()
+                .zip(self.phase_us)
+                .map(|(p, us)| (p.to_string(), us as f64 / 1e6))
+                .collect(),
+            accuracy: self.accuracy(),
+            families,
+            greedy_mismatches: self.mismatches,
+        }
+    }
+}
+
+/// A family's score in a [`TallyRow`].
+#[derive(Debug, Clone, Serialize)]
+pub struct FamilyScore {
+    pub questions: usize,
+    pub score: f64,
+}
+
+/// One strategy on one group of answers: the sums of its [`Tally`] and the rates derived from
+/// them (a rate without data is NaN, `null` in JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct TallyRow {
+    pub strategy: String,
+    pub questions: usize,
+    pub completion_tokens: u64,
+    pub forward_passes: u64,
+    pub tokens_per_forward: f64,
+    pub decode_s: f64,
+    pub decode_tokens_per_s: f64,
+    /// Decode tokens/s over autoregressive decoding's in the same group.
+    pub speedup: f64,
+    pub predicted_speedup: f64,
+    pub rounds: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub draft_forwards: u64,
+    pub recovered_tokens: u64,
+    pub mean_tree_rows: f64,
+    pub draft_forwards_per_round: f64,
+    pub accepted_by_depth: Vec<u64>,
+    pub offered_by_depth: Vec<u64>,
+    pub acceptance_by_depth: Vec<f64>,
+    pub rounds_by_position: Vec<u64>,
+    pub emitted_by_position: Vec<u64>,
+    pub tokens_per_round_by_position: Vec<f64>,
+    /// Seconds of decode time by phase ([`PHASES`]).
+    pub phase_s: BTreeMap<String, f64>,
+    pub accuracy: f64,
+    /// By family name, the families that had questions.
+    pub families: BTreeMap<String, FamilyScore>,
+    /// Greedy answers that differ from the reference's (`None`: not compared).
+    pub greedy_mismatches: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_without_a_denominator_are_nan() {
+        assert_eq!(ratio(3.0, 2.0), 1.5);
+        assert!(ratio(1.0, 0.0).is_nan());
+        let r = rates(&[1, 2], &[2, 0, 4]);
+        assert_eq!(r[0], 0.5);
+        assert!(r[1].is_nan());
+        assert_eq!(r[2], 0.0);
+    }
+
+    #[test]
+    fn histograms_grow_as_they_are_added() {
+        let mut into = vec![1, 1];
+        add_into(&mut into, &[1, 2, 3]);
+        assert_eq!(into, vec![2, 3, 3]);
+        add_into(&mut into, &[1]);
+        assert_eq!(into, vec![3, 3, 3]);
+    }
+
+    #[test]
+    fn rates_are_totals_over_totals() {
+        let t = Tally {
+            questions: 2,
+            tokens: 12,
+            forwards: 4,
+            decode_s: 0.5,
+            rounds: 4,
+            draft_tokens: 12,
+            draft_forwards: 8,
+            scores: [(1.0, 2), (0.0, 0), (0.0, 0), (0.0, 0), (0.0, 0), (0.5, 1)],
+            ..Tally::default()
+        };
+        assert_eq!(t.decoded(), 10);
+        assert_eq!(t.tokens_per_forward(), 2.5);
+        assert_eq!(t.tokens_per_s(), 20.0);
+        assert_eq!(t.mean_tree_rows(), 4.0);
+        assert_eq!(t.draft_forwards_per_round(), 2.0);
+        // The mean over the families with questions: (0.5 + 0.5) / 2.
+        assert_eq!(t.accuracy(), 0.5);
+        assert!(t.predicted_speedup().is_nan());
+        let row = serde_json::to_value(t.row("x", 10.0)).unwrap();
+        assert_eq!(row["speedup"], 2.0);
+        assert_eq!(row["predicted_speedup"], serde_json::Value::Null);
+        assert_eq!(row["families"].as_object().unwrap().len(), 2);
+        assert_eq!(row["greedy_mismatches"], serde_json::Value::Null);
     }
 }

@@ -3,7 +3,7 @@
 //! (a reduction, which is what streaming weights through a matrix-vector product is) — and the
 //! f32 GEMM rate of candle's kernel.
 
-use anyhow::Result;
+use crate::Result;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use std::time::Instant;
