@@ -203,6 +203,10 @@ fn columns(heads: Vec<Head>) -> Result<Vec<Column>> {
     }];
     for head in heads {
         let mut name = label(&head.config).to_string();
+        if let Some(ids) = &head.config.draft_vocab {
+            // A reduced vocabulary (FR-Spec) beside the same head without one.
+            name += &format!(" vocab {}", ids.len());
+        }
         if head.dir.is_none() {
             name += " (random)";
         }
