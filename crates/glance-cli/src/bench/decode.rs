@@ -7,7 +7,8 @@
 //! With `--weights f32,bf16,q8,q4` each weight format is loaded in turn (the previous model
 //! dropped first) and measured against its own bound: the bytes its weights stream per token
 //! (as held, scales included) over the measured read bandwidth. Resident memory is read from
-//! `/proc/self/status` after each load. Random weights are drawn one tensor at a time and packed
+//! `/proc/self/status` after each load, and its peak during the load (`VmHWM`, reset before each
+//! load). Random weights are drawn one tensor at a time and packed
 //! as they are drawn, so a 7B shape never exists in f32.
 
 use super::machine::{copy_bandwidth, gemm_rate, read_bandwidth};
@@ -82,10 +83,7 @@ fn weight_bytes_per_token(model: &TextModel) -> f64 {
 /// measured after another would be charged for its predecessor's memory).
 pub fn resident_bytes() -> Option<u64> {
     glance_nn::runtime::release_free_memory();
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    glance_nn::runtime::resident_bytes()
 }
 
 /// KV bytes a decode step reads at cache length `len`.
@@ -308,10 +306,11 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
         yardsticks.push((t, copy, gemm));
     }
     println!(
-        "{:>6} {:>7} | {:>9} {:>9} {:>8} | {:>9} {:>8} {:>7} | {:>9} {:>9} {:>7}",
+        "{:>6} {:>7} | {:>9} {:>12} {:>9} {:>8} | {:>9} {:>8} {:>7} | {:>9} {:>9} {:>7}",
         "format",
         "threads",
         "RSS GB",
+        "load peak GB",
         "MB/token",
         "read GB/s",
         "prefill s",
@@ -327,9 +326,12 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
     let mut first_step_bytes = None;
     for &format in &args.weights {
         let rss_before = resident_bytes();
+        // The high-water mark of this load alone (VmHWM), taken before the release of free pages.
+        let peak_known = glance_nn::runtime::reset_peak_resident();
         let start = std::time::Instant::now();
         let loaded = load(&args, format)?;
         let load_s = start.elapsed().as_secs_f64();
+        let load_peak = glance_nn::runtime::peak_resident_bytes().filter(|_| peak_known);
         let rss = resident_bytes();
         let model = loaded.text();
         let weight_bytes = weight_bytes_per_token(model);
@@ -350,10 +352,11 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
             let prefill_rate = flops / best_prefill;
             let bound = step_bytes / bandwidth;
             println!(
-                "{:>6} {:>7} | {:>9.2} {:>9.1} {:>8.1} | {:>9.3} {:>8.1} {:>6.0}% | {:>9.2} {:>9.2} {:>6.0}%",
+                "{:>6} {:>7} | {:>9.2} {:>12.2} {:>9.1} {:>8.1} | {:>9.3} {:>8.1} {:>6.0}% | {:>9.2} {:>9.2} {:>6.0}%",
                 format.name(),
                 t,
                 rss.unwrap_or(0) as f64 / 1e9,
+                load_peak.unwrap_or(0) as f64 / 1e9,
                 step_bytes / 1e6,
                 bandwidth / 1e9,
                 best_prefill,
@@ -390,6 +393,7 @@ pub fn run(mut args: DecodeArgs) -> Result<()> {
             "load_s": load_s,
             "resident_bytes_before_load": rss_before,
             "resident_bytes_after_load": rss,
+            "peak_resident_bytes_during_load": load_peak,
             "resident_bytes_after_decode": rss_after_decode,
             "linear_weight_bytes": model.linear_weight_bytes(),
             "bytes_per_decode_step": step_bytes,
