@@ -132,6 +132,24 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
     ))
 }
 
+/// `t` if it has the shape `s` a `VarBuilder` asked for, else candle's shape error naming `name`
+/// (what candle's own backends answer).
+pub(crate) fn shape_checked(
+    t: candle_core::Tensor,
+    s: candle_core::Shape,
+    name: &str,
+) -> candle_core::Result<candle_core::Tensor> {
+    if t.shape() != &s {
+        return Err(candle_core::Error::UnexpectedShape {
+            msg: format!("shape mismatch for {name}"),
+            expected: s,
+            got: t.shape().clone(),
+        }
+        .bt());
+    }
+    Ok(t)
+}
+
 /// A `VarBuilder` backend over [`MappedTensors`]: each tensor is copied out of the map in the
 /// dtype asked for, then its pages are handed back (`madvise(MADV_DONTNEED)`; the file stays in
 /// the page cache, and a later read maps it again).
@@ -146,16 +164,7 @@ impl candle_nn::var_builder::SimpleBackend for MappedBackend {
         dtype: DType,
         dev: &Device,
     ) -> candle_core::Result<candle_core::Tensor> {
-        let t = self.get_unchecked(name, dtype, dev)?;
-        if t.shape() != &s {
-            return Err(candle_core::Error::UnexpectedShape {
-                msg: format!("shape mismatch for {name}"),
-                expected: s,
-                got: t.shape().clone(),
-            }
-            .bt());
-        }
-        Ok(t)
+        shape_checked(self.get_unchecked(name, dtype, dev)?, s, name)
     }
 
     fn get_unchecked(
