@@ -6,7 +6,8 @@
 //!
 //! Each weight format is loaded in turn (the previous model dropped first) and measured against
 //! its own bound: the bytes its weights stream per token (as held, scales included) over the
-//! measured read bandwidth. Resident memory is read from `/proc/self/status` after each load.
+//! measured read bandwidth. Resident memory is read from `/proc/self/status` after each load,
+//! and its peak during the load (`VmHWM`, reset before each load).
 //! Random weights are drawn one tensor at a time and packed as they are drawn, so a 7B shape
 //! never exists in f32.
 
@@ -82,6 +83,8 @@ pub struct FormatReport {
     pub load_s: f64,
     pub resident_bytes_before_load: Option<u64>,
     pub resident_bytes_after_load: Option<u64>,
+    /// The peak of the load alone (`VmHWM`, reset before it).
+    pub peak_resident_bytes_during_load: Option<u64>,
     pub resident_bytes_after_decode: Option<u64>,
     pub linear_weight_bytes: usize,
     pub bytes_per_decode_step: f64,
@@ -134,10 +137,7 @@ fn weight_bytes_per_token(model: &TextModel) -> f64 {
 /// measured after another would be charged for its predecessor's memory).
 pub fn resident_bytes() -> Option<u64> {
     glance_nn::runtime::release_free_memory();
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    glance_nn::runtime::resident_bytes()
 }
 
 /// FLOPs of a prefill of `n` tokens as executed (dense matmuls; attention over the full n×n
@@ -375,9 +375,12 @@ impl DecodeBench {
         for &format in &o.weights {
             progress.note(&format!("measuring {} weights…", format.name()));
             let rss_before = resident_bytes();
+            // The high-water mark of this load alone (VmHWM), taken before free pages go back.
+            let peak_known = glance_nn::runtime::reset_peak_resident();
             let start = std::time::Instant::now();
             let loaded = load(o, format)?;
             let load_s = start.elapsed().as_secs_f64();
+            let load_peak = glance_nn::runtime::peak_resident_bytes().filter(|_| peak_known);
             let rss = resident_bytes();
             let model = loaded.text();
             let step_bytes = weight_bytes_per_token(model) + c.kv_bytes(mean_kv) as f64;
@@ -421,6 +424,7 @@ impl DecodeBench {
                 load_s,
                 resident_bytes_before_load: rss_before,
                 resident_bytes_after_load: rss,
+                peak_resident_bytes_during_load: load_peak,
                 resident_bytes_after_decode: rss_after_decode,
                 linear_weight_bytes: model.linear_weight_bytes(),
                 bytes_per_decode_step: step_bytes,

@@ -119,14 +119,85 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Memory-maps the checkpoint's weights; every tensor is converted to `dtype` when read.
 /// Each file's header is validated first so a truncated or corrupt file is named.
+///
+/// The map lets go of a tensor's pages once the tensor is read ([`MappedBackend`]): mapped file
+/// pages count as resident while they stay mapped, so a 13 GB bf16 checkpoint loaded as q4 would
+/// otherwise hold the whole file resident beside the packed model until the load ends.
 pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuilder<'static>> {
-    let files = weight_files(dir)?;
-    for f in &files {
-        validate_safetensors(f)?;
+    let mapped = std::sync::Arc::new(MappedTensors::open(dir)?);
+    Ok(VarBuilder::from_backend(
+        Box::new(MappedBackend(mapped)),
+        dtype,
+        device.clone(),
+    ))
+}
+
+/// `t` if it has the shape `s` a `VarBuilder` asked for, else candle's shape error naming `name`
+/// (what candle's own backends answer).
+pub(crate) fn shape_checked(
+    t: candle_core::Tensor,
+    s: candle_core::Shape,
+    name: &str,
+) -> candle_core::Result<candle_core::Tensor> {
+    if t.shape() != &s {
+        return Err(candle_core::Error::UnexpectedShape {
+            msg: format!("shape mismatch for {name}"),
+            expected: s,
+            got: t.shape().clone(),
+        }
+        .bt());
     }
-    // SAFETY: the files are memory-mapped read-only; glance never writes to a checkpoint it has
-    // open. A concurrent external writer could change the data under us, as with any mmap.
-    unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(Error::Candle)
+    Ok(t)
+}
+
+/// A `VarBuilder` backend over [`MappedTensors`]: each tensor is copied out of the map in the
+/// dtype asked for, then its pages are handed back (`madvise(MADV_DONTNEED)`; the file stays in
+/// the page cache, and a later read maps it again).
+struct MappedBackend(std::sync::Arc<MappedTensors>);
+
+impl candle_nn::var_builder::SimpleBackend for MappedBackend {
+    fn get(
+        &self,
+        s: candle_core::Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        shape_checked(self.get_unchecked(name, dtype, dev)?, s, name)
+    }
+
+    fn get_unchecked(
+        &self,
+        name: &str,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        let Some((f, stored, shape, start, len)) = self.0.index.get(name) else {
+            return Err(candle_core::Error::CannotFindTensor {
+                path: name.to_string(),
+            }
+            .bt());
+        };
+        let map = &self.0.maps[*f];
+        let view =
+            safetensors::tensor::TensorView::new(*stored, shape.clone(), &map[*start..][..*len])
+                .map_err(|e| candle_core::Error::Msg(format!("{name}: {e}")))?;
+        let t = candle_core::safetensors::Load::load(&view, dev)?.to_dtype(dtype)?;
+        // SAFETY: the map is read-only and private, so dropping its pages loses nothing: any
+        // later read of these bytes (a tensor used in place, a neighbour sharing a page) faults
+        // the same file contents back in.
+        #[cfg(unix)]
+        unsafe {
+            // Only advice: a failure leaves the pages mapped, as before.
+            let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *start, *len);
+        }
+        Ok(t)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.index.contains_key(name)
+    }
 }
 
 /// The checkpoint's tensors as stored, memory-mapped (read-only), for weights kept in place

@@ -28,6 +28,32 @@ pub fn available_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Resident memory of this process (`VmRSS` of `/proc/self/status`), bytes; `None` where that is
+/// not known. Free heap pages are not handed back first ([`release_free_memory`] does that).
+pub fn resident_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// The most resident memory this process has held (`VmHWM`), bytes, since it started or since
+/// [`reset_peak_resident`]; `None` where that is not known.
+pub fn peak_resident_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Starts [`peak_resident_bytes`] again from the present resident memory (writes `5` to
+/// `/proc/self/clear_refs`, Linux 4.0 and later). Returns whether it could.
+pub fn reset_peak_resident() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// A `kB` line of `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod imp {
     use std::os::raw::c_int;

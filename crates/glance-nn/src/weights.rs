@@ -3,7 +3,9 @@
 //! The same calls serve checkpoints (mmaped safetensors) and training (a `VarMap` backend creates
 //! the variables on first use).
 
-use crate::quant::{store, HalfKind, HalfMatrix, PackedMatrix, WeightFormat, WeightLoad};
+use crate::quant::{
+    store, HalfKind, HalfMatrix, PackedMatrix, QuantError, WeightFormat, WeightLoad,
+};
 use crate::{LayerNorm, Linear, Mode, RmsNorm};
 use candle_core::{Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -112,12 +114,39 @@ pub fn packed_param(
             }
         }
     }
-    let w = param(vb, (rows, cols), name)?
+    let w = param(vb, (rows, cols), name)?;
+    let packed = pack_tensor(format, &w)?;
+    drop(w);
+    // The f32 matrix just freed stays resident otherwise: under `runtime::tune_allocator`'s
+    // thresholds glibc keeps freed blocks in the heap, and a load of a 7B model packs hundreds of
+    // them, so its peak would carry several of these buffers beside the packed model.
+    crate::runtime::release_free_memory();
+    packed.map_err(|e| Error::InvalidParam(format!("{}: {e}", vb.pp(name).prefix())))
+}
+
+/// `w` `(rows, cols)` packed in `format`, read in place when it is a contiguous f32 CPU tensor
+/// (the usual case: a loader's freshly read weight), so that packing a matrix holds its f32
+/// values once, not twice; any other tensor is converted to f32 first. The outer error is
+/// reading the tensor, the inner one packing it.
+pub fn pack_tensor(
+    format: WeightFormat,
+    w: &Tensor,
+) -> Result<std::result::Result<PackedMatrix, QuantError>> {
+    // (rows, cols)
+    let (rows, cols) = w.dims2()?;
+    {
+        let (storage, layout) = w.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            return Ok(PackedMatrix::pack(format, &v[a..b], rows, cols));
+        }
+    }
+    let v = w
         .to_dtype(candle_core::DType::F32)?
         .flatten_all()?
         .to_vec1::<f32>()?;
-    PackedMatrix::pack(format, &w, rows, cols)
-        .map_err(|e| Error::InvalidParam(format!("{}: {e}", vb.pp(name).prefix())))
+    Ok(PackedMatrix::pack(format, &v, rows, cols))
 }
 
 pub fn rms_norm(vb: &VarBuilder, size: usize, eps: f64, mode: Mode) -> Result<RmsNorm> {

@@ -99,10 +99,11 @@ pub fn run(args: DecodeArgs) -> Result<()> {
 /// The throughput table, then each format's `c(k)` curve per thread count.
 fn print_report(report: &DecodeReport) {
     println!(
-        "{:>6} {:>7} | {:>9} {:>9} {:>8} | {:>9} {:>8} {:>7} | {:>9} {:>9} {:>7}",
+        "{:>6} {:>7} | {:>9} {:>12} {:>9} {:>8} | {:>9} {:>8} {:>7} | {:>9} {:>9} {:>7}",
         "format",
         "threads",
         "RSS GB",
+        "load peak GB",
         "MB/token",
         "read GB/s",
         "prefill s",
@@ -113,16 +114,15 @@ fn print_report(report: &DecodeReport) {
         "% bound"
     );
     for r in &report.rows {
-        let rss = report
-            .formats
-            .iter()
-            .find(|f| f.weights == r.weights)
-            .and_then(|f| f.resident_bytes_after_load);
+        let format = report.formats.iter().find(|f| f.weights == r.weights);
+        let rss = format.and_then(|f| f.resident_bytes_after_load);
+        let peak = format.and_then(|f| f.peak_resident_bytes_during_load);
         println!(
-            "{:>6} {:>7} | {:>9.2} {:>9.1} {:>8.1} | {:>9.3} {:>8.1} {:>6.0}% | {:>9.2} {:>9.2} {:>6.0}%",
+            "{:>6} {:>7} | {:>9.2} {:>12.2} {:>9.1} {:>8.1} | {:>9.3} {:>8.1} {:>6.0}% | {:>9.2} {:>9.2} {:>6.0}%",
             r.weights,
             r.threads,
             rss.unwrap_or(0) as f64 / 1e9,
+            peak.unwrap_or(0) as f64 / 1e9,
             r.bytes_per_decode_step / 1e6,
             r.read_bandwidth_gb_s,
             r.prefill_s,

@@ -476,16 +476,7 @@ impl candle_nn::var_builder::SimpleBackend for GgufBackend {
         dtype: DType,
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
-        let t = self.get_unchecked(name, dtype, dev)?;
-        if t.shape() != &s {
-            return Err(candle_core::Error::UnexpectedShape {
-                msg: format!("shape mismatch for {name}"),
-                expected: s,
-                got: t.shape().clone(),
-            }
-            .bt());
-        }
-        Ok(t)
+        crate::checkpoint::shape_checked(self.get_unchecked(name, dtype, dev)?, s, name)
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {

@@ -12,8 +12,8 @@ use super::config::TextConfig;
 use candle_core::{Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use glance_core::{Error, Result};
-use glance_nn::quant::{PackedMatrix, WeightFormat};
-use glance_nn::weights::{linear_as, param, rms_norm};
+use glance_nn::quant::WeightFormat;
+use glance_nn::weights::{linear_as, pack_tensor, param, rms_norm};
 use glance_nn::{
     attention, attention_batch_invariant, AttnMask, CausalLm, KvCache, LayerCache, Linear, Mode,
     RmsNorm, RotaryEmbedding, RowGroup, WeightLoad,
@@ -291,11 +291,6 @@ impl TextModel {
                 load.format
             )));
         }
-        let embed_w = param(
-            &vb.pp("embed_tokens"),
-            (c.vocab_size, c.hidden_size),
-            "weight",
-        )?;
         // A config that declares fewer layers than the checkpoint holds would silently run a
         // truncated model.
         let extra = format!("layers.{}.input_layernorm.weight", c.num_layers);
@@ -307,28 +302,36 @@ impl TextModel {
                 vb.pp(&extra).prefix()
             )));
         }
+        // The embeddings and the LM head first, while little else is resident: the embeddings
+        // are read in f32 (a tied head is packed from those values) and kept in the companion
+        // format, so their f32 copy (the largest tensor of a Llama) is gone before the layers
+        // load, and the peak of a packed load stays near what the model holds.
+        // (vocab, hidden)
+        let embed_w = param(
+            &vb.pp("embed_tokens"),
+            (c.vocab_size, c.hidden_size),
+            "weight",
+        )?;
+        let head_format = load.format.for_in_dim(c.hidden_size);
+        let tied_head = match (c.tie_word_embeddings, head_format) {
+            (true, WeightFormat::F32) => Some(Linear::new(embed_w.clone(), None)),
+            (true, format) => Some(Linear::packed(pack_tensor(format, &embed_w)??, None)),
+            (false, _) => None,
+        };
+        // (vocab, hidden) in the companion format: a 16-bit float beside packed weights. Taken
+        // by value, so the f32 tensor is dropped here (a shadowed binding would live on to the
+        // end of the load).
+        let embed_w = in_companion(embed_w, load.format)?;
+        let lm_head = match tied_head {
+            Some(head) => head,
+            None => linear_as(head_vb, c.hidden_size, c.vocab_size, false, load)?,
+        };
         let layers = (0..c.num_layers)
             .map(|i| {
                 let lv = vb.pp(format!("layers.{i}"));
                 Layer::load(&lv, c, c.layer_windows[i], mode, load)
             })
             .collect::<Result<Vec<_>>>()?;
-        let head_format = load.format.for_in_dim(c.hidden_size);
-        let lm_head = if c.tie_word_embeddings && head_format == WeightFormat::F32 {
-            Linear::new(embed_w.clone(), None)
-        } else if c.tie_word_embeddings {
-            let w = embed_w.flatten_all()?.to_vec1::<f32>()?;
-            let packed = PackedMatrix::pack(head_format, &w, c.vocab_size, c.hidden_size)?;
-            Linear::packed(packed, None)
-        } else {
-            linear_as(head_vb, c.hidden_size, c.vocab_size, false, load)?
-        };
-        // (vocab, hidden) in the companion format: a 16-bit float beside packed weights.
-        let embed_w = match load.format.companion() {
-            WeightFormat::Bf16 => embed_w.to_dtype(candle_core::DType::BF16)?,
-            WeightFormat::F16 => embed_w.to_dtype(candle_core::DType::F16)?,
-            _ => embed_w,
-        };
         let rope = RotaryEmbedding::new(
             c.head_dim,
             c.rope_theta,
@@ -743,4 +746,14 @@ impl CausalLm for TextModel {
     fn lm_head_rows(&self, ids: &[u32]) -> Result<Option<Linear>> {
         Ok(Some(self.lm_head.select_rows(ids)?))
     }
+}
+
+/// `w` in `format`'s [`WeightFormat::companion`] (a 16-bit float beside packed weights, f32
+/// beside f32), consuming `w`.
+fn in_companion(w: Tensor, format: WeightFormat) -> Result<Tensor> {
+    Ok(match format.companion() {
+        WeightFormat::Bf16 => w.to_dtype(candle_core::DType::BF16)?,
+        WeightFormat::F16 => w.to_dtype(candle_core::DType::F16)?,
+        _ => w,
+    })
 }
