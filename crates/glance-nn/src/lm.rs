@@ -138,6 +138,37 @@ pub fn forward_each<M: CausalLm + ?Sized>(
     Ok(Tensor::cat(&outs, 0)?)
 }
 
+/// [`DraftLm::forward_groups`] one group at a time: each group's own pass.
+pub fn draft_forward_each<D: DraftLm + ?Sized>(
+    draft: &D,
+    xs: &Tensor,
+    groups: &mut [RowGroup<'_>],
+) -> Result<Tensor> {
+    if groups.iter().any(|g| g.invariant) {
+        return Err(Error::InvalidParam(
+            "a draft head has no batch-invariant forward".into(),
+        ));
+    }
+    let mut outs = Vec::with_capacity(groups.len());
+    let mut first = 0;
+    for g in groups.iter_mut() {
+        let x = xs.narrow(0, first, g.positions.len())?;
+        first += g.positions.len();
+        // (t, hidden)
+        outs.push(draft.forward(&x, g.positions, g.mask, g.cache)?);
+    }
+    if first != xs.dim(0)? {
+        return Err(Error::Input(format!(
+            "a shared draft pass of {} rows for groups of {first} rows",
+            xs.dim(0)?
+        )));
+    }
+    if outs.len() == 1 {
+        return Ok(outs.pop().expect("one"));
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
+
 /// One request's rows in a shared forward pass ([`CausalLm::forward_groups`]).
 pub struct RowGroup<'a> {
     /// Position of each of the group's rows (its row count).
@@ -258,6 +289,19 @@ pub trait DraftLm: Send + Sync {
         mask: &AttnMask,
         cache: &mut KvCache,
     ) -> Result<Tensor>;
+
+    /// One draft forward over the rows of several requests: `xs` `(Σ rows, hidden)` holds each
+    /// group's rows in turn, and each group runs at its own positions under its own mask over
+    /// its own draft cache, as [`DraftLm::forward`] runs it alone. Returns the predicted hidden
+    /// states `(Σ rows, hidden)`, every row with the bits its group's pass alone gives it.
+    ///
+    /// A scheduler runs one such pass per head and tree level for all its requests, so heads
+    /// with batched kernels read their weights once per level rather than once per request;
+    /// this default runs the groups one by one. Draft rows have no batch-invariant kernels: an
+    /// `invariant` group is an error.
+    fn forward_groups(&self, xs: &Tensor, groups: &mut [RowGroup<'_>]) -> Result<Tensor> {
+        draft_forward_each(self, xs, groups)
+    }
 
     /// The tokens the head may propose, if it keeps a reduced vocabulary (FR-Spec: the tokens
     /// its target emits, most frequent first); `None`: every token of the target's.

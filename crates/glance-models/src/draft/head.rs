@@ -5,14 +5,15 @@
 use super::config::DraftConfig;
 use crate::checkpoint::var_builder;
 use crate::random::with_random_weights;
-use crate::text::{Keys, Layer, Step, TextConfig};
+use crate::text::{batchable, layers_groups, Keys, Layer, Step, TextConfig};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use glance_core::{Error, Result};
 use glance_nn::weights::{linear, linear_as, param, rms_norm};
 use glance_nn::{
     attention, AttnMask, CausalLm, DraftContext, DraftKind, DraftLm, DraftLogits, DraftPrompt,
-    DraftStart, KvCache, Linear, Mode, RmsNorm, RotaryEmbedding, WeightFormat, WeightLoad,
+    DraftStart, KvCache, Linear, Mode, RmsNorm, RotaryEmbedding, RowGroup, WeightFormat,
+    WeightLoad,
 };
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -458,6 +459,26 @@ impl DraftLm for DraftHead {
             m.as_ref(),
             Keys::Cache(cache.layer_mut(0)),
             false,
+        )?;
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// The layer's shared pass ([`crate::text::layers_groups`]: the target decoder's, reading
+    /// each weight once for every group), then the row-wise final norm; groups whose own
+    /// passes take other kernels (a draft start's prompt rows) run alone.
+    fn forward_groups(&self, xs: &Tensor, groups: &mut [RowGroup<'_>]) -> Result<Tensor> {
+        if groups.iter().any(|g| g.invariant) || !batchable(groups, self.mode) {
+            return glance_nn::lm::draft_forward_each(self, xs, groups);
+        }
+        // (n, hidden)
+        let x = layers_groups(
+            std::slice::from_ref(&self.layer),
+            &self.rope,
+            self.mode,
+            &self.device,
+            xs,
+            groups,
+            None,
         )?;
         Ok(self.norm.forward(&x)?)
     }

@@ -8,6 +8,8 @@
 
 mod groups;
 
+pub(crate) use groups::{batchable, layers_groups};
+
 use super::config::TextConfig;
 use candle_core::{Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder};

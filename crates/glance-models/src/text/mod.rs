@@ -7,4 +7,4 @@ mod decoder;
 pub(crate) use config::{positive_below_one, size_in_range};
 pub use config::{TextArch, TextConfig};
 pub use decoder::TextModel;
-pub(crate) use decoder::{Keys, Layer, Step};
+pub(crate) use decoder::{batchable, layers_groups, Keys, Layer, Step};

@@ -1,7 +1,8 @@
 //! One forward pass over the rows of several requests ([`CausalLm::forward_groups`]): the
 //! scheduler's step, where plain decode rows, draft-tree rows and diffusion blocks of different
 //! requests go through every linear layer as one batch of rows while each request attends over
-//! its own cache under its own mask.
+//! its own cache under its own mask. A draft head's one layer shares its passes the same way
+//! ([`glance_nn::DraftLm::forward_groups`]: one pass per tree level for every request).
 //!
 //! Every row gets the bits its request's pass alone gives it:
 //! * the linear layers run each row through the single-row arithmetic
@@ -14,10 +15,12 @@
 //!   steps are those of the row-wise kernel a one-row pass takes.
 
 use super::{Attention, Layer, MaskCache, Step, TextModel};
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use glance_core::{Error, Result};
 use glance_nn::matvec::MAX_SMALL_ROWS;
-use glance_nn::{attention, attention_batch_invariant, AttnMask, Linear, Mode, RowGroup};
+use glance_nn::{
+    attention, attention_batch_invariant, AttnMask, Linear, Mode, RotaryEmbedding, RowGroup,
+};
 
 impl TextModel {
     /// [`CausalLm::forward_groups`] with every weight read once for all groups.
@@ -26,20 +29,55 @@ impl TextModel {
         xs: &Tensor,
         groups: &mut [RowGroup<'_>],
     ) -> Result<Tensor> {
-        let wide = groups
-            .iter()
-            .any(|g| !g.invariant && g.positions.len() > MAX_SMALL_ROWS);
-        if groups.len() < 2 || wide || self.mode != Mode::Infer {
+        if !batchable(groups, self.mode) {
             return glance_nn::lm::forward_each(self, xs, groups);
         }
-        let n: usize = groups.iter().map(|g| g.positions.len()).sum();
-        if xs.dim(0)? != n || groups.iter().any(|g| g.positions.is_empty()) {
-            return Err(Error::Input(format!(
-                "a shared pass of {} rows for groups of {n} rows (none may be empty)",
-                xs.dim(0)?
-            )));
-        }
-        let max = self.config.max_position_embeddings;
+        let x = layers_groups(
+            &self.layers,
+            &self.rope,
+            self.mode,
+            &self.device,
+            xs,
+            groups,
+            Some(self.config.max_position_embeddings),
+        )?;
+        Ok(self.norm.forward(&x)?)
+    }
+}
+
+/// Whether `groups` can share one pass with the bits of their own passes: at least two of
+/// them, in inference mode, and no group wider than the passes whose linear layers run the
+/// single-row arithmetic (a wider non-invariant group's own pass takes the GEMM kernels).
+pub(crate) fn batchable(groups: &[RowGroup<'_>], mode: Mode) -> bool {
+    let wide = groups
+        .iter()
+        .any(|g| !g.invariant && g.positions.len() > MAX_SMALL_ROWS);
+    groups.len() >= 2 && !wide && mode == Mode::Infer
+}
+
+/// Runs `layers` (layer `i` over layer `i` of each group's cache) on the rows of every group
+/// `xs` `(n, hidden)`, each weight read once for all of them, and returns the last layer's
+/// output `(n, hidden)` (before any final norm). The target's decoder and a draft head's one
+/// layer both share their passes through it. `max`: the most positions (and, for
+/// non-invariant groups, cached plus new rows) a group may reach; `None` leaves the bound to
+/// the rotary tables, as a draft head's own pass does.
+pub(crate) fn layers_groups(
+    layers: &[Layer],
+    rope: &RotaryEmbedding,
+    mode: Mode,
+    device: &Device,
+    xs: &Tensor,
+    groups: &mut [RowGroup<'_>],
+    max: Option<usize>,
+) -> Result<Tensor> {
+    let n: usize = groups.iter().map(|g| g.positions.len()).sum();
+    if xs.dim(0)? != n || groups.iter().any(|g| g.positions.is_empty()) {
+        return Err(Error::Input(format!(
+            "a shared pass of {} rows for groups of {n} rows (none may be empty)",
+            xs.dim(0)?
+        )));
+    }
+    if let Some(max) = max {
         for g in groups.iter() {
             let past = g.cache.len();
             let t = g.positions.len();
@@ -51,26 +89,26 @@ impl TextModel {
                 });
             }
         }
-        let positions: Vec<u32> = groups
-            .iter()
-            .flat_map(|g| g.positions.iter().copied())
-            .collect();
-        // (n,) u32
-        let pos = Tensor::new(positions.as_slice(), &self.device)?;
-        let step = Step {
-            rope: &self.rope,
-            positions: &pos,
-            angles: None,
-            mode: self.mode,
-            batch_invariant: true,
-        };
-        let mut masks: Vec<MaskCache> = groups.iter().map(|_| Vec::new()).collect();
-        let mut x = xs.clone();
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward_groups(&x, &step, groups, i, &mut masks)?;
-        }
-        Ok(self.norm.forward(&x)?)
     }
+    let positions: Vec<u32> = groups
+        .iter()
+        .flat_map(|g| g.positions.iter().copied())
+        .collect();
+    // (n,) u32
+    let pos = Tensor::new(positions.as_slice(), device)?;
+    let step = Step {
+        rope,
+        positions: &pos,
+        angles: None,
+        mode,
+        batch_invariant: true,
+    };
+    let mut masks: Vec<MaskCache> = groups.iter().map(|_| Vec::new()).collect();
+    let mut x = xs.clone();
+    for (i, layer) in layers.iter().enumerate() {
+        x = layer.forward_groups(&x, &step, groups, i, &mut masks)?;
+    }
+    Ok(x)
 }
 
 impl Layer {
