@@ -39,6 +39,9 @@ pub use glance_nn::DraftKind;
 pub use grammar::{Grammar, GrammarVocab, OutputFormat};
 pub use sampler::{LogprobSink, Sampler, TokenLogprob};
 pub use speculative::{Speculative, TreeSettings};
-pub use step::{run_alone, shared_pass, DecodeState, Pass, PassOutput};
+pub use step::{
+    draft_alone, run_alone, shared_draft_pass, shared_pass, DecodeState, DraftPass, Pass,
+    PassOutput,
+};
 pub use stop::StopStrings;
 pub use strategy::{DecodeSpec, DecodeStats, DecodeStrategy, TokenSink};

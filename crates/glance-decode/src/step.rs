@@ -1,17 +1,26 @@
 //! Step-able decoding: a strategy turns a [`Prefilled`] prompt into a per-request
 //! [`DecodeState`], and the state advances one target pass at a time. Each step it says which
-//! rows it needs from the target ([`Pass`]: one token, a draft tree under its mask, a diffusion
-//! block), then takes the target's outputs for those rows and emits tokens. Drafting and a draft
-//! head's own passes happen inside the state.
+//! rows it needs from the target ([`Pass`]: one token, a draft tree with its mask, a diffusion
+//! block), then takes the target's outputs for those rows and emits tokens.
 //!
-//! A scheduler gathers the passes of every running request into one target pass
-//! ([`shared_pass`]: [`CausalLm::forward_groups`]), so requests of any strategy decode side by
-//! side; [`run_alone`] is the same loop with one request ([`crate::DecodeStrategy::decode`]).
-//! A row gets the same bits in a shared pass as alone, so every lossless contract holds under load.
+//! A state with a draft head first runs the head's passes ([`DraftPass`]: the rows the head has
+//! not seen yet, then the draft tree level by level), each handed out by
+//! [`DecodeState::draft_pass`] and answered through [`DecodeState::absorb_draft`], so a
+//! scheduler can run one draft pass per head and level for all its requests
+//! ([`shared_draft_pass`]: [`DraftLm::forward_groups`], as vLLM's EAGLE proposer runs each draft
+//! step over the whole batch). It then gathers the target passes of every running request into
+//! one ([`shared_pass`]: [`CausalLm::forward_groups`]), so requests of any strategy decode side
+//! by side; [`run_alone`] is the same loop with one request ([`crate::DecodeStrategy::decode`]).
+//! A row gets the same bits in a shared pass as alone, draft rows included, so every lossless
+//! contract holds under load.
 //!
 //! ```text
 //! state = strategy.start(model, prefilled, sampler, config)
-//! while let Some(pass) = state.next_pass(model, sink)      (may emit; drafts here)
+//! loop
+//!     while let Some(d) = state.draft_pass(model, sink)      (may emit; none without a draft)
+//!         out = shared_draft_pass(head, [(d, draft cache), …]) (one per head for all)
+//!         state.absorb_draft(model, out)                     (grows the tree)
+//!     let Some(pass) = state.next_pass(model, sink) else break
 //!     out = shared_pass(model, [(pass, state.cache()), …])  (one target pass for all)
 //!     state.absorb(model, out, sink)                       (verify, keep rows, emit)
 //! state.finish() → Generation
@@ -23,8 +32,9 @@ use crate::autoregressive::Generation;
 use crate::strategy::TokenSink;
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
-use glance_nn::{AttnMask, CausalLm, KvCache, RowGroup};
+use glance_nn::{AttnMask, CausalLm, DraftLm, KvCache, RowGroup};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// The rows a request needs from the target in one pass.
 #[derive(Debug, Clone)]
@@ -71,6 +81,19 @@ impl Pass {
     }
 }
 
+/// The rows a request needs from its draft head in one pass: the rows the head has not run yet
+/// (the draft's prompt rows and the tokens emitted since, causal), or one level of a draft tree
+/// under its visibility mask ([`crate::speculative::tree::Grower`]).
+#[derive(Debug, Clone)]
+pub struct DraftPass {
+    /// Fused draft rows ([`DraftLm::fuse`]) `(n, hidden)`.
+    pub rows: Tensor,
+    /// Position of each row (length `n`).
+    pub positions: Vec<u32>,
+    /// Relative to the new rows, as in [`DraftLm::forward`].
+    pub mask: AttnMask,
+}
+
 /// What the target computed for a [`Pass`].
 pub struct PassOutput {
     /// Final hidden state of every row of the pass `(t, hidden)`.
@@ -81,12 +104,47 @@ pub struct PassOutput {
 
 /// One request's decoding between target passes.
 pub trait DecodeState: Send {
-    /// The rows of the next target pass, after the state's own work for it (drafting); `None`
-    /// once the generation has ended. May emit tokens (the first one, picked from the prefill).
+    /// The rows of the next target pass; `None` once the generation has ended. May emit tokens
+    /// (the first one, picked from the prefill). Draft passes the caller has not run
+    /// ([`DecodeState::draft_pass`]) run here alone ([`draft_alone`]).
     fn next_pass(&mut self, model: &dyn CausalLm, on_token: TokenSink<'_>) -> Result<Option<Pass>>;
 
     /// The target's cache the pass appends to.
     fn cache(&mut self) -> &mut KvCache;
+
+    /// The rows of the state's next draft-head pass before its next target pass, opening the
+    /// round if it has not (which may emit tokens, or end the generation); `None` once the
+    /// round's drafting is done, and always for strategies without a draft head. Run it on
+    /// [`DecodeState::draft`] over [`DecodeState::draft_cache`] and hand the outputs to
+    /// [`DecodeState::absorb_draft`] before asking again.
+    fn draft_pass(
+        &mut self,
+        model: &dyn CausalLm,
+        on_token: TokenSink<'_>,
+    ) -> Result<Option<DraftPass>> {
+        let _ = (model, on_token);
+        Ok(None)
+    }
+
+    /// The draft head the state's draft passes run on: a scheduler runs the passes of the
+    /// states sharing a head ([`Arc::ptr_eq`]) together.
+    fn draft(&self) -> Option<&Arc<dyn DraftLm>> {
+        None
+    }
+
+    /// The draft head's cache the state's draft passes append to.
+    fn draft_cache(&mut self) -> Option<&mut KvCache> {
+        None
+    }
+
+    /// Takes the draft head's predicted hidden states `(n, hidden)` for the rows of the last
+    /// [`DecodeState::draft_pass`].
+    fn absorb_draft(&mut self, model: &dyn CausalLm, hidden: &Tensor) -> Result<()> {
+        let _ = (model, hidden);
+        Err(Error::Input(
+            "draft outputs for a decoding state without a draft head".into(),
+        ))
+    }
 
     /// The next pass will share the target with about `rows` rows of `requests` other requests
     /// (what they brought to the last one): cost-aware states plan their rounds for that shared
@@ -168,13 +226,82 @@ pub fn shared_pass(
         .collect()
 }
 
+/// One draft-head pass over the rows of several requests sharing `draft`: `jobs` pairs each
+/// request's [`DraftPass`] with its draft cache. Returns each request's predicted hidden states
+/// `(n, hidden)`, in order, with the bits its pass alone gives it.
+pub fn shared_draft_pass(
+    draft: &dyn DraftLm,
+    jobs: &mut [(&DraftPass, &mut KvCache)],
+) -> Result<Vec<Tensor>> {
+    for (p, _) in jobs.iter() {
+        let n = p.rows.dim(0)?;
+        if n == 0 || p.positions.len() != n {
+            return Err(Error::Input(format!(
+                "a draft pass of {n} rows with {} positions",
+                p.positions.len()
+            )));
+        }
+    }
+    // (Σ n, hidden)
+    let xs = if jobs.len() == 1 {
+        jobs[0].0.rows.clone()
+    } else {
+        Tensor::cat(&jobs.iter().map(|(p, _)| &p.rows).collect::<Vec<_>>(), 0)?
+    };
+    let mut groups: Vec<RowGroup<'_>> = jobs
+        .iter_mut()
+        .map(|(p, cache)| RowGroup {
+            positions: &p.positions,
+            mask: &p.mask,
+            cache,
+            invariant: false,
+        })
+        .collect();
+    // (Σ n, hidden)
+    let hidden = draft.forward_groups(&xs, &mut groups)?;
+    let mut first = 0;
+    jobs.iter()
+        .map(|(p, _)| {
+            let n = p.positions.len();
+            first += n;
+            Ok(hidden.narrow(0, first - n, n)?)
+        })
+        .collect()
+}
+
+/// Runs the draft passes `state` has before its next target pass, alone.
+pub fn draft_alone<S: DecodeState + ?Sized>(
+    model: &dyn CausalLm,
+    state: &mut S,
+    on_token: TokenSink<'_>,
+) -> Result<()> {
+    while let Some(pass) = state.draft_pass(model, on_token)? {
+        let draft = state
+            .draft()
+            .cloned()
+            .ok_or_else(|| Error::Input("a draft pass without a draft head".into()))?;
+        let cache = state
+            .draft_cache()
+            .ok_or_else(|| Error::Input("a draft pass without a draft cache".into()))?;
+        let hidden = shared_draft_pass(draft.as_ref(), &mut [(&pass, cache)])?
+            .pop()
+            .expect("one pass, one output");
+        state.absorb_draft(model, &hidden)?;
+    }
+    Ok(())
+}
+
 /// Runs `state` to the end alone: the scheduler's loop with one request.
 pub fn run_alone(
     model: &dyn CausalLm,
     mut state: Box<dyn DecodeState>,
     on_token: TokenSink<'_>,
 ) -> Result<Generation> {
-    while let Some(pass) = state.next_pass(model, on_token)? {
+    loop {
+        draft_alone(model, state.as_mut(), on_token)?;
+        let Some(pass) = state.next_pass(model, on_token)? else {
+            break;
+        };
         let out = shared_pass(model, &mut [(&pass, state.cache())])?
             .pop()
             .expect("one pass, one output");

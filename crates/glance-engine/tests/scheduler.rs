@@ -5,13 +5,19 @@
 
 mod common;
 
+use candle_core::Tensor;
 use common::{shipped, world_image};
 use glance_core::SamplingParams;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Request, Response, Sequence,
 };
 use glance_engine::{DiffusionMode, DraftKind};
+use glance_nn::{
+    AttnMask, CausalLm, DraftContext, DraftLm, DraftLogits, DraftPrompt, DraftStart, KvCache,
+    RowGroup,
+};
 use glance_prune::{Budget, Policy, PruneSpec};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 fn ask(text: &str, images: Vec<ImageInput>, n: usize, decode: DecodeSpec) -> Request {
@@ -308,4 +314,131 @@ fn choices_share_one_prefill_and_answer_as_alone() {
     e.step(&mut seqs, 64);
     let err = seqs.pop().unwrap().into_response().unwrap_err().to_string();
     assert!(err.contains("first choice"), "{err}");
+}
+
+/// A shipped head that records the most requests one of its passes served.
+struct Watched {
+    head: glance_models::draft::DraftHead,
+    widest: AtomicUsize,
+}
+
+impl DraftLm for Watched {
+    fn kind(&self) -> DraftKind {
+        self.head.kind()
+    }
+    fn new_cache(&self) -> KvCache {
+        self.head.new_cache()
+    }
+    fn start(&self, p: &DraftPrompt<'_>) -> glance_core::Result<DraftStart> {
+        self.head.start(p)
+    }
+    fn start_rows(&self, rows: usize, image_rows: &[usize]) -> usize {
+        self.head.start_rows(rows, image_rows)
+    }
+    fn fuse(&self, emb: &Tensor, prev: &Tensor, c: &DraftContext) -> glance_core::Result<Tensor> {
+        self.head.fuse(emb, prev, c)
+    }
+    fn forward(
+        &self,
+        xs: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        cache: &mut KvCache,
+    ) -> glance_core::Result<Tensor> {
+        self.head.forward(xs, positions, mask, cache)
+    }
+    fn forward_groups(
+        &self,
+        xs: &Tensor,
+        groups: &mut [RowGroup<'_>],
+    ) -> glance_core::Result<Tensor> {
+        self.widest.fetch_max(groups.len(), Ordering::Relaxed);
+        self.head.forward_groups(xs, groups)
+    }
+    fn vocab(&self) -> Option<&[u32]> {
+        self.head.vocab()
+    }
+    fn logits(&self, target: &dyn CausalLm, hidden: &Tensor) -> glance_core::Result<DraftLogits> {
+        self.head.logits(target, hidden)
+    }
+}
+
+/// Speculative requests of both kinds decode side by side, their draft heads running one pass
+/// per head and tree level for all of them (trees of different depths, answers of different
+/// lengths, one sampled), and each gets exactly its solo answer.
+#[test]
+fn speculative_requests_draft_together_and_keep_their_solo_tokens() {
+    let e = Engine::load(&shipped("glance-tiny"), EngineOptions::default()).unwrap();
+    let heads: Vec<Arc<Watched>> = DraftKind::ALL
+        .iter()
+        .map(|kind| {
+            let dir = shipped("glance-tiny").join(format!("draft-{kind}"));
+            Arc::new(Watched {
+                head: e.read_draft(&dir).unwrap(),
+                widest: AtomicUsize::new(0),
+            })
+        })
+        .collect();
+    for h in &heads {
+        e.set_draft(h.clone());
+    }
+    let describe = "Describe the image.";
+    let mut sampled = ask(
+        describe,
+        vec![world_image(2)],
+        40,
+        DecodeSpec::speculative(DraftKind::Eagle),
+    );
+    sampled.sampling = SamplingParams::sampled(0.8, 11);
+    let mut chain = ask(
+        describe,
+        vec![world_image(5)],
+        36,
+        DecodeSpec::speculative(DraftKind::Vispec),
+    );
+    if let DecodeSpec::Speculative { tree, .. } = &mut chain.decode {
+        *tree = Some(glance_engine::TreeSettings::chain(3));
+    }
+    let requests = vec![
+        ask(
+            describe,
+            vec![world_image(0)],
+            48,
+            DecodeSpec::speculative(DraftKind::Vispec),
+        ),
+        ask(
+            describe,
+            vec![world_image(1)],
+            44,
+            DecodeSpec::speculative(DraftKind::Vispec),
+        ),
+        ask(
+            "What is one plus one?",
+            vec![],
+            24,
+            DecodeSpec::speculative(DraftKind::Eagle),
+        ),
+        sampled,
+        chain,
+        ask(
+            describe,
+            vec![world_image(3)],
+            46,
+            DecodeSpec::speculative(DraftKind::Eagle),
+        ),
+        ask(
+            describe,
+            vec![world_image(4)],
+            32,
+            DecodeSpec::speculative(DraftKind::Vispec),
+        ),
+    ];
+    check_against_solo(&e, &requests, 1024, 4);
+    for h in &heads {
+        assert!(
+            h.widest.load(Ordering::Relaxed) >= 2,
+            "the {} head never ran a pass for several requests",
+            h.kind()
+        );
+    }
 }

@@ -19,6 +19,10 @@
 //!    row and the accepted nodes' rows ([`glance_nn::KvCache::keep_speculative`]); the accepted
 //!    tokens and the next token become the pending rows of the next round, each paired with the
 //!    target hidden state (from this pass) that predicted it.
+//!
+//! Steps 1 and 2 are the state's draft passes ([`DecodeState::draft_pass`]): the pending rows,
+//! then one pass per tree level ([`tree::Grower`]). A scheduler runs each of them for every
+//! request sharing the head in one pass; alone, they run one by one.
 
 pub mod plan;
 pub mod tree;
@@ -27,17 +31,18 @@ pub mod verify;
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
-use crate::step::{DecodeState, Pass, PassOutput};
+use crate::step::{DecodeState, DraftPass, Pass, PassOutput};
 use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_nn::{
-    AttnMask, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, KvCache, TreeMask,
+    AttnMask, CacheMark, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, KvCache,
+    TreeMask,
 };
 use plan::{Acceptance, Planner, Round};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-pub use tree::{DraftTree, TreeSettings};
+pub use tree::{DraftTree, Grower, TreeSettings};
 pub use verify::{verify, Verdict};
 
 /// Width in tokens of the response-position buckets of the position histograms.
@@ -195,6 +200,7 @@ impl DecodeStrategy for Speculative {
                 positions: state.positions,
                 images: image_rows,
             },
+            started: None,
             drafting: None,
             pending: Pending {
                 tokens: vec![x],
@@ -238,6 +244,32 @@ struct Open {
     verify_clock: Instant,
 }
 
+/// A round's drafting, from its opening to its target pass: the draft's passes (steps 1 and 2)
+/// are handed out one at a time ([`DecodeState::draft_pass`]), so a scheduler can run each of
+/// them for many requests at once.
+struct Drafting {
+    depth: usize,
+    settings: TreeSettings,
+    /// Pending rows the draft runs this round.
+    drafted_pending: usize,
+    /// The round's clock (from after the draft's start, if it runs this round).
+    round_clock: Instant,
+    /// The drafting's clock, from its first pass.
+    clock: Instant,
+    stage: Stage,
+}
+
+enum Stage {
+    /// Step 1 is next: the pending rows (after the draft's prompt rows in the first round).
+    CatchUp,
+    /// Their pass is out; `prompt`: the draft's prompt rows are in it.
+    CaughtUp { prompt: bool },
+    /// Step 2: the tree grows level by level; its speculative rows go back to `mark` once grown.
+    Tree { grower: Grower, mark: CacheMark },
+    /// The tree for the target pass (empty: a plain round).
+    Done(DraftTree),
+}
+
 /// Speculative decoding between target passes; see the module header for the round.
 struct SpecState {
     draft: Arc<dyn DraftLm>,
@@ -254,7 +286,9 @@ struct SpecState {
     prompt: DraftPromptRows,
     /// The draft's context, once it has started (at the first drafting round), and its prompt
     /// rows until they have run.
-    drafting: Option<(DraftContext, Option<DraftStart>)>,
+    started: Option<(DraftContext, Option<DraftStart>)>,
+    /// The open round's drafting, until its target pass.
+    drafting: Option<Drafting>,
     /// The rows waiting for the draft: each emitted token with the target hidden state that
     /// predicted it, `x`'s last.
     pending: Pending,
@@ -288,84 +322,28 @@ impl SpecState {
         Ok(r.is_some())
     }
 
-    /// Steps 1 and 2: the draft's pending rows and the tree, `depth` deep.
-    fn draft_tree(
-        &mut self,
-        model: &dyn CausalLm,
-        depth: usize,
-        settings: &TreeSettings,
-    ) -> Result<(DraftTree, Instant)> {
-        let clock = Instant::now();
-        let mut round_clock = Instant::now();
-        // The draft starts (its prompt rows) if it has not; the pending rows with real hidden
-        // states are committed in its cache.
-        if self.drafting.is_none() {
-            let p = &self.prompt;
-            let s = self.draft.start(&DraftPrompt {
-                inputs: &p.inputs,
-                hidden: &p.hidden,
-                positions: &p.positions,
-                images: &p.images,
-            })?;
-            self.drafting = Some((s.context.clone(), Some(s)));
-            self.tally.time.start += clock.elapsed();
-        }
-        let Some((context, prompt)) = self.drafting.as_mut() else {
-            unreachable!("the draft was started above")
-        };
-        let pending_count = self.pending.tokens.len();
-        let (mut rows, mut positions) = self.pending.rows(model, self.draft.as_ref(), context)?;
-        let first = prompt.take();
-        if let Some(p) = &first {
-            rows = Tensor::cat(&[&p.rows, &rows], 0)?;
-            positions = [p.positions.as_slice(), &positions].concat();
-        }
-        let out = self.draft.forward(
-            &rows,
-            &positions,
-            &AttnMask::causal(),
-            &mut self.draft_cache,
-        )?;
-        if first.is_some() {
-            // The prompt's rows are the start's too.
-            round_clock = Instant::now();
-        }
-        let n = out.dim(0)?;
-        let root = out.narrow(0, n - 1, 1)?;
-        let mark = self.draft_cache.mark();
-        let mut tree = tree::grow(
-            model,
-            self.draft.as_ref(),
-            context,
-            &mut self.draft_cache,
-            &root,
-            self.pos,
-            settings,
-            depth,
-            &self.config.eos_token_ids,
-        )?;
-        self.draft_cache.rollback(&mark)?;
-        if let Some(p) = self.planner.as_ref() {
-            tree.keep_best(p.budget(&tree, pending_count));
-        }
-        self.tally.time.draft += clock.elapsed();
-        Ok((tree, round_clock))
-    }
-}
-
-impl DecodeState for SpecState {
-    fn next_pass(&mut self, model: &dyn CausalLm, on_token: TokenSink<'_>) -> Result<Option<Pass>> {
+    /// Opens a round unless one is open: on the first, emits the prefill's token; plans how
+    /// deep to draft. `false`: the generation has ended.
+    fn open_round(&mut self, on_token: TokenSink<'_>) -> Result<bool> {
         if self.ended.is_some() {
-            return Ok(None);
+            return Ok(false);
+        }
+        if self.drafting.is_some() {
+            return Ok(true);
+        }
+        if self.round.is_some() {
+            return Err(Error::Input(
+                "speculative decoding: a new round before the last pass's outputs".into(),
+            ));
         }
         if self.first {
             self.first = false;
             if self.config.max_new_tokens == 0 {
                 self.ended = Some(FinishReason::Length);
-                return Ok(None);
+                return Ok(false);
             }
             if self.emit(self.x, self.pos, on_token)? {
-                return Ok(None);
+                return Ok(false);
             }
             self.pos += 1; // x's position
         }
@@ -390,12 +368,158 @@ impl DecodeState for SpecState {
                 Round::Draft { depth } => depth.min(room),
             },
         };
-        let drafted_pending = self.pending.tokens.len();
-        let (tree, round_clock) = if depth > 0 {
-            self.draft_tree(model, depth, &settings)?
+        let stage = if depth > 0 {
+            Stage::CatchUp
         } else {
             self.tally.plain_rounds += 1;
-            (DraftTree::default(), Instant::now())
+            Stage::Done(DraftTree::default())
+        };
+        let now = Instant::now();
+        self.drafting = Some(Drafting {
+            depth,
+            settings,
+            drafted_pending: self.pending.tokens.len(),
+            round_clock: now,
+            clock: now,
+            stage,
+        });
+        Ok(true)
+    }
+}
+
+impl DecodeState for SpecState {
+    fn draft_pass(
+        &mut self,
+        model: &dyn CausalLm,
+        on_token: TokenSink<'_>,
+    ) -> Result<Option<DraftPass>> {
+        if !self.open_round(on_token)? {
+            return Ok(None);
+        }
+        let Some(round) = self.drafting.as_mut() else {
+            unreachable!("the round was opened above")
+        };
+        match &mut round.stage {
+            Stage::CatchUp => {
+                let clock = Instant::now();
+                (round.clock, round.round_clock) = (clock, clock);
+                // The draft starts (its prompt rows) if it has not; the pending rows with real
+                // hidden states are committed in its cache.
+                if self.started.is_none() {
+                    let p = &self.prompt;
+                    let s = self.draft.start(&DraftPrompt {
+                        inputs: &p.inputs,
+                        hidden: &p.hidden,
+                        positions: &p.positions,
+                        images: &p.images,
+                    })?;
+                    self.started = Some((s.context.clone(), Some(s)));
+                    self.tally.time.start += clock.elapsed();
+                }
+                let Some((context, prompt)) = self.started.as_mut() else {
+                    unreachable!("the draft was started above")
+                };
+                // (n, hidden)
+                let (mut rows, mut positions) =
+                    self.pending.rows(model, self.draft.as_ref(), context)?;
+                let first = prompt.take();
+                if let Some(p) = &first {
+                    rows = Tensor::cat(&[&p.rows, &rows], 0)?;
+                    positions = [p.positions.as_slice(), &positions].concat();
+                }
+                round.stage = Stage::CaughtUp {
+                    prompt: first.is_some(),
+                };
+                Ok(Some(DraftPass {
+                    rows,
+                    positions,
+                    mask: AttnMask::causal(),
+                }))
+            }
+            Stage::CaughtUp { .. } => Err(Error::Input(
+                "speculative decoding: a draft pass before the last one's outputs".into(),
+            )),
+            Stage::Tree { grower, mark } => {
+                let Some((context, _)) = self.started.as_ref() else {
+                    unreachable!("the tree grows after the draft's start")
+                };
+                if let Some(pass) = grower.next_pass(model, self.draft.as_ref(), context)? {
+                    return Ok(Some(pass));
+                }
+                let mut tree = grower.tree();
+                self.draft_cache.rollback(mark)?;
+                if let Some(p) = self.planner.as_ref() {
+                    tree.keep_best(p.budget(&tree, round.drafted_pending));
+                }
+                self.tally.time.draft += round.clock.elapsed();
+                round.stage = Stage::Done(tree);
+                Ok(None)
+            }
+            Stage::Done(_) => Ok(None),
+        }
+    }
+
+    fn draft(&self) -> Option<&Arc<dyn DraftLm>> {
+        Some(&self.draft)
+    }
+
+    fn draft_cache(&mut self) -> Option<&mut KvCache> {
+        Some(&mut self.draft_cache)
+    }
+
+    fn absorb_draft(&mut self, model: &dyn CausalLm, hidden: &Tensor) -> Result<()> {
+        let Some(round) = self.drafting.as_mut() else {
+            return Err(Error::Input(
+                "speculative decoding: draft outputs outside a round".into(),
+            ));
+        };
+        match &mut round.stage {
+            Stage::CaughtUp { prompt } => {
+                if *prompt {
+                    // The prompt's rows are the start's too.
+                    round.round_clock = Instant::now();
+                }
+                // x's row: the tree's root (1, hidden).
+                let n = hidden.dim(0)?;
+                let root = hidden.narrow(0, n.saturating_sub(1), 1)?;
+                let mark = self.draft_cache.mark();
+                let grower = Grower::new(
+                    model,
+                    self.draft.as_ref(),
+                    &root,
+                    self.pos,
+                    self.draft_cache.len(),
+                    &round.settings,
+                    round.depth,
+                    &self.config.eos_token_ids,
+                )?;
+                round.stage = Stage::Tree { grower, mark };
+                Ok(())
+            }
+            Stage::Tree { grower, .. } => grower.absorb(model, self.draft.as_ref(), hidden),
+            Stage::CatchUp | Stage::Done(_) => Err(Error::Input(
+                "speculative decoding: draft outputs without a draft pass".into(),
+            )),
+        }
+    }
+
+    fn next_pass(&mut self, model: &dyn CausalLm, on_token: TokenSink<'_>) -> Result<Option<Pass>> {
+        // Steps 1 and 2, where the caller has not run them.
+        crate::step::draft_alone(model, self, on_token)?;
+        if self.ended.is_some() {
+            return Ok(None);
+        }
+        let Some(Drafting {
+            depth,
+            drafted_pending,
+            round_clock,
+            stage: Stage::Done(tree),
+            ..
+        }) = self.drafting.take()
+        else {
+            return Err(Error::Input(
+                "speculative decoding: the target pass before the draft's".into(),
+            ));
         };
         // Step 3: one target pass over [x, tree…] (a decode step when the tree is empty).
         let mut ids = Vec::with_capacity(tree.len() + 1);

@@ -17,6 +17,7 @@
 //! `top_k = 1`.
 
 use crate::sampler::argmax;
+use crate::step::DraftPass;
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_nn::{AttnMask, CausalLm, DraftContext, DraftLm, DraftLogits, KvCache};
@@ -204,63 +205,127 @@ struct Grown {
     row: Option<usize>,
 }
 
-/// Grows a tree below the root whose draft output is `root_hidden` `(1, hidden)`. The root's
-/// draft row is committed in `cache` (its `len()` rows, all visible to every node); the
-/// speculative rows appended while growing are left in `cache` for the caller to roll back.
-/// `depth` is the caller's cap (room left in the answer and the context).
-#[allow(clippy::too_many_arguments)]
-pub fn grow(
-    target: &dyn CausalLm,
-    draft: &dyn DraftLm,
-    context: &DraftContext,
-    cache: &mut KvCache,
-    root_hidden: &Tensor,
-    root_pos: u32,
-    settings: &TreeSettings,
+/// A draft tree growing level by level, between draft passes: it hands out the rows of the next
+/// level ([`Grower::next_pass`]: the frontier nodes worth expanding, each attending to the
+/// committed rows and its expanded ancestors) and takes back the draft's predicted hidden states
+/// for them ([`Grower::absorb`]). Whoever runs the passes decides how: [`grow`] runs them alone,
+/// a scheduler runs one level of every request's tree in one shared pass per draft head
+/// ([`glance_nn::DraftLm::forward_groups`]); the tree is the same.
+pub struct Grower {
+    top_k: usize,
+    budget: usize,
+    min_confidence: f32,
+    /// The caller's cap on the depth (room left in the answer and the context).
     depth: usize,
-    eos: &[TokenId],
-) -> Result<DraftTree> {
-    let mut nodes: Vec<Grown> = Vec::new();
-    if depth == 0 {
-        return Ok(DraftTree::default());
+    eos: Vec<TokenId>,
+    /// The root's draft output `(1, hidden)`.
+    root_hidden: Tensor,
+    root_pos: u32,
+    /// Rows committed in the draft cache (all visible to every node).
+    committed: usize,
+    nodes: Vec<Grown>,
+    frontier: Vec<usize>,
+    /// Depth of the rows of the next level (its nodes' depth).
+    level: usize,
+    /// Speculative rows appended to the draft cache so far.
+    spec_rows: usize,
+    forwards: u64,
+    /// The nodes of the level handed out, until their hidden states come back.
+    asked: Option<Vec<usize>>,
+}
+
+impl Grower {
+    /// A tree below the root whose draft output is `root_hidden` `(1, hidden)`, at `root_pos`,
+    /// with `committed` rows in the draft cache (the root's among them): its first level (the
+    /// root's `top_k` tokens) is read from the root's draft distribution here. `depth` is the
+    /// caller's cap (room left in the answer and the context); 0 grows nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        target: &dyn CausalLm,
+        draft: &dyn DraftLm,
+        root_hidden: &Tensor,
+        root_pos: u32,
+        committed: usize,
+        settings: &TreeSettings,
+        depth: usize,
+        eos: &[TokenId],
+    ) -> Result<Self> {
+        let mut g = Self {
+            top_k: settings.top_k,
+            budget: settings.budget,
+            min_confidence: settings.min_confidence,
+            depth,
+            eos: eos.to_vec(),
+            root_hidden: root_hidden.clone(),
+            root_pos,
+            committed,
+            nodes: Vec::new(),
+            frontier: Vec::new(),
+            level: 1,
+            spec_rows: 0,
+            forwards: 0,
+            asked: None,
+        };
+        if depth == 0 {
+            return Ok(g);
+        }
+        // The root's children.
+        let probs = draft_probs(target, draft, root_hidden)?;
+        for (token, p) in probs.top_k(0, g.top_k) {
+            g.nodes.push(Grown {
+                token,
+                parent: None,
+                prob: p,
+                score: p.max(f32::MIN_POSITIVE).ln(),
+                depth: 1,
+                hidden: None,
+                row: None,
+            });
+        }
+        g.frontier = (0..g.nodes.len()).collect();
+        Ok(g)
     }
-    let committed = cache.len();
-    let mut forwards = 0;
-    // The root's children.
-    let probs = draft_probs(target, draft, root_hidden)?;
-    for (token, p) in probs.top_k(0, settings.top_k) {
-        nodes.push(Grown {
-            token,
-            parent: None,
-            prob: p,
-            score: p.max(f32::MIN_POSITIVE).ln(),
-            depth: 1,
-            hidden: None,
-            row: None,
-        });
-    }
-    let mut frontier: Vec<usize> = (0..nodes.len()).collect();
-    let mut spec_rows = 0;
-    for d in 1..depth {
+
+    /// The rows of the next level for the draft, appended after the cache's committed rows and
+    /// the speculative rows of the levels before; `None` once the tree is grown (the cap is
+    /// reached or no frontier node is worth expanding).
+    pub fn next_pass(
+        &mut self,
+        target: &dyn CausalLm,
+        draft: &dyn DraftLm,
+        context: &DraftContext,
+    ) -> Result<Option<DraftPass>> {
+        if self.asked.is_some() {
+            return Err(Error::Input(
+                "draft tree: a level's rows were handed out and never came back".into(),
+            ));
+        }
+        if self.level >= self.depth {
+            return Ok(None);
+        }
+        let nodes = &self.nodes;
         // The best frontier nodes worth expanding.
-        let low = |i: usize| nodes[i].prob < settings.min_confidence;
-        let mut pick: Vec<usize> = frontier
+        let low = |i: usize| nodes[i].prob < self.min_confidence;
+        let mut pick: Vec<usize> = self
+            .frontier
             .iter()
             .copied()
-            .filter(|&i| !eos.contains(&nodes[i].token))
+            .filter(|&i| !self.eos.contains(&nodes[i].token))
             .filter(|&i| !(low(i) && nodes[i].parent.is_none_or(low)))
             .collect();
         pick.sort_by(|&a, &b| nodes[b].score.total_cmp(&nodes[a].score).then(a.cmp(&b)));
-        pick.truncate(settings.top_k);
+        pick.truncate(self.top_k);
         if pick.is_empty() {
-            break;
+            // Nothing later can be worth it either.
+            self.depth = self.level;
+            return Ok(None);
         }
         // Rows: (this node's token, its parent's predicted hidden state).
         let ids: Vec<TokenId> = pick.iter().map(|&i| nodes[i].token).collect();
         let prev =
             pick.iter()
                 .map(|&i| match nodes[i].parent {
-                    None => Ok(root_hidden.clone()),
+                    None => Ok(self.root_hidden.clone()),
                     Some(p) => nodes[p].hidden.clone().ok_or_else(|| {
                         Error::Input("draft tree: a parent was never expanded".into())
                     }),
@@ -268,8 +333,9 @@ pub fn grow(
                 .collect::<Result<Vec<_>>>()?;
         // (n, hidden)
         let prev = Tensor::cat(&prev, 0)?;
+        // (n, hidden)
         let rows = draft.fuse(&target.embed_tokens(&ids)?, &prev, context)?;
-        let positions: Vec<u32> = vec![root_pos + d as u32; pick.len()];
+        let positions: Vec<u32> = vec![self.root_pos + self.level as u32; pick.len()];
         // Each row sees the committed rows, its expanded ancestors and itself.
         let ancestors = pick
             .iter()
@@ -285,32 +351,100 @@ pub fn grow(
                 Ok(rows)
             })
             .collect::<Result<Vec<_>>>()?;
-        let mask = level_mask(committed, spec_rows, &ancestors)?;
-        // (n, hidden)
-        let hidden = draft.forward(&rows, &positions, &mask, cache)?;
-        forwards += 1;
-        let probs = draft_probs(target, draft, &hidden)?;
+        let mask = level_mask(self.committed, self.spec_rows, &ancestors)?;
+        self.asked = Some(pick);
+        Ok(Some(DraftPass {
+            rows,
+            positions,
+            mask,
+        }))
+    }
+
+    /// Takes the draft's predicted hidden states `(n, hidden)` for the rows of the last
+    /// [`Grower::next_pass`]: each expanded node gets its `top_k` most likely tokens as children.
+    pub fn absorb(
+        &mut self,
+        target: &dyn CausalLm,
+        draft: &dyn DraftLm,
+        hidden: &Tensor,
+    ) -> Result<()> {
+        let Some(pick) = self.asked.take() else {
+            return Err(Error::Input(
+                "draft tree: hidden states for no level's rows".into(),
+            ));
+        };
+        if hidden.dim(0)? != pick.len() {
+            return Err(Error::Input(format!(
+                "draft tree: {} hidden states for a level of {} rows",
+                hidden.dim(0)?,
+                pick.len()
+            )));
+        }
+        self.forwards += 1;
+        let probs = draft_probs(target, draft, hidden)?;
         let mut next = Vec::new();
         for (m, &i) in pick.iter().enumerate() {
-            nodes[i].hidden = Some(hidden.narrow(0, m, 1)?);
-            nodes[i].row = Some(spec_rows + m);
-            for (token, p) in probs.top_k(m, settings.top_k) {
-                next.push(nodes.len());
-                nodes.push(Grown {
+            self.nodes[i].hidden = Some(hidden.narrow(0, m, 1)?);
+            self.nodes[i].row = Some(self.spec_rows + m);
+            for (token, p) in probs.top_k(m, self.top_k) {
+                next.push(self.nodes.len());
+                let score = self.nodes[i].score + p.max(f32::MIN_POSITIVE).ln();
+                self.nodes.push(Grown {
                     token,
                     parent: Some(i),
                     prob: p,
-                    score: nodes[i].score + p.max(f32::MIN_POSITIVE).ln(),
-                    depth: d + 1,
+                    score,
+                    depth: self.level + 1,
                     hidden: None,
                     row: None,
                 });
             }
         }
-        spec_rows += pick.len();
-        frontier = next;
+        self.spec_rows += pick.len();
+        self.frontier = next;
+        self.level += 1;
+        Ok(())
     }
-    Ok(select(&nodes, settings.budget, forwards))
+
+    /// The grown tree: the `budget` best nodes, closed under ancestors, parents first.
+    pub fn tree(&self) -> DraftTree {
+        select(&self.nodes, self.budget, self.forwards)
+    }
+}
+
+/// Grows a tree below the root whose draft output is `root_hidden` `(1, hidden)`, running the
+/// draft's passes alone ([`Grower`] with [`DraftLm::forward`]). The root's draft row is committed
+/// in `cache` (its `len()` rows, all visible to every node); the speculative rows appended while
+/// growing are left in `cache` for the caller to roll back. `depth` is the caller's cap (room
+/// left in the answer and the context).
+#[allow(clippy::too_many_arguments)]
+pub fn grow(
+    target: &dyn CausalLm,
+    draft: &dyn DraftLm,
+    context: &DraftContext,
+    cache: &mut KvCache,
+    root_hidden: &Tensor,
+    root_pos: u32,
+    settings: &TreeSettings,
+    depth: usize,
+    eos: &[TokenId],
+) -> Result<DraftTree> {
+    let mut g = Grower::new(
+        target,
+        draft,
+        root_hidden,
+        root_pos,
+        cache.len(),
+        settings,
+        depth,
+        eos,
+    )?;
+    while let Some(pass) = g.next_pass(target, draft, context)? {
+        // (n, hidden)
+        let hidden = draft.forward(&pass.rows, &pass.positions, &pass.mask, cache)?;
+        g.absorb(target, draft, &hidden)?;
+    }
+    Ok(g.tree())
 }
 
 /// The mask of one draft step over `ancestors.len()` new rows appended after `committed`

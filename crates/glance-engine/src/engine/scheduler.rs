@@ -2,16 +2,19 @@
 //! [`Sequence`] stepped by [`Engine::step`]. Each step runs at most one prefill unit (a chunk of
 //! one plain prompt, or one pruned prompt whole), then one target pass over the rows every
 //! decoding request asks for ([`glance_decode::step`]): plain tokens, draft trees and diffusion
-//! blocks side by side, each request attending over its own cache under its own mask. A row gets
-//! the bits it gets when its request runs alone, so every lossless contract holds under load.
+//! blocks side by side, each request attending over its own cache under its own mask. Before it,
+//! the speculative requests' draft heads run level by level, one pass per head and level for all
+//! the requests sharing it. A row gets the bits it gets when its request runs alone, draft rows
+//! included, so every lossless contract holds under load.
 //! [`Engine::generate`] is this loop with one sequence; the server's worker runs it with many.
 //!
 //! ```text
 //! Engine::prepare(request)      validate, render, tokenise, encode images (cached), plan,
 //!                               pruning's selection, the strategy                  → Prepared
 //! Engine::sequence(prepared)    a Sequence in its prefill phase
-//! Engine::step(&mut seqs, c)    ≤ c prompt rows of one prefilling sequence, then one shared
-//!                               target pass of every decoding sequence
+//! Engine::step(&mut seqs, c)    ≤ c prompt rows of one prefilling sequence, the shared draft
+//!                               passes (per head, per tree level), then one shared target
+//!                               pass of every decoding sequence
 //! Sequence::into_response()     when done
 //! ```
 
@@ -25,11 +28,11 @@ use crate::request::{
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_decode::{
-    DecodeState, DecodeStrategy, GenerateConfig, Generation, Pass, PassOutput, Prefilled,
-    PrefilledImage, Sampler,
+    DecodeState, DecodeStrategy, DraftPass, GenerateConfig, Generation, Pass, PassOutput,
+    Prefilled, PrefilledImage, Sampler,
 };
 use glance_models::llava::{PromptPlan, SegmentKind};
-use glance_nn::{AttnMask, CausalLm, KvCache};
+use glance_nn::{AttnMask, CausalLm, DraftLm, KvCache};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -625,20 +628,27 @@ impl Engine {
             .insert(key.clone(), Arc::new(CachedPrefix { state }), bytes);
     }
 
-    /// One target pass over the rows every decoding sequence asks for.
+    /// One target pass over the rows every decoding sequence asks for, after the draft heads'
+    /// passes for it ([`Engine::draft_passes`]).
     fn decode_step(&self, seqs: &mut [Sequence<'_>]) {
         let text = self.model.text();
-        // Each sequence's own work for the pass (drafting) — independent of the others, so
-        // the sequences run it in parallel on the engine's pool.
-        // The rows of the last shared pass: what the others bring to the next one.
+        // The rows of the last shared pass: what the others bring to the next one (cost-aware
+        // states plan their rounds for it as they open them).
         let last: usize = seqs.iter().map(|s| s.last_rows).sum();
         let sharing = seqs.iter().filter(|s| s.last_rows > 0).count();
+        for s in seqs.iter_mut() {
+            let mine = usize::from(s.last_rows > 0);
+            if let Phase::Decode(state) = &mut s.phase {
+                state.share(last - s.last_rows, sharing - mine);
+            }
+        }
+        self.draft_passes(seqs);
+        // Each sequence's own work for the pass — independent of the others, so the sequences
+        // run it in parallel on the engine's pool.
         let ask = |s: &mut Sequence<'_>| {
             let Phase::Decode(state) = &mut s.phase else {
                 return None;
             };
-            let mine = usize::from(s.last_rows > 0);
-            state.share(last - s.last_rows, sharing - mine);
             let output = &mut s.output;
             Some(state.next_pass(text, &mut |id| output.push(id)))
         };
@@ -708,6 +718,112 @@ impl Engine {
         for (i, e) in failed.into_iter().enumerate() {
             if let Some(e) = e {
                 seqs[i].fail(e);
+            }
+        }
+    }
+
+    /// The draft heads' passes before a target pass, level by level: every decoding sequence
+    /// says which rows it needs from its head ([`DecodeState::draft_pass`]: its pending rows,
+    /// then one level of its tree), the sequences sharing a head run theirs in one pass
+    /// ([`glance_decode::shared_draft_pass`]), and each takes its outputs back, until none has
+    /// a draft pass left. Trees of different depths drop out of the later levels. Each
+    /// sequence's own work (opening its round, fusing its rows, reading its draft logits) runs
+    /// in parallel on the engine's pool.
+    fn draft_passes(&self, seqs: &mut [Sequence<'_>]) {
+        let text = self.model.text();
+        loop {
+            let parallel = seqs.iter().filter(|s| s.is_decoding()).count() > 1;
+            let ask = |s: &mut Sequence<'_>| {
+                let Phase::Decode(state) = &mut s.phase else {
+                    return None;
+                };
+                let output = &mut s.output;
+                Some(state.draft_pass(text, &mut |id| output.push(id)))
+            };
+            let asked: Vec<Option<Result<Option<DraftPass>>>> = if parallel {
+                seqs.par_iter_mut().map(ask).collect()
+            } else {
+                seqs.iter_mut().map(ask).collect()
+            };
+            let mut passes: Vec<Option<DraftPass>> = Vec::with_capacity(seqs.len());
+            for (i, asked) in asked.into_iter().enumerate() {
+                passes.push(match asked {
+                    Some(Ok(pass)) => pass,
+                    Some(Err(e)) => {
+                        seqs[i].fail(e);
+                        None
+                    }
+                    None => None,
+                });
+            }
+            if passes.iter().all(Option::is_none) {
+                return;
+            }
+            // The heads, each with the sequences whose passes run on it.
+            let mut heads: Vec<(Arc<dyn DraftLm>, Vec<usize>)> = Vec::new();
+            for (i, s) in seqs.iter_mut().enumerate() {
+                let (Some(_), Phase::Decode(state)) = (&passes[i], &s.phase) else {
+                    continue;
+                };
+                let Some(head) = state.draft() else {
+                    s.fail(Error::Input("a draft pass without a draft head".into()));
+                    passes[i] = None;
+                    continue;
+                };
+                match heads.iter_mut().find(|(h, _)| Arc::ptr_eq(h, head)) {
+                    Some((_, members)) => members.push(i),
+                    None => heads.push((head.clone(), vec![i])),
+                }
+            }
+            let mut outs: Vec<Option<Tensor>> = (0..seqs.len()).map(|_| None).collect();
+            for (head, members) in &heads {
+                // Each pass with its sequence's draft cache, in sequence order.
+                let mut jobs: Vec<(&DraftPass, &mut KvCache)> = Vec::with_capacity(members.len());
+                let mut ran = Vec::with_capacity(members.len());
+                for (i, s) in seqs.iter_mut().enumerate() {
+                    if !members.contains(&i) {
+                        continue;
+                    }
+                    let (Some(pass), Phase::Decode(state)) = (&passes[i], &mut s.phase) else {
+                        continue;
+                    };
+                    if let Some(cache) = state.draft_cache() {
+                        jobs.push((pass, cache));
+                        ran.push(i);
+                    }
+                }
+                let hidden = glance_decode::shared_draft_pass(head.as_ref(), &mut jobs);
+                drop(jobs);
+                match hidden {
+                    Ok(hidden) => {
+                        for (i, h) in ran.into_iter().zip(hidden) {
+                            outs[i] = Some(h);
+                        }
+                    }
+                    Err(e) => {
+                        let msg = e.to_string();
+                        for i in ran {
+                            seqs[i].fail(Error::Candle(candle_core::Error::Msg(msg.clone())));
+                        }
+                    }
+                }
+            }
+            let absorb = |(s, hidden): (&mut Sequence<'_>, Option<Tensor>)| {
+                let hidden = hidden?;
+                let Phase::Decode(state) = &mut s.phase else {
+                    return None;
+                };
+                state.absorb_draft(text, &hidden).err()
+            };
+            let failed: Vec<Option<Error>> = if parallel {
+                seqs.par_iter_mut().zip(outs).map(absorb).collect()
+            } else {
+                seqs.iter_mut().zip(outs).map(absorb).collect()
+            };
+            for (i, e) in failed.into_iter().enumerate() {
+                if let Some(e) = e {
+                    seqs[i].fail(e);
+                }
             }
         }
     }
