@@ -40,8 +40,8 @@ pub use grammar::{Grammar, GrammarVocab, OutputFormat};
 pub use sampler::{LogprobSink, Sampler, TokenLogprob};
 pub use speculative::{Speculative, TreeSettings};
 pub use step::{
-    draft_alone, run_alone, shared_draft_pass, shared_pass, DecodeState, DraftPass, Pass,
-    PassOutput,
+    draft_alone, run_alone, shared_draft_pass, shared_pass, DecodeState, DraftOutput, DraftPass,
+    Pass, PassOutput,
 };
 pub use stop::StopStrings;
 pub use strategy::{DecodeSpec, DecodeStats, DecodeStrategy, TokenSink};

@@ -18,7 +18,7 @@
 //! state = strategy.start(model, prefilled, sampler, config)
 //! loop
 //!     while let Some(d) = state.draft_pass(model, sink)      (may emit; none without a draft)
-//!         out = shared_draft_pass(head, [(d, draft cache), …]) (one per head for all)
+//!         out = shared_draft_pass(model, head, [(d, draft cache), …])  (one per head for all)
 //!         state.absorb_draft(model, out)                     (grows the tree)
 //!     let Some(pass) = state.next_pass(model, sink) else break
 //!     out = shared_pass(model, [(pass, state.cache()), …])  (one target pass for all)
@@ -32,7 +32,8 @@ use crate::autoregressive::Generation;
 use crate::strategy::TokenSink;
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
-use glance_nn::{AttnMask, CausalLm, DraftLm, KvCache, RowGroup};
+use glance_nn::matvec::MAX_SMALL_ROWS;
+use glance_nn::{AttnMask, CausalLm, DraftLm, DraftLogits, KvCache, RowGroup};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -92,6 +93,16 @@ pub struct DraftPass {
     pub positions: Vec<u32>,
     /// Relative to the new rows, as in [`DraftLm::forward`].
     pub mask: AttnMask,
+    /// Rows whose draft logits the state reads ([`DraftOutput::logits`]).
+    pub logits: Range<usize>,
+}
+
+/// What a draft head computed for a [`DraftPass`].
+pub struct DraftOutput {
+    /// Predicted hidden state of every row of the pass `(n, hidden)`.
+    pub hidden: Tensor,
+    /// The draft logits ([`DraftLm::logits`]) of the rows [`DraftPass::logits`] named, in order.
+    pub logits: DraftLogits,
 }
 
 /// What the target computed for a [`Pass`].
@@ -137,10 +148,9 @@ pub trait DecodeState: Send {
         None
     }
 
-    /// Takes the draft head's predicted hidden states `(n, hidden)` for the rows of the last
-    /// [`DecodeState::draft_pass`].
-    fn absorb_draft(&mut self, model: &dyn CausalLm, hidden: &Tensor) -> Result<()> {
-        let _ = (model, hidden);
+    /// Takes the draft head's outputs for the rows of the last [`DecodeState::draft_pass`].
+    fn absorb_draft(&mut self, model: &dyn CausalLm, out: DraftOutput) -> Result<()> {
+        let _ = (model, out);
         Err(Error::Input(
             "draft outputs for a decoding state without a draft head".into(),
         ))
@@ -226,19 +236,22 @@ pub fn shared_pass(
         .collect()
 }
 
-/// One draft-head pass over the rows of several requests sharing `draft`: `jobs` pairs each
-/// request's [`DraftPass`] with its draft cache. Returns each request's predicted hidden states
-/// `(n, hidden)`, in order, with the bits its pass alone gives it.
+/// One draft-head pass over the rows of several requests sharing `draft`, then one read of the
+/// head for the draft logits they want (through `target`'s LM head): `jobs` pairs each
+/// request's [`DraftPass`] with its draft cache. Returns each request's [`DraftOutput`], in
+/// order, with the bits its pass alone gives it.
 pub fn shared_draft_pass(
+    target: &dyn CausalLm,
     draft: &dyn DraftLm,
     jobs: &mut [(&DraftPass, &mut KvCache)],
-) -> Result<Vec<Tensor>> {
+) -> Result<Vec<DraftOutput>> {
     for (p, _) in jobs.iter() {
         let n = p.rows.dim(0)?;
-        if n == 0 || p.positions.len() != n {
+        if n == 0 || p.positions.len() != n || p.logits.end > n || p.logits.is_empty() {
             return Err(Error::Input(format!(
-                "a draft pass of {n} rows with {} positions",
-                p.positions.len()
+                "a draft pass of {n} rows with {} positions and logits of rows {:?}",
+                p.positions.len(),
+                p.logits
             )));
         }
     }
@@ -259,14 +272,46 @@ pub fn shared_draft_pass(
         .collect();
     // (Σ n, hidden)
     let hidden = draft.forward_groups(&xs, &mut groups)?;
+    drop(groups);
+    // Each request's rows, and the rows whose logits it wants `(k, hidden)`.
     let mut first = 0;
-    jobs.iter()
-        .map(|(p, _)| {
-            let n = p.positions.len();
-            first += n;
-            Ok(hidden.narrow(0, first - n, n)?)
-        })
-        .collect()
+    let mut own = Vec::with_capacity(jobs.len());
+    let mut wanted = Vec::with_capacity(jobs.len());
+    for (p, _) in jobs.iter() {
+        let n = p.positions.len();
+        own.push(hidden.narrow(0, first, n)?);
+        wanted.push(hidden.narrow(0, first + p.logits.start, p.logits.len())?);
+        first += n;
+    }
+    // A request's own call of more rows than the single-row kernels take runs other kernels:
+    // such calls stay apart.
+    let logits: Vec<DraftLogits> = if jobs.len() > 1
+        && wanted
+            .iter()
+            .all(|w| w.dim(0).is_ok_and(|k| k <= MAX_SMALL_ROWS))
+    {
+        // (Σ k, columns): one read of the head for all the requests.
+        let all = draft.logits_rows(target, &Tensor::cat(&wanted, 0)?)?;
+        let mut first = 0;
+        wanted
+            .iter()
+            .map(|w| {
+                let k = w.dim(0)?;
+                first += k;
+                all.narrow(first - k, k)
+            })
+            .collect::<Result<_>>()?
+    } else {
+        wanted
+            .iter()
+            .map(|w| draft.logits(target, w))
+            .collect::<Result<_>>()?
+    };
+    Ok(own
+        .into_iter()
+        .zip(logits)
+        .map(|(hidden, logits)| DraftOutput { hidden, logits })
+        .collect())
 }
 
 /// Runs the draft passes `state` has before its next target pass, alone.
@@ -283,10 +328,10 @@ pub fn draft_alone<S: DecodeState + ?Sized>(
         let cache = state
             .draft_cache()
             .ok_or_else(|| Error::Input("a draft pass without a draft cache".into()))?;
-        let hidden = shared_draft_pass(draft.as_ref(), &mut [(&pass, cache)])?
+        let out = shared_draft_pass(model, draft.as_ref(), &mut [(&pass, cache)])?
             .pop()
             .expect("one pass, one output");
-        state.absorb_draft(model, &hidden)?;
+        state.absorb_draft(model, out)?;
     }
     Ok(())
 }

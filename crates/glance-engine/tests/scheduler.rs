@@ -12,6 +12,7 @@ use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Request, Response, Sequence,
 };
 use glance_engine::{DiffusionMode, DraftKind};
+use glance_models::draft::DraftConfig;
 use glance_nn::{
     AttnMask, CausalLm, DraftContext, DraftLm, DraftLogits, DraftPrompt, DraftStart, KvCache,
     RowGroup,
@@ -361,27 +362,64 @@ impl DraftLm for Watched {
     fn logits(&self, target: &dyn CausalLm, hidden: &Tensor) -> glance_core::Result<DraftLogits> {
         self.head.logits(target, hidden)
     }
+    fn logits_rows(
+        &self,
+        target: &dyn CausalLm,
+        hidden: &Tensor,
+    ) -> glance_core::Result<DraftLogits> {
+        self.head.logits_rows(target, hidden)
+    }
+}
+
+/// The shipped `kind` head of glance-tiny, watched; with `reduced`, keeping two tokens in three
+/// (a reduced draft vocabulary, FR-Spec).
+fn watched(e: &Engine, kind: DraftKind, reduced: bool) -> Arc<Watched> {
+    let from = shipped("glance-tiny").join(format!("draft-{kind}"));
+    let dir = if reduced {
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("scheduler-draft-{kind}-reduced"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(
+            from.join("model.safetensors"),
+            dir.join("model.safetensors"),
+        )
+        .unwrap();
+        let mut config = DraftConfig::load(&from).unwrap();
+        let n = e.read_draft(&from).unwrap().vocab_size() as u32;
+        config
+            .set_draft_vocab((0..n).filter(|t| t % 3 != 1).collect())
+            .unwrap();
+        config.save(&dir).unwrap();
+        dir
+    } else {
+        from
+    };
+    Arc::new(Watched {
+        head: e.read_draft(&dir).unwrap(),
+        widest: AtomicUsize::new(0),
+    })
 }
 
 /// Speculative requests of both kinds decode side by side, their draft heads running one pass
 /// per head and tree level for all of them (trees of different depths, answers of different
-/// lengths, one sampled), and each gets exactly its solo answer.
+/// lengths, one sampled; whole and reduced draft vocabularies), and each gets exactly its solo
+/// answer.
 #[test]
 fn speculative_requests_draft_together_and_keep_their_solo_tokens() {
     let e = Engine::load(&shipped("glance-tiny"), EngineOptions::default()).unwrap();
-    let heads: Vec<Arc<Watched>> = DraftKind::ALL
-        .iter()
-        .map(|kind| {
-            let dir = shipped("glance-tiny").join(format!("draft-{kind}"));
-            Arc::new(Watched {
-                head: e.read_draft(&dir).unwrap(),
-                widest: AtomicUsize::new(0),
-            })
-        })
-        .collect();
-    for h in &heads {
-        e.set_draft(h.clone());
+    for reduced in [false, true] {
+        let heads: Vec<Arc<Watched>> = DraftKind::ALL
+            .iter()
+            .map(|&kind| watched(&e, kind, reduced))
+            .collect();
+        for h in &heads {
+            e.set_draft(h.clone());
+        }
+        speculative_side_by_side(&e, &heads);
     }
+}
+
+fn speculative_side_by_side(e: &Engine, heads: &[Arc<Watched>]) {
     let describe = "Describe the image.";
     let mut sampled = ask(
         describe,
@@ -433,12 +471,13 @@ fn speculative_requests_draft_together_and_keep_their_solo_tokens() {
             DecodeSpec::speculative(DraftKind::Vispec),
         ),
     ];
-    check_against_solo(&e, &requests, 1024, 4);
-    for h in &heads {
+    check_against_solo(e, &requests, 1024, 4);
+    for h in heads {
         assert!(
             h.widest.load(Ordering::Relaxed) >= 2,
-            "the {} head never ran a pass for several requests",
-            h.kind()
+            "the {} head (vocabulary {:?}) never ran a pass for several requests",
+            h.kind(),
+            h.vocab().map(<[u32]>::len)
         );
     }
 }

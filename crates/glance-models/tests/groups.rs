@@ -355,3 +355,44 @@ fn a_shared_draft_pass_gives_every_request_the_bits_of_its_own_pass() {
         }
     }
 }
+
+/// Draft logits gathered from several requests ([`DraftLm::logits_rows`]: one read of the head
+/// for a level of all their trees) are each request's own ([`DraftLm::logits`] of its level),
+/// over the whole vocabulary and over a reduced one.
+#[test]
+fn shared_draft_logits_are_each_requests_own() {
+    for format in [WeightFormat::F32, WeightFormat::Q4] {
+        let m = random_model(None, format);
+        for vocab in [None, Some(vec![3u32, 50, 7, 96, 0, 41])] {
+            let text = json!({
+                "model_type": "llama", "vocab_size": 97, "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "max_position_embeddings": 256,
+            });
+            let mut config = DraftConfig::for_target(&text, None, false).unwrap();
+            if let Some(ids) = &vocab {
+                config.set_draft_vocab(ids.clone()).unwrap();
+            }
+            let vb = random_var_builder(5, &Device::Cpu);
+            let h =
+                DraftHead::from_var_builder_as(&vb, config, Mode::Infer, &WeightLoad::new(format))
+                    .unwrap();
+            // (7, hidden): levels of 2, 1 and 4 rows.
+            let hidden = draft_rows(&h, 7, 3.0);
+            let all = DraftLm::logits_rows(&h, &m, &hidden).unwrap();
+            assert_eq!(all.ids.as_deref(), vocab.as_deref());
+            let all = rows(&all.logits);
+            let mut first = 0;
+            for n in [2, 1, 4] {
+                let own = h.logits(&m, &hidden.narrow(0, first, n).unwrap()).unwrap();
+                assert_eq!(
+                    &all[first..first + n],
+                    rows(&own.logits).as_slice(),
+                    "{format:?}, vocab {vocab:?}: rows {first}..{}",
+                    first + n
+                );
+                first += n;
+            }
+        }
+    }
+}

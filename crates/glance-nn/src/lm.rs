@@ -319,6 +319,18 @@ pub trait DraftLm: Send + Sync {
             ids: None,
         })
     }
+
+    /// [`DraftLm::logits`] of predicted hidden states gathered from several requests
+    /// `(n, hidden)` (one read of the head for a level of all their trees): each row gets the
+    /// bits [`DraftLm::logits`] gives it in its own request's call of at most
+    /// [`crate::matvec::MAX_SMALL_ROWS`] rows ([`CausalLm::logits_rows`]). A head that
+    /// overrides [`DraftLm::logits`] overrides this too.
+    fn logits_rows(&self, target: &dyn CausalLm, hidden: &Tensor) -> Result<DraftLogits> {
+        Ok(DraftLogits {
+            logits: target.logits_rows(hidden)?,
+            ids: None,
+        })
+    }
 }
 
 /// What [`DraftLm::logits`] returns.
@@ -331,6 +343,14 @@ pub struct DraftLogits {
 }
 
 impl DraftLogits {
+    /// Rows `first..first + n` (one request's, of logits gathered from several).
+    pub fn narrow(&self, first: usize, n: usize) -> Result<Self> {
+        Ok(Self {
+            logits: self.logits.narrow(0, first, n)?,
+            ids: self.ids.clone(),
+        })
+    }
+
     /// The token of column `j`.
     pub fn token(&self, j: usize) -> u32 {
         match &self.ids {

@@ -31,7 +31,7 @@ pub mod verify;
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
-use crate::step::{DecodeState, DraftPass, Pass, PassOutput};
+use crate::step::{DecodeState, DraftOutput, DraftPass, Pass, PassOutput};
 use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
@@ -430,10 +430,13 @@ impl DecodeState for SpecState {
                 round.stage = Stage::CaughtUp {
                     prompt: first.is_some(),
                 };
+                let n = positions.len();
                 Ok(Some(DraftPass {
                     rows,
                     positions,
                     mask: AttnMask::causal(),
+                    // x's row: the tree's root.
+                    logits: n - 1..n,
                 }))
             }
             Stage::CaughtUp { .. } => Err(Error::Input(
@@ -467,7 +470,7 @@ impl DecodeState for SpecState {
         Some(&mut self.draft_cache)
     }
 
-    fn absorb_draft(&mut self, model: &dyn CausalLm, hidden: &Tensor) -> Result<()> {
+    fn absorb_draft(&mut self, _: &dyn CausalLm, out: DraftOutput) -> Result<()> {
         let Some(round) = self.drafting.as_mut() else {
             return Err(Error::Input(
                 "speculative decoding: draft outputs outside a round".into(),
@@ -480,13 +483,12 @@ impl DecodeState for SpecState {
                     round.round_clock = Instant::now();
                 }
                 // x's row: the tree's root (1, hidden).
-                let n = hidden.dim(0)?;
-                let root = hidden.narrow(0, n.saturating_sub(1), 1)?;
+                let n = out.hidden.dim(0)?;
+                let root = out.hidden.narrow(0, n.saturating_sub(1), 1)?;
                 let mark = self.draft_cache.mark();
                 let grower = Grower::new(
-                    model,
-                    self.draft.as_ref(),
                     &root,
+                    &out.logits,
                     self.pos,
                     self.draft_cache.len(),
                     &round.settings,
@@ -496,7 +498,7 @@ impl DecodeState for SpecState {
                 round.stage = Stage::Tree { grower, mark };
                 Ok(())
             }
-            Stage::Tree { grower, .. } => grower.absorb(model, self.draft.as_ref(), hidden),
+            Stage::Tree { grower, .. } => grower.absorb(&out.hidden, &out.logits),
             Stage::CatchUp | Stage::Done(_) => Err(Error::Input(
                 "speculative decoding: draft outputs without a draft pass".into(),
             )),

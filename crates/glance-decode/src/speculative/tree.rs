@@ -235,15 +235,14 @@ pub struct Grower {
 }
 
 impl Grower {
-    /// A tree below the root whose draft output is `root_hidden` `(1, hidden)`, at `root_pos`,
-    /// with `committed` rows in the draft cache (the root's among them): its first level (the
-    /// root's `top_k` tokens) is read from the root's draft distribution here. `depth` is the
-    /// caller's cap (room left in the answer and the context); 0 grows nothing.
-    #[allow(clippy::too_many_arguments)]
+    /// A tree below the root whose draft output is `root_hidden` `(1, hidden)` with draft
+    /// logits `root_logits` ([`DraftLm::logits`]), at `root_pos`, with `committed` rows in the
+    /// draft cache (the root's among them): its first level (the root's `top_k` tokens) is read
+    /// from the root's draft distribution here. `depth` is the caller's cap (room left in the
+    /// answer and the context); 0 grows nothing.
     pub fn new(
-        target: &dyn CausalLm,
-        draft: &dyn DraftLm,
         root_hidden: &Tensor,
+        root_logits: &DraftLogits,
         root_pos: u32,
         committed: usize,
         settings: &TreeSettings,
@@ -270,7 +269,7 @@ impl Grower {
             return Ok(g);
         }
         // The root's children.
-        let probs = draft_probs(target, draft, root_hidden)?;
+        let probs = DraftProbs::new(root_logits.clone())?;
         for (token, p) in probs.top_k(0, g.top_k) {
             g.nodes.push(Grown {
                 token,
@@ -352,22 +351,20 @@ impl Grower {
             })
             .collect::<Result<Vec<_>>>()?;
         let mask = level_mask(self.committed, self.spec_rows, &ancestors)?;
+        let n = pick.len();
         self.asked = Some(pick);
         Ok(Some(DraftPass {
             rows,
             positions,
             mask,
+            logits: 0..n,
         }))
     }
 
     /// Takes the draft's predicted hidden states `(n, hidden)` for the rows of the last
-    /// [`Grower::next_pass`]: each expanded node gets its `top_k` most likely tokens as children.
-    pub fn absorb(
-        &mut self,
-        target: &dyn CausalLm,
-        draft: &dyn DraftLm,
-        hidden: &Tensor,
-    ) -> Result<()> {
+    /// [`Grower::next_pass`] and their draft logits ([`DraftLm::logits`]): each expanded node
+    /// gets its `top_k` most likely tokens as children.
+    pub fn absorb(&mut self, hidden: &Tensor, logits: &DraftLogits) -> Result<()> {
         let Some(pick) = self.asked.take() else {
             return Err(Error::Input(
                 "draft tree: hidden states for no level's rows".into(),
@@ -381,7 +378,14 @@ impl Grower {
             )));
         }
         self.forwards += 1;
-        let probs = draft_probs(target, draft, hidden)?;
+        let probs = DraftProbs::new(logits.clone())?;
+        if probs.rows.len() != pick.len() {
+            return Err(Error::Input(format!(
+                "draft tree: {} rows of draft logits for a level of {} rows",
+                probs.rows.len(),
+                pick.len()
+            )));
+        }
         let mut next = Vec::new();
         for (m, &i) in pick.iter().enumerate() {
             self.nodes[i].hidden = Some(hidden.narrow(0, m, 1)?);
@@ -430,9 +434,8 @@ pub fn grow(
     eos: &[TokenId],
 ) -> Result<DraftTree> {
     let mut g = Grower::new(
-        target,
-        draft,
         root_hidden,
+        &draft.logits(target, root_hidden)?,
         root_pos,
         cache.len(),
         settings,
@@ -442,7 +445,7 @@ pub fn grow(
     while let Some(pass) = g.next_pass(target, draft, context)? {
         // (n, hidden)
         let hidden = draft.forward(&pass.rows, &pass.positions, &pass.mask, cache)?;
-        g.absorb(target, draft, &hidden)?;
+        g.absorb(&hidden, &draft.logits(target, &hidden)?)?;
     }
     Ok(g.tree())
 }
@@ -542,24 +545,30 @@ pub(crate) fn draft_probs(
     draft: &dyn DraftLm,
     hidden: &Tensor,
 ) -> Result<DraftProbs> {
-    let logits = draft.logits(target, hidden)?;
-    let rows: Vec<Vec<f32>> = logits.logits.to_vec2()?;
-    let rows = rows
-        .into_iter()
-        .map(|mut row| {
-            let max = row[argmax(&row) as usize];
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = if x.is_finite() { (*x - max).exp() } else { 0.0 };
-                sum += *x;
-            }
-            if sum > 0.0 && sum.is_finite() {
-                row.iter_mut().for_each(|x| *x /= sum);
-            }
-            row
-        })
-        .collect();
-    Ok(DraftProbs { rows, logits })
+    DraftProbs::new(draft.logits(target, hidden)?)
+}
+
+impl DraftProbs {
+    /// The distributions of draft logits, row by row.
+    fn new(logits: DraftLogits) -> Result<Self> {
+        let rows: Vec<Vec<f32>> = logits.logits.to_vec2()?;
+        let rows = rows
+            .into_iter()
+            .map(|mut row| {
+                let max = row[argmax(&row) as usize];
+                let mut sum = 0.0;
+                for x in row.iter_mut() {
+                    *x = if x.is_finite() { (*x - max).exp() } else { 0.0 };
+                    sum += *x;
+                }
+                if sum > 0.0 && sum.is_finite() {
+                    row.iter_mut().for_each(|x| *x /= sum);
+                }
+                row
+            })
+            .collect();
+        Ok(DraftProbs { rows, logits })
+    }
 }
 
 /// The `k` most likely columns with their probabilities, most likely first (ties by column).

@@ -28,8 +28,8 @@ use crate::request::{
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
 use glance_decode::{
-    DecodeState, DecodeStrategy, DraftPass, GenerateConfig, Generation, Pass, PassOutput,
-    Prefilled, PrefilledImage, Sampler,
+    DecodeState, DecodeStrategy, DraftOutput, DraftPass, GenerateConfig, Generation, Pass,
+    PassOutput, Prefilled, PrefilledImage, Sampler,
 };
 use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_nn::{AttnMask, CausalLm, DraftLm, KvCache};
@@ -725,10 +725,10 @@ impl Engine {
     /// The draft heads' passes before a target pass, level by level: every decoding sequence
     /// says which rows it needs from its head ([`DecodeState::draft_pass`]: its pending rows,
     /// then one level of its tree), the sequences sharing a head run theirs in one pass
-    /// ([`glance_decode::shared_draft_pass`]), and each takes its outputs back, until none has
-    /// a draft pass left. Trees of different depths drop out of the later levels. Each
-    /// sequence's own work (opening its round, fusing its rows, reading its draft logits) runs
-    /// in parallel on the engine's pool.
+    /// ([`glance_decode::shared_draft_pass`]: the head's layer and its draft logits, each read
+    /// once), and each takes its outputs back, until none has a draft pass left. Trees of
+    /// different depths drop out of the later levels. Each sequence's own work (opening its
+    /// round, fusing its rows, ranking its tree) runs in parallel on the engine's pool.
     fn draft_passes(&self, seqs: &mut [Sequence<'_>]) {
         let text = self.model.text();
         loop {
@@ -775,7 +775,7 @@ impl Engine {
                     None => heads.push((head.clone(), vec![i])),
                 }
             }
-            let mut outs: Vec<Option<Tensor>> = (0..seqs.len()).map(|_| None).collect();
+            let mut outs: Vec<Option<DraftOutput>> = (0..seqs.len()).map(|_| None).collect();
             for (head, members) in &heads {
                 // Each pass with its sequence's draft cache, in sequence order.
                 let mut jobs: Vec<(&DraftPass, &mut KvCache)> = Vec::with_capacity(members.len());
@@ -792,12 +792,12 @@ impl Engine {
                         ran.push(i);
                     }
                 }
-                let hidden = glance_decode::shared_draft_pass(head.as_ref(), &mut jobs);
+                let done = glance_decode::shared_draft_pass(text, head.as_ref(), &mut jobs);
                 drop(jobs);
-                match hidden {
-                    Ok(hidden) => {
-                        for (i, h) in ran.into_iter().zip(hidden) {
-                            outs[i] = Some(h);
+                match done {
+                    Ok(done) => {
+                        for (i, out) in ran.into_iter().zip(done) {
+                            outs[i] = Some(out);
                         }
                     }
                     Err(e) => {
@@ -808,12 +808,12 @@ impl Engine {
                     }
                 }
             }
-            let absorb = |(s, hidden): (&mut Sequence<'_>, Option<Tensor>)| {
-                let hidden = hidden?;
+            let absorb = |(s, out): (&mut Sequence<'_>, Option<DraftOutput>)| {
+                let out = out?;
                 let Phase::Decode(state) = &mut s.phase else {
                     return None;
                 };
-                state.absorb_draft(text, &hidden).err()
+                state.absorb_draft(text, out).err()
             };
             let failed: Vec<Option<Error>> = if parallel {
                 seqs.par_iter_mut().zip(outs).map(absorb).collect()

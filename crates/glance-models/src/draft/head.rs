@@ -255,6 +255,48 @@ impl DraftHead {
     }
 }
 
+impl DraftHead {
+    /// [`DraftLm::logits`], or with `rows` [`DraftLm::logits_rows`] (rows of several
+    /// requests, each through the single-row arithmetic of its own call).
+    fn draft_logits(
+        &self,
+        target: &dyn CausalLm,
+        hidden: &Tensor,
+        rows: bool,
+    ) -> Result<DraftLogits> {
+        let whole = |hidden: &Tensor| -> Result<DraftLogits> {
+            Ok(DraftLogits {
+                logits: if rows {
+                    target.logits_rows(hidden)?
+                } else {
+                    target.logits(hidden)?
+                },
+                ids: None,
+            })
+        };
+        let Some(ids) = &self.vocab else {
+            return whole(hidden);
+        };
+        let head = match self.vocab_head.get() {
+            Some(h) => h,
+            None => match target.lm_head_rows(ids)? {
+                // Two first drafts at once build the same rows; one is kept.
+                Some(h) => self.vocab_head.get_or_init(|| h),
+                None => return whole(hidden),
+            },
+        };
+        Ok(DraftLogits {
+            // (n, hidden) -> (n, |vocab|)
+            logits: if rows {
+                head.forward_rows(hidden)?
+            } else {
+                head.forward(hidden)?
+            },
+            ids: Some(ids.clone()),
+        })
+    }
+}
+
 /// Consecutive runs of the draft sequence built by [`DraftHead::start`].
 enum Piece {
     /// Token rows `range` of the fused rows.
@@ -273,30 +315,11 @@ impl DraftLm for DraftHead {
     }
 
     fn logits(&self, target: &dyn CausalLm, hidden: &Tensor) -> Result<DraftLogits> {
-        let Some(ids) = &self.vocab else {
-            return Ok(DraftLogits {
-                logits: target.logits(hidden)?,
-                ids: None,
-            });
-        };
-        let head = match self.vocab_head.get() {
-            Some(h) => h,
-            None => match target.lm_head_rows(ids)? {
-                // Two first drafts at once build the same rows; one is kept.
-                Some(h) => self.vocab_head.get_or_init(|| h),
-                None => {
-                    return Ok(DraftLogits {
-                        logits: target.logits(hidden)?,
-                        ids: None,
-                    })
-                }
-            },
-        };
-        Ok(DraftLogits {
-            // (n, hidden) -> (n, |vocab|)
-            logits: head.forward(hidden)?,
-            ids: Some(ids.clone()),
-        })
+        self.draft_logits(target, hidden, false)
+    }
+
+    fn logits_rows(&self, target: &dyn CausalLm, hidden: &Tensor) -> Result<DraftLogits> {
+        self.draft_logits(target, hidden, true)
     }
 
     fn new_cache(&self) -> KvCache {
