@@ -5,7 +5,8 @@
 
 use candle_core::{Device, Tensor};
 use glance_core::{Result, SamplingParams};
-use glance_decode::TreeSettings;
+use glance_decode::speculative::{tree, DraftTree, Grower};
+use glance_decode::{shared_draft_pass, DraftPass, TreeSettings};
 use glance_engine::DraftKind;
 use glance_engine::{DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Prompt, Request};
 use glance_models::draft::{DraftConfig, DraftHead};
@@ -35,6 +36,10 @@ fn engine(model: &str) -> Engine {
 
 fn image(name: &str) -> ImageInput {
     ImageInput::bytes(std::fs::read(fixtures().join("images").join(name)).unwrap())
+}
+
+fn shipped_tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/glance-tiny")
 }
 
 /// A randomly initialised head shaped for `model`.
@@ -565,5 +570,139 @@ fn constrained_answers_are_the_same_with_and_without_speculation() {
         };
         let err = e.generate(&bad, &mut |_| Flow::Continue).unwrap_err();
         assert!(matches!(err, glance_core::Error::InvalidParam(_)), "{err}");
+    }
+}
+
+/// Draft trees grown side by side — each level of every tree in one shared draft pass
+/// ([`shared_draft_pass`]) — are the trees [`tree::grow`] grows alone, node for node and
+/// probability for probability: trees of different shapes and depths, ending at different
+/// levels.
+#[test]
+fn trees_grown_together_are_the_trees_grown_alone() {
+    let e = Engine::load(&shipped_tiny(), EngineOptions::default()).unwrap();
+    let target = e.model().text();
+    let eos = [target.vocab_size() as u32 - 1];
+    let prompts: [&[u32]; 4] = [
+        &[1, 17, 40, 23, 9, 31, 12],
+        &[1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 60],
+        &[1, 33, 2],
+        &[1, 44, 45, 20, 71, 19, 18, 3, 50],
+    ];
+    let settings = [
+        TreeSettings::default(),
+        TreeSettings {
+            depth: 5,
+            top_k: 3,
+            budget: 12,
+            min_confidence: 0.0,
+        },
+        TreeSettings::chain(4),
+        TreeSettings {
+            min_confidence: 0.9,
+            ..TreeSettings::default()
+        },
+    ];
+    for kind in DraftKind::ALL {
+        let head = e
+            .read_draft(&shipped_tiny().join(format!("draft-{kind}")))
+            .unwrap();
+        let context = DraftContext::default();
+        // Per request: the draft cache after its prompt's rows, the root and its position.
+        let starts: Vec<(KvCache, Tensor, u32)> = prompts
+            .iter()
+            .map(|p| {
+                let positions: Vec<u32> = (0..p.len() as u32).collect();
+                let mut cache = target.new_cache();
+                // (t, hidden)
+                let hidden = target
+                    .forward(
+                        &target.embed_tokens(p).unwrap(),
+                        &positions,
+                        &AttnMask::causal(),
+                        &mut cache,
+                    )
+                    .unwrap();
+                let t = p.len();
+                let emb = target.embed_tokens(&p[1..]).unwrap();
+                let rows = head
+                    .fuse(&emb, &hidden.narrow(0, 0, t - 1).unwrap(), &context)
+                    .unwrap();
+                let mut draft_cache = head.new_cache();
+                let out = head
+                    .forward(
+                        &rows,
+                        &positions[1..],
+                        &AttnMask::causal(),
+                        &mut draft_cache,
+                    )
+                    .unwrap();
+                (
+                    draft_cache,
+                    out.narrow(0, t - 2, 1).unwrap(),
+                    (t - 1) as u32,
+                )
+            })
+            .collect();
+        // Each tree alone, and the rows it left in its draft cache.
+        let alone: Vec<(DraftTree, usize)> = starts
+            .iter()
+            .zip(&settings)
+            .map(|((cache, root, pos), s)| {
+                let mut cache = cache.fork().unwrap();
+                let tree = tree::grow(
+                    target, &head, &context, &mut cache, root, *pos, s, s.depth, &eos,
+                )
+                .unwrap();
+                (tree, cache.len())
+            })
+            .collect();
+        let mut caches: Vec<KvCache> = starts.iter().map(|(c, _, _)| c.fork().unwrap()).collect();
+        let mut growers: Vec<Grower> = starts
+            .iter()
+            .zip(&settings)
+            .zip(&caches)
+            .map(|(((_, root, pos), s), cache)| {
+                let logits = head.logits(target, root).unwrap();
+                Grower::new(root, &logits, *pos, cache.len(), s, s.depth, &eos).unwrap()
+            })
+            .collect();
+        let mut widest = 0;
+        loop {
+            let passes: Vec<Option<DraftPass>> = growers
+                .iter_mut()
+                .map(|g| g.next_pass(target, &head, &context).unwrap())
+                .collect();
+            let mut jobs: Vec<(&DraftPass, &mut KvCache)> = passes
+                .iter()
+                .zip(caches.iter_mut())
+                .filter_map(|(p, c)| p.as_ref().map(|p| (p, c)))
+                .collect();
+            if jobs.is_empty() {
+                break;
+            }
+            widest = widest.max(jobs.len());
+            let mut outs = shared_draft_pass(target, &head, &mut jobs)
+                .unwrap()
+                .into_iter();
+            for (g, p) in growers.iter_mut().zip(&passes) {
+                if p.is_some() {
+                    let out = outs.next().unwrap();
+                    g.absorb(&out.hidden, &out.logits).unwrap();
+                }
+            }
+        }
+        assert!(widest >= 3, "{kind}: at most {widest} trees grew together");
+        assert!(
+            alone.iter().any(|(t, _)| t.forwards != alone[0].0.forwards),
+            "{kind}: every tree took as many levels"
+        );
+        for (i, (g, (want, rows))) in growers.iter().zip(&alone).enumerate() {
+            let got = g.tree();
+            assert_eq!(got.tokens, want.tokens, "{kind}: request {i}");
+            assert_eq!(got.parents, want.parents, "{kind}: request {i}");
+            assert_eq!(got.probs, want.probs, "{kind}: request {i}");
+            assert_eq!(got.forwards, want.forwards, "{kind}: request {i}");
+            assert_eq!(caches[i].len(), *rows, "{kind}: request {i}");
+        }
     }
 }

@@ -222,7 +222,12 @@ fn draft_rows(h: &DraftHead, n: usize, seed: f32) -> Tensor {
 /// tree level under its visibility mask, a one-row step.
 #[test]
 fn a_shared_draft_pass_gives_every_request_the_bits_of_its_own_pass() {
-    for format in [WeightFormat::F32, WeightFormat::Q4] {
+    for format in [
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::Q8,
+        WeightFormat::Q4,
+    ] {
         for global in [false, true] {
             let h = random_head(format, global);
             let what = format!("{format:?}, global {global}");
@@ -361,7 +366,12 @@ fn a_shared_draft_pass_gives_every_request_the_bits_of_its_own_pass() {
 /// over the whole vocabulary and over a reduced one.
 #[test]
 fn shared_draft_logits_are_each_requests_own() {
-    for format in [WeightFormat::F32, WeightFormat::Q4] {
+    for format in [
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::Q8,
+        WeightFormat::Q4,
+    ] {
         let m = random_model(None, format);
         for vocab in [None, Some(vec![3u32, 50, 7, 96, 0, 41])] {
             let text = json!({
