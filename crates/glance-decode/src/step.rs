@@ -285,11 +285,8 @@ pub fn shared_draft_pass(
     }
     // A request's own call of more rows than the single-row kernels take runs other kernels:
     // such calls stay apart.
-    let logits: Vec<DraftLogits> = if jobs.len() > 1
-        && wanted
-            .iter()
-            .all(|w| w.dim(0).is_ok_and(|k| k <= MAX_SMALL_ROWS))
-    {
+    let small = jobs.iter().all(|(p, _)| p.logits.len() <= MAX_SMALL_ROWS);
+    let logits: Vec<DraftLogits> = if jobs.len() > 1 && small {
         // (Σ k, columns): one read of the head for all the requests.
         let all = draft.logits_rows(target, &Tensor::cat(&wanted, 0)?)?;
         let mut first = 0;
