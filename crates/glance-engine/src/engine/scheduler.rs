@@ -710,16 +710,7 @@ impl Engine {
             let output = &mut s.output;
             state.absorb(text, out, &mut |id| output.push(id)).err()
         };
-        let failed: Vec<Option<Error>> = if passes.len() > 1 {
-            seqs.par_iter_mut().zip(outs).map(absorb).collect()
-        } else {
-            seqs.iter_mut().zip(outs).map(absorb).collect()
-        };
-        for (i, e) in failed.into_iter().enumerate() {
-            if let Some(e) = e {
-                seqs[i].fail(e);
-            }
-        }
+        absorb_each(seqs, outs, passes.len() > 1, absorb);
     }
 
     /// The draft heads' passes before a target pass, level by level: every decoding sequence
@@ -815,16 +806,28 @@ impl Engine {
                 };
                 state.absorb_draft(text, out).err()
             };
-            let failed: Vec<Option<Error>> = if parallel {
-                seqs.par_iter_mut().zip(outs).map(absorb).collect()
-            } else {
-                seqs.iter_mut().zip(outs).map(absorb).collect()
-            };
-            for (i, e) in failed.into_iter().enumerate() {
-                if let Some(e) = e {
-                    seqs[i].fail(e);
-                }
-            }
+            absorb_each(seqs, outs, parallel, absorb);
+        }
+    }
+}
+
+/// Runs `absorb` on each sequence with its output of a shared pass (`outs[i]` is `seqs[i]`'s;
+/// in parallel on the engine's pool when `parallel`), and fails each sequence it returns an
+/// error for.
+fn absorb_each<'s, T: Send>(
+    seqs: &mut [Sequence<'s>],
+    outs: Vec<Option<T>>,
+    parallel: bool,
+    absorb: impl Fn((&mut Sequence<'s>, Option<T>)) -> Option<Error> + Sync + Send,
+) {
+    let failed: Vec<Option<Error>> = if parallel {
+        seqs.par_iter_mut().zip(outs).map(&absorb).collect()
+    } else {
+        seqs.iter_mut().zip(outs).map(&absorb).collect()
+    };
+    for (s, e) in seqs.iter_mut().zip(failed) {
+        if let Some(e) = e {
+            s.fail(e);
         }
     }
 }
