@@ -121,16 +121,29 @@ pub fn forward_each<M: CausalLm + ?Sized>(
     xs: &Tensor,
     groups: &mut [RowGroup<'_>],
 ) -> Result<Tensor> {
+    each_group(xs, groups, |x, g| {
+        if g.invariant {
+            model.forward_batch_invariant(x, g.positions, g.mask, g.cache)
+        } else {
+            model.forward(x, g.positions, g.mask, g.cache)
+        }
+    })
+}
+
+/// Runs `pass` on each group's rows of `xs` `(Σ rows, hidden)` in turn and stacks the outputs
+/// `(Σ rows, hidden)`.
+fn each_group(
+    xs: &Tensor,
+    groups: &mut [RowGroup<'_>],
+    mut pass: impl FnMut(&Tensor, &mut RowGroup<'_>) -> Result<Tensor>,
+) -> Result<Tensor> {
     let mut outs = Vec::with_capacity(groups.len());
     let mut first = 0;
     for g in groups.iter_mut() {
         let x = xs.narrow(0, first, g.positions.len())?;
         first += g.positions.len();
-        outs.push(if g.invariant {
-            model.forward_batch_invariant(&x, g.positions, g.mask, g.cache)?
-        } else {
-            model.forward(&x, g.positions, g.mask, g.cache)?
-        });
+        // (t, hidden)
+        outs.push(pass(&x, g)?);
     }
     if outs.len() == 1 {
         return Ok(outs.pop().expect("one"));
@@ -149,24 +162,16 @@ pub fn draft_forward_each<D: DraftLm + ?Sized>(
             "a draft head has no batch-invariant forward".into(),
         ));
     }
-    let mut outs = Vec::with_capacity(groups.len());
-    let mut first = 0;
-    for g in groups.iter_mut() {
-        let x = xs.narrow(0, first, g.positions.len())?;
-        first += g.positions.len();
-        // (t, hidden)
-        outs.push(draft.forward(&x, g.positions, g.mask, g.cache)?);
-    }
-    if first != xs.dim(0)? {
+    let rows: usize = groups.iter().map(|g| g.positions.len()).sum();
+    if rows != xs.dim(0)? {
         return Err(Error::Input(format!(
-            "a shared draft pass of {} rows for groups of {first} rows",
+            "a shared draft pass of {} rows for groups of {rows} rows",
             xs.dim(0)?
         )));
     }
-    if outs.len() == 1 {
-        return Ok(outs.pop().expect("one"));
-    }
-    Ok(Tensor::cat(&outs, 0)?)
+    each_group(xs, groups, |x, g| {
+        draft.forward(x, g.positions, g.mask, g.cache)
+    })
 }
 
 /// One request's rows in a shared forward pass ([`CausalLm::forward_groups`]).

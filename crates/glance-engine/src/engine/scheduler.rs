@@ -653,11 +653,7 @@ impl Engine {
             Some(state.next_pass(text, &mut |id| output.push(id)))
         };
         let parallel = seqs.iter().filter(|s| s.is_decoding()).count() > 1;
-        let asked: Vec<Option<Result<Option<Pass>>>> = if parallel {
-            seqs.par_iter_mut().map(ask).collect()
-        } else {
-            seqs.iter_mut().map(ask).collect()
-        };
+        let asked: Vec<Option<Result<Option<Pass>>>> = map_seqs(seqs, parallel, ask);
         let mut passes: Vec<(usize, Pass)> = Vec::new();
         for (i, asked) in asked.into_iter().enumerate() {
             seqs[i].last_rows = match &asked {
@@ -690,10 +686,7 @@ impl Engine {
         let outputs = match outputs {
             Ok(o) => o,
             Err(e) => {
-                let msg = e.to_string();
-                for (i, _) in &passes {
-                    seqs[*i].fail(Error::Candle(candle_core::Error::Msg(msg.clone())));
-                }
+                fail_shared(seqs, passes.iter().map(|(i, _)| *i), &e);
                 return;
             }
         };
@@ -731,11 +724,7 @@ impl Engine {
                 let output = &mut s.output;
                 Some(state.draft_pass(text, &mut |id| output.push(id)))
             };
-            let asked: Vec<Option<Result<Option<DraftPass>>>> = if parallel {
-                seqs.par_iter_mut().map(ask).collect()
-            } else {
-                seqs.iter_mut().map(ask).collect()
-            };
+            let asked: Vec<Option<Result<Option<DraftPass>>>> = map_seqs(seqs, parallel, ask);
             let mut passes: Vec<Option<DraftPass>> = Vec::with_capacity(seqs.len());
             for (i, asked) in asked.into_iter().enumerate() {
                 passes.push(match asked {
@@ -791,12 +780,7 @@ impl Engine {
                             outs[i] = Some(out);
                         }
                     }
-                    Err(e) => {
-                        let msg = e.to_string();
-                        for i in ran {
-                            seqs[i].fail(Error::Candle(candle_core::Error::Msg(msg.clone())));
-                        }
-                    }
+                    Err(e) => fail_shared(seqs, ran, &e),
                 }
             }
             let absorb = |(s, out): (&mut Sequence<'_>, Option<DraftOutput>)| {
@@ -808,6 +792,28 @@ impl Engine {
             };
             absorb_each(seqs, outs, parallel, absorb);
         }
+    }
+}
+
+/// Fails the sequences `members` whose shared pass failed with `e`, each with its own copy.
+fn fail_shared(seqs: &mut [Sequence<'_>], members: impl IntoIterator<Item = usize>, e: &Error) {
+    let msg = e.to_string();
+    for i in members {
+        seqs[i].fail(Error::Candle(candle_core::Error::Msg(msg.clone())));
+    }
+}
+
+/// `f` on every sequence, in order: in parallel on the engine's pool when `parallel` (each
+/// sequence's own work, independent of the others).
+fn map_seqs<'s, R: Send>(
+    seqs: &mut [Sequence<'s>],
+    parallel: bool,
+    f: impl Fn(&mut Sequence<'s>) -> R + Sync + Send,
+) -> Vec<R> {
+    if parallel {
+        seqs.par_iter_mut().map(f).collect()
+    } else {
+        seqs.iter_mut().map(f).collect()
     }
 }
 
