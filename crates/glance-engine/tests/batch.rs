@@ -2,11 +2,13 @@
 //! their prompts prefilled in small chunks, get exactly the tokens (and text and finish reason)
 //! they get alone; a cancelled sequence leaves the others untouched.
 
+mod common;
+
+use common::batched;
 use glance_core::SamplingParams;
 use glance_engine::DraftKind;
-use glance_engine::{Engine, EngineOptions, Event, Flow, ImageInput, Prompt, Request, Sequence};
+use glance_engine::{Engine, EngineOptions, Flow, ImageInput, Prompt, Request};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -44,54 +46,6 @@ fn requests() -> Vec<Request> {
             9,
         ),
     ]
-}
-
-/// Runs `requests` batched: one joins per step, prompts prefilled `chunk` rows at a time.
-fn batched(
-    engine: &Engine,
-    requests: &[Request],
-    chunk: usize,
-) -> Vec<(glance_engine::Response, String)> {
-    let streamed: Vec<Arc<Mutex<String>>> = requests.iter().map(|_| Default::default()).collect();
-    let mut waiting: Vec<(usize, Sequence<'_>)> = requests
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let out = streamed[i].clone();
-            let sink = Box::new(move |e: Event| {
-                if let Event::Text(t) = e {
-                    out.lock().unwrap().push_str(t);
-                }
-                Flow::Continue
-            });
-            let p = engine.prepare(r).unwrap();
-            (i, engine.sequence(p, sink).unwrap())
-        })
-        .collect();
-    waiting.reverse();
-    // The running sequences and, beside them, which request each one is.
-    let (mut seqs, mut which): (Vec<Sequence<'_>>, Vec<usize>) = (Vec::new(), Vec::new());
-    let mut done: Vec<Option<glance_engine::Response>> = requests.iter().map(|_| None).collect();
-    let mut steps = 0;
-    while !waiting.is_empty() || !seqs.is_empty() {
-        if let Some((i, s)) = waiting.pop() {
-            seqs.push(s);
-            which.push(i);
-        }
-        engine.step(&mut seqs, chunk);
-        steps += 1;
-        assert!(steps < 10_000, "the batch never finished");
-        for j in (0..seqs.len()).rev() {
-            if seqs[j].is_done() {
-                let i = which.remove(j);
-                done[i] = Some(seqs.remove(j).into_response().unwrap());
-            }
-        }
-    }
-    done.into_iter()
-        .zip(streamed)
-        .map(|(r, s)| (r.unwrap(), s.lock().unwrap().clone()))
-        .collect()
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use glance_engine::DraftKind;
 use glance_engine::{
-    Budget, DecodeSpec, Engine, EngineOptions, Flow, Policy, Prompt, PruneSpec, Request, Sequence,
+    Budget, DecodeSpec, Engine, EngineOptions, Flow, Policy, Prompt, PruneSpec, Request,
 };
 use glance_nn::WeightFormat;
 use serde_json::Value;
@@ -291,35 +291,8 @@ fn batched_requests_get_their_solo_tokens() {
             .iter()
             .map(|r| e.generate(r, &mut |_| Flow::Continue).unwrap().token_ids)
             .collect();
-        let mut waiting: Vec<(usize, Sequence<'_>)> = reqs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let p = e.prepare(r).unwrap();
-                (i, e.sequence(p, Box::new(|_| Flow::Continue)).unwrap())
-            })
-            .collect();
-        waiting.reverse();
-        let (mut seqs, mut which) = (Vec::new(), Vec::new());
-        let mut done: Vec<Option<Vec<u32>>> = vec![None; reqs.len()];
-        let mut steps = 0;
-        while !waiting.is_empty() || !seqs.is_empty() {
-            if let Some((i, s)) = waiting.pop() {
-                seqs.push(s);
-                which.push(i);
-            }
-            e.step(&mut seqs, 7);
-            steps += 1;
-            assert!(steps < 1000, "the batch never finished");
-            for j in (0..seqs.len()).rev() {
-                if seqs[j].is_done() {
-                    let i = which.remove(j);
-                    done[i] = Some(seqs.remove(j).into_response().unwrap().token_ids);
-                }
-            }
-        }
-        for (i, got) in done.into_iter().enumerate() {
-            assert_eq!(got.unwrap(), solo[i], "{name}: request {i}");
+        for (i, (got, _)) in common::batched(&e, &reqs, 7).into_iter().enumerate() {
+            assert_eq!(got.token_ids, solo[i], "{name}: request {i}");
         }
     }
 }

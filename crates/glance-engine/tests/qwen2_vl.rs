@@ -90,6 +90,53 @@ fn prompt_logits_tokens_and_greedy_answers_equal_transformers() {
     }
 }
 
+/// Continuous batching with 3-D positions: every case of a model joins the running batch one step
+/// after the other (prompts prefilled 5 rows at a time, so chunks cut through the images' M-RoPE
+/// rows), beside a pruned copy of each; every request gets transformers' greedy tokens, and each
+/// pruned one its solo tokens.
+#[test]
+fn batched_requests_keep_their_mrope_positions_and_solo_tokens() {
+    let m = manifest();
+    let cases = m["cases"].as_array().unwrap();
+    for model in ["models/qwen2-vl", "models/qwen2_5-vl"] {
+        let e = Engine::load(&root().join(model), EngineOptions::default()).unwrap();
+        let mine: Vec<&Value> = cases.iter().filter(|c| c["model"] == model).collect();
+        let greedy = |c: &Value| -> Vec<u32> {
+            let ids = tensors(c)["greedy_ids"].to_vec1::<i64>().unwrap();
+            ids.into_iter().map(|x| x as u32).collect()
+        };
+        let mut reqs = Vec::new();
+        for c in &mine {
+            let plain = Request {
+                max_new_tokens: greedy(c).len(),
+                ignore_eos: true,
+                decode: DecodeSpec::Autoregressive,
+                ..Request::new(prompt(c))
+            };
+            let pruned = Request {
+                prune: Some(PruneSpec::new(Policy::Adaptive, Budget::Ratio(0.5))),
+                ..plain.clone()
+            };
+            reqs.extend([plain, pruned]);
+        }
+        assert!(reqs.len() >= 6);
+        let out = common::batched(&e, &reqs, 5);
+        for (i, (got, streamed)) in out.iter().enumerate() {
+            let c = mine[i / 2];
+            let label = format!("{}, request {i}", c["name"]);
+            let want = if i % 2 == 0 {
+                greedy(c)
+            } else {
+                e.generate(&reqs[i], &mut |_| Flow::Continue)
+                    .unwrap()
+                    .token_ids
+            };
+            assert_eq!(got.token_ids, want, "{label}");
+            assert_eq!(streamed, &got.text, "{label}: streamed text");
+        }
+    }
+}
+
 #[test]
 fn pruned_answers_report_kept_tokens_fastv_runs_and_video_is_refused() {
     let m = manifest();

@@ -156,8 +156,9 @@ impl Model {
         }
     }
 
-    /// Whether prompt rows carry 3-D (M-RoPE) positions: such prompts prefill through
-    /// [`glance_decode::prefill_mrope`], one request at a time.
+    /// Whether prompt rows carry 3-D (M-RoPE) positions. Such prompts prefill at those positions
+    /// (in the scheduler's chunks, or through [`glance_decode::prefill_mrope`] when pruned); the
+    /// rows after them have three equal parts, so they decode batched with any other request.
     pub fn uses_mrope(&self) -> bool {
         self.family().uses_mrope()
     }

@@ -92,3 +92,55 @@ pub fn head_with_vocab(kind: &str, name: &str, vocab: Option<Vec<u32>>) -> PathB
     config.save(&dir).unwrap();
     dir
 }
+
+/// Runs `requests` through the scheduler's steps, the way the server does: one request joins the
+/// running batch per step, prompts are prefilled `chunk` rows at a time. Returns each request's
+/// response and the text its sink was streamed, in request order.
+pub fn batched(
+    engine: &glance_engine::Engine,
+    requests: &[glance_engine::Request],
+    chunk: usize,
+) -> Vec<(glance_engine::Response, String)> {
+    use glance_engine::{Event, Flow, Sequence};
+    use std::sync::{Arc, Mutex};
+    let streamed: Vec<Arc<Mutex<String>>> = requests.iter().map(|_| Default::default()).collect();
+    let mut waiting: Vec<(usize, Sequence<'_>)> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let out = streamed[i].clone();
+            let sink = Box::new(move |e: Event| {
+                if let Event::Text(t) = e {
+                    out.lock().unwrap().push_str(t);
+                }
+                Flow::Continue
+            });
+            let p = engine.prepare(r).unwrap();
+            (i, engine.sequence(p, sink).unwrap())
+        })
+        .collect();
+    waiting.reverse();
+    // The running sequences and, beside them, which request each one is.
+    let (mut seqs, mut which): (Vec<Sequence<'_>>, Vec<usize>) = (Vec::new(), Vec::new());
+    let mut done: Vec<Option<glance_engine::Response>> = requests.iter().map(|_| None).collect();
+    let mut steps = 0;
+    while !waiting.is_empty() || !seqs.is_empty() {
+        if let Some((i, s)) = waiting.pop() {
+            seqs.push(s);
+            which.push(i);
+        }
+        engine.step(&mut seqs, chunk);
+        steps += 1;
+        assert!(steps < 10_000, "the batch never finished");
+        for j in (0..seqs.len()).rev() {
+            if seqs[j].is_done() {
+                let i = which.remove(j);
+                done[i] = Some(seqs.remove(j).into_response().unwrap());
+            }
+        }
+    }
+    done.into_iter()
+        .zip(streamed)
+        .map(|(r, s)| (r.unwrap(), s.lock().unwrap().clone()))
+        .collect()
+}
