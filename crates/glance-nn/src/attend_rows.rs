@@ -7,6 +7,7 @@
 //! optional sliding window of `w` rows (it sees the last `w`). Grouped-query heads: query head `h`
 //! reads key/value head `h / (heads / kv_heads)`.
 
+use crate::attention::{softmax_values, RowScores};
 use crate::matvec::dot;
 use candle_core::{Result, Storage, Tensor};
 use rayon::prelude::*;
@@ -98,21 +99,37 @@ pub fn attend_rows(
         .enumerate()
         .for_each(|(r, (o, (k, v)))| {
             let lo = window.map_or(0, |w| k.len.saturating_sub(w));
-            let (mut scores, mut probs) = (Vec::with_capacity(k.len - lo), Vec::new());
-            for h in 0..heads {
-                let g = h / rep;
-                let qh = &q_data[(h * n + r) * d..(h * n + r + 1) * d];
-                // Exactly the single-sequence kernel's steps: canonical-order dots, then the
-                // shared softmax and weighted sum, so a batched row equals the row decoded alone.
-                scores.clear();
-                scores.extend((lo..k.len).map(|j| dot(qh, k.row(g, j, d)) * scale + 0.0));
-                let values = (lo..k.len).map(|j| v.row(g, j, d));
-                crate::attention::softmax_values(
-                    &scores,
-                    &mut probs,
-                    values,
-                    &mut o[h * d..(h + 1) * d],
-                );
+            let keys = k.len - lo;
+            let mut heads_of_g: Vec<RowScores> = (0..rep).map(|_| RowScores::default()).collect();
+            // (rep, d): the query rows of one KV head's heads, then (keys, rep) their dots.
+            let (mut qg, mut dots) = (vec![0f32; rep * d], vec![0f32; keys * rep]);
+            for g in 0..kv_heads {
+                for (i, qi) in qg.chunks_exact_mut(d).enumerate() {
+                    let h = g * rep + i;
+                    qi.copy_from_slice(&q_data[(h * n + r) * d..(h * n + r + 1) * d]);
+                }
+                // Exactly the single-sequence kernel's steps: canonical-order dots (one pass over
+                // the keys for the KV head's query heads when its rows are contiguous), then the
+                // shared softmax and weighted sums, so a batched row equals the row decoded alone.
+                if k.row_stride == d {
+                    let at = k.start + g * k.head_stride + lo * d;
+                    crate::matvec::block(&k.data[at..at + keys * d], &qg, d, rep, &mut dots);
+                } else {
+                    for j in 0..keys {
+                        for (i, qi) in qg.chunks_exact(d).enumerate() {
+                            dots[j * rep + i] = dot(qi, k.row(g, lo + j, d));
+                        }
+                    }
+                }
+                for (i, rs) in heads_of_g.iter_mut().enumerate() {
+                    rs.clear();
+                    for j in 0..keys {
+                        rs.push(lo + j, dots[j * rep + i] * scale + 0.0);
+                    }
+                }
+                // The KV head's query heads are adjacent in the output row.
+                let o_g = &mut o[g * rep * d..(g + 1) * rep * d];
+                softmax_values(&mut heads_of_g, |j| v.row(g, j, d), o_g);
             }
         });
     drop(caches);

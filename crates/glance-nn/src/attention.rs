@@ -441,59 +441,167 @@ fn attention_rowwise(
         (v_guard.1.start_offset(), v_guard.1.stride()[1]),
     );
     let scale = scale as f32;
+    // Tasks of `per` query heads of one KV head: their rows meet each key in one pass over it.
+    // At least two tasks per thread where the KV heads allow it.
+    let wanted = (2 * rayon::current_num_threads()).div_ceil(kv_h);
+    let parts = (1..=n_rep)
+        .find(|&p| n_rep.is_multiple_of(p) && p >= wanted)
+        .unwrap_or(n_rep);
+    let per = n_rep / parts;
     let mut out = vec![0f32; h * t * d];
-    out.par_chunks_mut(t * d)
+    out.par_chunks_mut(per * t * d)
         .enumerate()
-        .for_each(|(head_index, out_h)| {
-            let g = head_index / n_rep;
+        .for_each(|(task, out_task)| {
+            let g = task * per / n_rep;
             let (kh, vh) = (
                 &ks[k_at.0 + g * k_at.1..][..s * d],
                 &vs[v_at.0 + g * v_at.1..][..s * d],
             );
-            // (s, t): every key against every row of this head, each a canonical-order dot.
-            let mut dots = vec![0f32; s * t];
-            let qh = &q[head_index * t * d..(head_index + 1) * t * d];
-            crate::matvec::block(kh, qh, d, t, &mut dots);
-            let (mut scores, mut keys, mut probs) = (Vec::new(), Vec::new(), Vec::new());
-            for (r, o) in out_h.chunks_exact_mut(d).enumerate() {
-                scores.clear();
-                keys.clear();
-                for j in 0..s {
-                    let m = mask.as_ref().map_or(0.0, |m| m[r * s + j]);
-                    if m == f32::NEG_INFINITY {
-                        continue;
+            // (s, per · t): every key against every row of these heads, each a canonical-order
+            // dot (the same bits whatever the number of rows: `matvec::block`).
+            let rows = per * t;
+            let mut dots = vec![0f32; s * rows];
+            let q_task = &q[task * rows * d..(task + 1) * rows * d];
+            crate::matvec::block(kh, q_task, d, rows, &mut dots);
+            // Rows in bunches that share each value row's load (bounded: a row keeps its scores).
+            let mut bunch: Vec<RowScores> = Vec::new();
+            for (b, out_b) in out_task.chunks_mut(SHARED_ROWS * d).enumerate() {
+                bunch.resize_with(out_b.len() / d, RowScores::default);
+                for (i, rs) in bunch.iter_mut().enumerate() {
+                    let row = b * SHARED_ROWS + i;
+                    // The row's place in its head: its mask row.
+                    let r = row % t;
+                    rs.clear();
+                    for j in 0..s {
+                        let m = mask.as_ref().map_or(0.0, |m| m[r * s + j]);
+                        if m == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        rs.push(j, dots[j * rows + row] * scale + m);
                     }
-                    scores.push(dots[j * t + r] * scale + m);
-                    keys.push(j);
                 }
-                let values = keys.iter().map(|&j| &vh[j * d..(j + 1) * d]);
-                softmax_values(&scores, &mut probs, values, o);
+                softmax_values(&mut bunch, |j| &vh[j * d..(j + 1) * d], out_b);
             }
         });
     drop((k_guard, v_guard));
     Tensor::from_vec(out, (1, h, t, d), &Device::Cpu)
 }
 
+/// Query rows a row-wise kernel runs through [`softmax_values`] together (each value row is
+/// loaded once for all of them).
+const SHARED_ROWS: usize = 16;
+
+/// One query row's visible keys (in key order) and its scores over them (`q·k · scale + mask`).
+#[derive(Default)]
+pub(crate) struct RowScores {
+    keys: Vec<usize>,
+    scores: Vec<f32>,
+    probs: Vec<f32>,
+}
+
+impl RowScores {
+    pub(crate) fn clear(&mut self) {
+        self.keys.clear();
+        self.scores.clear();
+    }
+
+    /// Key `j` (after every key pushed before) with its score.
+    pub(crate) fn push(&mut self, j: usize, score: f32) {
+        self.keys.push(j);
+        self.scores.push(score);
+    }
+}
+
 /// The last step of every row-wise attention kernel (this module's, and
-/// [`crate::attend_rows`] for batches of sequences): the softmax of one query row's visible
-/// scores (`q·k · scale + mask`, in key order) and the probability-weighted sum of their `values`
-/// into `out` (zeroed by the caller). Sharing it is what makes a row's result depend only on the
-/// keys it sees, however the rows around it are batched. No visible key: NaN, as the GEMM path.
+/// [`crate::attend_rows`] for batches of sequences), for a few query rows of one KV head: the
+/// softmax of each row's visible scores, then the probability-weighted sum of their values
+/// (`value(j)`, `d` values each) into the row's `d` values of `out` (zeroed by the caller). Every
+/// value row is loaded once for all the rows, while each row still adds its terms in key order,
+/// each a multiply then an add (never fused): a row's result depends only on the keys it sees,
+/// however the rows around it are batched, and not on the instruction set. No visible key: NaN,
+/// as the GEMM path.
 pub(crate) fn softmax_values<'a>(
-    scores: &[f32],
-    probs: &mut Vec<f32>,
-    values: impl Iterator<Item = &'a [f32]>,
+    rows: &mut [RowScores],
+    value: impl Fn(usize) -> &'a [f32],
     out: &mut [f32],
 ) {
-    if scores.is_empty() {
-        out.fill(f32::NAN);
-        return;
+    let d = out.len() / rows.len().max(1);
+    for (r, o) in rows.iter_mut().zip(out.chunks_exact_mut(d.max(1))) {
+        if r.scores.is_empty() {
+            o.fill(f32::NAN);
+            continue;
+        }
+        r.probs.resize(r.scores.len(), 0.0);
+        crate::fused::softmax_row(&r.scores, &mut r.probs);
     }
-    probs.resize(scores.len(), 0.0);
-    crate::fused::softmax_row(scores, probs);
-    for (&p, v) in probs.iter().zip(values) {
-        for (o, &x) in out.iter_mut().zip(v) {
-            *o += p * x;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { weighted_sums_avx512(rows, &value, out, d) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { weighted_sums_avx2(rows, &value, out, d) };
+        }
+    }
+    weighted_sums(rows, &value, out, d)
+}
+
+/// [`weighted_sums`] compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_sums_avx512<'a>(
+    rows: &[RowScores],
+    value: &impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+    d: usize,
+) {
+    weighted_sums(rows, value, out, d)
+}
+
+/// [`weighted_sums`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weighted_sums_avx2<'a>(
+    rows: &[RowScores],
+    value: &impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+    d: usize,
+) {
+    weighted_sums(rows, value, out, d)
+}
+
+/// `out[i] += Σ_j p_ij · v_j` over every row's visible keys, keys outermost: each row meets its
+/// keys in order (a cursor per row), so its additions are those it would make alone. Written so
+/// the element loop vectorises.
+#[inline(always)]
+fn weighted_sums<'a>(
+    rows: &[RowScores],
+    value: &impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+    d: usize,
+) {
+    let mut cursor = vec![0usize; rows.len()];
+    let end = rows.iter().filter_map(|r| r.keys.last()).max();
+    for j in 0..end.map_or(0, |&e| e + 1) {
+        let mut v: Option<&[f32]> = None;
+        for ((r, c), o) in rows.iter().zip(&mut cursor).zip(out.chunks_exact_mut(d)) {
+            if r.keys.get(*c) != Some(&j) {
+                continue;
+            }
+            let v = *v.get_or_insert_with(|| value(j));
+            let p = r.probs[*c];
+            for (o, &x) in o.iter_mut().zip(v) {
+                *o += p * x;
+            }
+            *c += 1;
         }
     }
 }

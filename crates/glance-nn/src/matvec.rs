@@ -331,6 +331,13 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
+    /// How far a dot product of `n` unit normals may lie from candle's GEMM, which adds in
+    /// another order: the rounding grows with the length (a run of (17, 300, 768) once differed
+    /// by 1.07e-4).
+    fn tolerance(n: usize) -> f32 {
+        1e-4 * (n as f32 / 100.0).max(1.0)
+    }
+
     #[test]
     fn matches_matmul_on_odd_sizes() -> Result<()> {
         let dev = Device::Cpu;
@@ -340,7 +347,7 @@ mod tests {
             let want = x.matmul(&w.t()?)?;
             let got = matvec(&w, &x)?;
             let d: f32 = (got - want)?.abs()?.max_all()?.to_scalar()?;
-            assert!(d < 1e-4, "({out}, {inp}): {d}");
+            assert!(d < tolerance(inp), "({out}, {inp}): {d}");
         }
         for (m, out, inp) in [(2, 7, 33), (3, 9, 47), (5, 129, 100), (17, 300, 768)] {
             let w = Tensor::randn(0f32, 1.0, (out, inp), &dev)?;
@@ -348,7 +355,7 @@ mod tests {
             let want = x.matmul(&w.t()?)?;
             let got = matmul_rows(&w, &x)?;
             let d: f32 = (&got - want)?.abs()?.max_all()?.to_scalar()?;
-            assert!(d < 1e-4, "({m}, {out}, {inp}): {d}");
+            assert!(d < tolerance(inp), "({m}, {out}, {inp}): {d}");
             // Each row bit for bit what it gets alone.
             for i in 0..m {
                 let alone = matvec(&w, &x.narrow(0, i, 1)?)?;
