@@ -372,11 +372,27 @@ mod x86 {
         // per tile (the loop is compute-bound at this many input rows).
         let block = ROW_BLOCK;
         let mut acc = vec![_mm512_setzero_ps(); block * m];
+        // The next block's weight rows (contiguous) are prefetched a share per group while this
+        // block computes: the block reads its rows a group at a time, `block` streams at once,
+        // and leaves the memory idle between its groups' loads otherwise. Measured beyond the
+        // caches (`kernel_rate`, one thread, `R=5632 L=8`, GMAC per CPU-second, on against off,
+        // two alternations): q4 16 rows 80 / 99 against 68 / 65, 64 rows 106 / 114 against
+        // 92 / 97; q8 16 rows 63 / 62 against 59 / 59, 64 rows 98 / 98 against 94 / 95.
+        let (w0, row_bytes) = prep.row_bytes();
         for r0 in (0..rows).step_by(block) {
             let rb = block.min(rows - r0);
             // Every accumulator is first written by group 0 (no clearing pass).
             let acc = &mut acc[..rb * m];
+            // Only this call's rows: past them the bytes are another task's.
+            let ahead = rows.saturating_sub(r0 + block).min(block) * row_bytes;
+            let next = w0.wrapping_add((r0 + block) * row_bytes);
+            let share = ahead.div_ceil(groups).next_multiple_of(64);
             for g in 0..groups {
+                let mut line = g * share;
+                while line < ((g + 1) * share).min(ahead) {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+                    line += 64;
+                }
                 let mut j = 0;
                 while j + 2 <= rb {
                     let acc = &mut acc[j * m..(j + 2) * m];
