@@ -37,6 +37,11 @@ use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Prompt rows per prefill pass of a request answered alone ([`Engine::generate`]): a long
+/// prompt's attention then materialises `(heads, 512, keys)` scores per layer instead of
+/// `(heads, keys, keys)` (1.1 GB at LLaVA-NeXT-7B's 2,953-row prompt).
+const ALONE_PREFILL_CHUNK: usize = 512;
+
 /// The prompt prefix through its last image token, shared through the engine's prefix cache:
 /// reused when an earlier request computed it, else recorded once this one has.
 struct PrefixPlan {
@@ -417,7 +422,7 @@ impl Engine {
         // One entry into the pool for the whole answer (not one per step).
         self.pool.install(|| {
             while !seqs[0].is_done() {
-                self.step_in_pool(&mut seqs, usize::MAX);
+                self.step_in_pool(&mut seqs, ALONE_PREFILL_CHUNK);
             }
         });
         // A non-finite failure names the layer (of the vision tower, the projector or the
