@@ -6,10 +6,10 @@
 mod common;
 
 use candle_core::Tensor;
-use common::{head_with_vocab, shipped, world_image};
+use common::{head_with_vocab, scheduled, shipped, world_image};
 use glance_core::SamplingParams;
 use glance_engine::{
-    DecodeSpec, Engine, EngineOptions, Event, Flow, ImageInput, Request, Response, Sequence,
+    DecodeSpec, Engine, EngineOptions, Flow, ImageInput, Request, Response, Sequence,
 };
 use glance_engine::{DiffusionMode, DraftKind};
 use glance_nn::{
@@ -18,7 +18,7 @@ use glance_nn::{
 };
 use glance_prune::{Budget, Policy, PruneSpec};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 fn ask(text: &str, images: Vec<ImageInput>, n: usize, decode: DecodeSpec) -> Request {
     Request {
@@ -31,59 +31,6 @@ fn ask(text: &str, images: Vec<ImageInput>, n: usize, decode: DecodeSpec) -> Req
 fn pruned(mut r: Request, policy: Policy, keep: f64) -> Request {
     r.prune = Some(PruneSpec::new(policy, Budget::Ratio(keep)));
     r
-}
-
-/// Runs `requests` through one scheduler: one joins per step, prompts prefilled `chunk` rows at
-/// a time. Returns each answer with its streamed text, and the most sequences that decoded in
-/// one step.
-fn scheduled(
-    engine: &Engine,
-    requests: &[Request],
-    chunk: usize,
-) -> (Vec<(Response, String)>, usize) {
-    let streamed: Vec<Arc<Mutex<String>>> = requests.iter().map(|_| Default::default()).collect();
-    let mut waiting: Vec<(usize, Sequence<'_>)> = requests
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let out = streamed[i].clone();
-            let sink = Box::new(move |e: Event| {
-                if let Event::Text(t) = e {
-                    out.lock().unwrap().push_str(t);
-                }
-                Flow::Continue
-            });
-            (
-                i,
-                engine.sequence(engine.prepare(r).unwrap(), sink).unwrap(),
-            )
-        })
-        .rev()
-        .collect();
-    let mut running: Vec<(usize, Sequence<'_>)> = Vec::new();
-    let mut done: Vec<Option<Response>> = requests.iter().map(|_| None).collect();
-    let mut widest = 0;
-    while !waiting.is_empty() || !running.is_empty() {
-        if let Some(next) = waiting.pop() {
-            running.push(next);
-        }
-        let (ids, mut seqs): (Vec<usize>, Vec<Sequence<'_>>) = running.drain(..).unzip();
-        widest = widest.max(seqs.iter().filter(|s| s.is_decoding()).count());
-        engine.step(&mut seqs, chunk);
-        for (i, s) in ids.into_iter().zip(seqs) {
-            if s.is_done() {
-                done[i] = Some(s.into_response().unwrap());
-            } else {
-                running.push((i, s));
-            }
-        }
-    }
-    let out = done
-        .into_iter()
-        .zip(streamed)
-        .map(|(r, s)| (r.unwrap(), s.lock().unwrap().clone()))
-        .collect();
-    (out, widest)
 }
 
 fn check_against_solo(engine: &Engine, requests: &[Request], chunk: usize, at_once: usize) {

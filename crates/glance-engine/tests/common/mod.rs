@@ -101,6 +101,15 @@ pub fn batched(
     requests: &[glance_engine::Request],
     chunk: usize,
 ) -> Vec<(glance_engine::Response, String)> {
+    scheduled(engine, requests, chunk).0
+}
+
+/// [`batched`], with the most sequences that decoded in one step.
+pub fn scheduled(
+    engine: &glance_engine::Engine,
+    requests: &[glance_engine::Request],
+    chunk: usize,
+) -> (Vec<(glance_engine::Response, String)>, usize) {
     use glance_engine::{Event, Flow, Sequence};
     use std::sync::{Arc, Mutex};
     let streamed: Vec<Arc<Mutex<String>>> = requests.iter().map(|_| Default::default()).collect();
@@ -123,12 +132,13 @@ pub fn batched(
     // The running sequences and, beside them, which request each one is.
     let (mut seqs, mut which): (Vec<Sequence<'_>>, Vec<usize>) = (Vec::new(), Vec::new());
     let mut done: Vec<Option<glance_engine::Response>> = requests.iter().map(|_| None).collect();
-    let mut steps = 0;
+    let (mut steps, mut widest) = (0, 0);
     while !waiting.is_empty() || !seqs.is_empty() {
         if let Some((i, s)) = waiting.pop() {
             seqs.push(s);
             which.push(i);
         }
+        widest = widest.max(seqs.iter().filter(|s| s.is_decoding()).count());
         engine.step(&mut seqs, chunk);
         steps += 1;
         assert!(steps < 10_000, "the batch never finished");
@@ -139,8 +149,10 @@ pub fn batched(
             }
         }
     }
-    done.into_iter()
+    let out = done
+        .into_iter()
         .zip(streamed)
         .map(|(r, s)| (r.unwrap(), s.lock().unwrap().clone()))
-        .collect()
+        .collect();
+    (out, widest)
 }
