@@ -33,6 +33,8 @@ pub struct LayerCache {
     k: Option<Tensor>,
     v: Option<Tensor>,
     len: usize,
+    /// Rows the buffers are sized for at once when they grow to no more ([`KvCache::reserve`]).
+    reserve: usize,
 }
 
 const MIN_CAPACITY: usize = 128;
@@ -53,7 +55,12 @@ impl LayerCache {
         let needed = self.len + t;
         let capacity = self.k.as_ref().map_or(0, |b| b.dims()[2]);
         if needed > capacity {
-            let new_cap = needed.max(2 * capacity).max(MIN_CAPACITY);
+            // Within the reservation, its size at once; past it, doubling.
+            let new_cap = if needed <= self.reserve {
+                self.reserve
+            } else {
+                needed.max(2 * capacity).max(MIN_CAPACITY)
+            };
             self.k = Some(grow(self.k.as_ref(), k, self.len, new_cap)?);
             self.v = Some(grow(self.v.as_ref(), v, self.len, new_cap)?);
         }
@@ -122,6 +129,7 @@ impl LayerCache {
             k: copy(&self.k)?,
             v: copy(&self.v)?,
             len: self.len,
+            reserve: self.reserve,
         })
     }
 }
@@ -240,6 +248,16 @@ impl KvCache {
             .try_for_each(|l| l.keep_tail(n, keep))
     }
 
+    /// Sizes every layer's buffers for `rows` rows the first time they grow (and any later time
+    /// they grow to no more): a request that knows its prompt and token limit allocates its cache
+    /// once, instead of doubling it (copying every row each time) up to twice what it needs.
+    /// Past `rows` the buffers double as before.
+    pub fn reserve(&mut self, rows: usize) {
+        for l in &mut self.layers {
+            l.reserve = rows;
+        }
+    }
+
     /// An independent copy: appending to one never affects the other.
     pub fn fork(&self) -> Result<Self> {
         Ok(Self {
@@ -302,6 +320,28 @@ mod tests {
     fn row_values(c: &KvCache) -> Result<Vec<f32>> {
         let (k, _) = c.layer(0).get()?.unwrap();
         k.narrow(1, 0, 1)?.narrow(3, 0, 1)?.flatten_all()?.to_vec1()
+    }
+
+    #[test]
+    fn a_reservation_allocates_once_then_doubling_resumes() -> Result<()> {
+        let capacity = |c: &KvCache| c.layer(0).k.as_ref().map_or(0, |b| b.dims()[2]);
+        let mut c = KvCache::new(1);
+        c.reserve(300);
+        c.layer_mut(0).append(&rows(3, 0.0)?, &rows(3, 0.0)?)?;
+        assert_eq!(capacity(&c), 300);
+        c.layer_mut(0).append(&rows(297, 3.0)?, &rows(297, 3.0)?)?;
+        assert_eq!((c.len(), capacity(&c)), (300, 300));
+        c.layer_mut(0).append(&rows(1, 300.0)?, &rows(1, 300.0)?)?;
+        assert_eq!(capacity(&c), 600);
+        assert_eq!(
+            row_values(&c)?,
+            (0..301).map(|x| x as f32).collect::<Vec<_>>()
+        );
+        // Without one, the first append allocates the minimum.
+        let mut plain = KvCache::new(1);
+        plain.layer_mut(0).append(&rows(3, 0.0)?, &rows(3, 0.0)?)?;
+        assert_eq!(capacity(&plain), MIN_CAPACITY);
+        Ok(())
     }
 
     #[test]

@@ -42,6 +42,13 @@ use std::time::{Duration, Instant};
 /// `(heads, keys, keys)` (1.1 GB at LLaVA-NeXT-7B's 2,953-row prompt).
 const ALONE_PREFILL_CHUNK: usize = 512;
 
+/// Rows a request's KV cache is reserved for beyond its prompt and token limit: the draft tree or
+/// diffusion block one round verifies before the rejected rows are rolled back.
+const RESERVE_SPECULATIVE_ROWS: usize = 64;
+
+/// The most answer tokens a request's KV cache is reserved for up front (past them it doubles).
+const RESERVE_ANSWER_ROWS: usize = 1024;
+
 /// The prompt prefix through its last image token, shared through the engine's prefix cache:
 /// reused when an earlier request computed it, else recorded once this one has.
 struct PrefixPlan {
@@ -369,7 +376,15 @@ impl Engine {
                     rows,
                 )
             }
-            Source::Plain { .. } => (Some(text.new_cache()), 0, Vec::new(), 0),
+            Source::Plain { positions, .. } => {
+                let mut cache = text.new_cache();
+                // The prompt, the answer (its first `RESERVE_ANSWER_ROWS` tokens: a large token
+                // limit is no promise of a long answer) and a round's speculative rows, allocated
+                // once.
+                let answer = prepared.max_new_tokens.min(RESERVE_ANSWER_ROWS);
+                cache.reserve(positions.len() + answer + RESERVE_SPECULATIVE_ROWS);
+                (Some(cache), 0, Vec::new(), 0)
+            }
             Source::Pruned { .. } | Source::Ready(_) => (None, 0, Vec::new(), 0),
         };
         let (sampler, sink) =
