@@ -18,8 +18,6 @@ fn run(e: &Engine, r: &Request) -> Response {
     e.generate(r, &mut |_| Flow::Continue).unwrap()
 }
 
-/// A cost model: a pass over `k` rows costs `1 + slope (k - 1)`; both heads' draft steps cost
-/// `step` and a draft prompt row `row`.
 /// The cost model's key of glance-tiny's shipped `kind` head.
 fn head_key(kind: &str) -> String {
     let dir = tiny().join(format!("draft-{kind}"));
@@ -27,6 +25,8 @@ fn head_key(kind: &str) -> String {
     glance_decode::cost::draft_key(&head)
 }
 
+/// A cost model: a pass over `k` rows costs `1 + slope (k - 1)`; both heads' draft steps cost
+/// `step` and a draft prompt row `row`.
 fn cost(slope: f64, step: f64, row: f64) -> CostModel {
     let rows: Vec<usize> = (1..=32).collect();
     let pass_s = rows.iter().map(|&k| 1.0 + slope * (k - 1) as f64).collect();

@@ -357,7 +357,7 @@ impl Engine {
         let text = self.model.text();
         let mut prepared = prepared;
         let follows = matches!(prepared.share, Some(Role::Follow(_)));
-        let (cache, done, hidden, prefix_rows) = match &prepared.source {
+        let (mut cache, done, hidden, prefix_rows) = match &prepared.source {
             // A follower starts from its leader's prefill: nothing of its own to set up.
             _ if follows => (None, 0, Vec::new(), 0),
             Source::Plain {
@@ -376,17 +376,16 @@ impl Engine {
                     rows,
                 )
             }
-            Source::Plain { positions, .. } => {
-                let mut cache = text.new_cache();
-                // The prompt, the answer (its first `RESERVE_ANSWER_ROWS` tokens: a large token
-                // limit is no promise of a long answer) and a round's speculative rows, allocated
-                // once.
-                let answer = prepared.max_new_tokens.min(RESERVE_ANSWER_ROWS);
-                cache.reserve(positions.len() + answer + RESERVE_SPECULATIVE_ROWS);
-                (Some(cache), 0, Vec::new(), 0)
-            }
+            Source::Plain { .. } => (Some(text.new_cache()), 0, Vec::new(), 0),
             Source::Pruned { .. } | Source::Ready(_) => (None, 0, Vec::new(), 0),
         };
+        if let (Some(cache), Source::Plain { positions, .. }) = (&mut cache, &prepared.source) {
+            // The prompt, the answer (its first `RESERVE_ANSWER_ROWS` tokens: a large token limit
+            // is no promise of a long answer) and a round's speculative rows, allocated once
+            // (a cached prefix's fork grows to them once too).
+            let answer = prepared.max_new_tokens.min(RESERVE_ANSWER_ROWS);
+            cache.reserve(positions.len() + answer + RESERVE_SPECULATIVE_ROWS);
+        }
         let (sampler, sink) =
             self.sampler(&prepared.sampling, prepared.logprobs, &prepared.prompt_ids)?;
         let sampler = match prepared.grammar.take() {

@@ -563,14 +563,13 @@ mod avx512_dp {
         while r + 4 <= rows {
             // The tile's input-row chunks of 4 share the prefetch of the weights ahead (from
             // 3 chunks: see [`Ahead`]).
-            let chunks = m.div_ceil(4);
+            let ahead = Ahead::new(w, n, rows, r, 4, m.div_ceil(4));
             let mut i = 0;
             while i + 4 <= m {
-                let ahead = Ahead::new(w, n, rows, r, 4, chunks).part(i / 4);
-                tile::<4, 4>(w, x, n, r, i, m, out, ahead);
+                tile::<4, 4>(w, x, n, r, i, m, out, ahead.part(i / 4));
                 i += 4;
             }
-            let ahead = Ahead::new(w, n, rows, r, 4, chunks).part(i / 4);
+            let ahead = ahead.part(i / 4);
             match m - i {
                 3 => tile::<4, 3>(w, x, n, r, i, m, out, ahead),
                 2 => tile::<4, 2>(w, x, n, r, i, m, out, ahead),
