@@ -47,6 +47,27 @@ fn dry_run_prints_every_stage_under_out() {
 }
 
 #[test]
+fn a_fine_tune_continues_the_given_model_without_a_vision_stage() {
+    let dir = scratch("train-all-finetune");
+    let out = dir.join("family");
+    let o = glance(&["train", "all", "--out", s(&out), "--finetune", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        !text.lines().any(|l| l.starts_with("vision")),
+        "no vision stage:\n{text}"
+    );
+    let llava = text.lines().find(|l| l.starts_with("llava")).unwrap();
+    assert!(llava.contains("1200 steps"), "{llava}");
+    // It starts from the shipped model, not from a vision stage's output.
+    assert!(!llava.contains("vision"), "{llava}");
+    assert!(llava.contains("--relations 0.8"), "{llava}");
+    for stage in ["draft-vispec", "draft-eagle", "diffusion"] {
+        assert!(text.lines().any(|l| l.starts_with(stage)), "{stage}");
+    }
+}
+
+#[test]
 fn refuses_bad_settings_and_unclear_restarts() {
     let dir = scratch("train-all-refusals");
     let out = dir.join("family");

@@ -41,7 +41,7 @@ pub use sampler::{LogprobSink, Sampler, TokenLogprob};
 pub use speculative::{Speculative, TreeSettings};
 pub use step::{
     draft_alone, run_alone, shared_draft_pass, shared_pass, DecodeState, DraftOutput, DraftPass,
-    Pass, PassOutput,
+    Load, Pass, PassOutput,
 };
 pub use stop::StopStrings;
 pub use strategy::{DecodeSpec, DecodeStats, DecodeStrategy, TokenSink};

@@ -97,6 +97,19 @@ pub struct DraftPass {
     pub logits: Range<usize>,
 }
 
+/// What the other requests brought to a scheduler's last step: the step a cost-aware state
+/// plans its next round for ([`DecodeState::share`]). All zero: the request runs alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Rows the others brought to the target pass, and how many requests they were.
+    pub rows: usize,
+    pub requests: usize,
+    /// Rows per level the others brought to the passes of this request's draft head (their
+    /// mean over the levels), and how many levels those passes ran.
+    pub draft_rows: usize,
+    pub draft_levels: usize,
+}
+
 /// What a draft head computed for a [`DraftPass`].
 pub struct DraftOutput {
     /// Predicted hidden state of every row of the pass `(n, hidden)`.
@@ -156,11 +169,10 @@ pub trait DecodeState: Send {
         ))
     }
 
-    /// The next pass will share the target with about `rows` rows of `requests` other requests
-    /// (what they brought to the last one): cost-aware states plan their rounds for that shared
-    /// pass.
-    fn share(&mut self, rows: usize, requests: usize) {
-        let _ = (rows, requests);
+    /// The next step will share its passes with about `load` (what the other requests brought
+    /// to the last one): cost-aware states plan their rounds for that shared step.
+    fn share(&mut self, load: Load) {
+        let _ = load;
     }
 
     /// Takes the target's outputs for the pass [`DecodeState::next_pass`] returned: verifies,

@@ -31,7 +31,7 @@ pub mod verify;
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
-use crate::step::{DecodeState, DraftOutput, DraftPass, Pass, PassOutput};
+use crate::step::{DecodeState, DraftOutput, DraftPass, Load, Pass, PassOutput};
 use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use candle_core::Tensor;
 use glance_core::{Error, Result, TokenId};
@@ -558,9 +558,9 @@ impl DecodeState for SpecState {
         &mut self.target_cache
     }
 
-    fn share(&mut self, rows: usize, requests: usize) {
+    fn share(&mut self, load: Load) {
         if let Some(p) = self.planner.as_mut() {
-            p.share(rows, requests);
+            p.share(load);
         }
     }
 

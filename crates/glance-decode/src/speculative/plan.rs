@@ -26,6 +26,7 @@
 
 use super::tree::{DraftTree, TreeSettings};
 use crate::cost::{CostModel, DraftCost};
+use crate::step::Load;
 
 /// Acceptance assumed at a depth no round has reached yet.
 pub const PRIOR_ACCEPTANCE: f64 = 0.8;
@@ -81,10 +82,9 @@ pub struct Planner {
     drafted_clock: (f64, f64),
     /// Whether [`Planner::slowdown`] corrects by the clock.
     clock: bool,
-    /// Rows, and requests, that the target passes this request's rows share bring
+    /// What the other requests bring to the steps this request's rounds share
     /// ([`Planner::share`]).
-    load: usize,
-    sharers: usize,
+    load: Load,
 }
 
 impl Planner {
@@ -111,8 +111,7 @@ impl Planner {
             plain_clock: (0.0, 0.0),
             drafted_clock: (0.0, 0.0),
             clock: true,
-            load: 0,
-            sharers: 0,
+            load: Load::default(),
         };
         p.can_pay = p.best_depth(usize::MAX, 0, |_| 1.0).is_some();
         p
@@ -136,15 +135,14 @@ impl Planner {
                 .is_some_and(|(_, gain)| gain >= AUTO_MARGIN)
     }
 
-    /// The target passes of this request's next rounds carry `rows` rows of `requests` other
-    /// requests (a scheduler's shared pass). Every row a tree adds to a shared pass delays every
-    /// request in it, so a round's extra rows are charged once per request sharing the pass:
-    /// alone, a tree is worth its rows while the model is memory-bound; in a batch, only while
-    /// the whole batch is. A sampled request's rounds ignore the load (like the clock): the same
-    /// seed, the same answer, whatever runs beside it.
-    pub fn share(&mut self, rows: usize, requests: usize) {
+    /// The steps of this request's next rounds carry `load` (a scheduler's shared step). Every
+    /// row a round adds to a shared pass delays every request in it, so a round's extra work is
+    /// charged once per request sharing the step: alone, a tree is worth its rows while the model
+    /// is memory-bound; in a batch, only while the whole batch is. A sampled request's rounds
+    /// ignore the load (like the clock): the same seed, the same answer, whatever runs beside it.
+    pub fn share(&mut self, load: Load) {
         if self.clock {
-            (self.load, self.sharers) = (rows, requests);
+            self.load = load;
         }
     }
 
@@ -152,11 +150,46 @@ impl Planner {
     /// measured pass alone; in a shared pass, a decode step plus the time its `k - 1` extra
     /// rows add to the pass, for each request that waits on it.
     fn pass(&self, k: usize) -> f64 {
-        if self.sharers == 0 {
+        let Load { rows, requests, .. } = self.load;
+        if requests == 0 {
             return self.cost.pass(k);
         }
-        let extra = (self.cost.pass(self.load + k) - self.cost.pass(self.load + 1)).max(0.0);
-        self.cost.pass(1) + (self.sharers + 1) as f64 * extra
+        let extra = (self.cost.pass(rows + k) - self.cost.pass(rows + 1)).max(0.0);
+        self.cost.pass(1) + (requests + 1) as f64 * extra
+    }
+
+    /// What a round's drafting costs, in seconds: `pending` rows and the root's step, then
+    /// `forwards` steps over `width` rows each. Alone, what they take. In a shared step every
+    /// request waits on them, so they are charged once per request in it, as the target's extra
+    /// rows are ([`Planner::pass`]); but a level the other requests' drafts run anyway on the
+    /// same head (one pass for all of them) costs only the rows this request adds to it.
+    fn drafting(&self, pending: usize, forwards: usize, width: usize) -> f64 {
+        let d = &self.draft;
+        let alone = |first: bool, n: usize| {
+            if first {
+                d.row_s * pending as f64 + d.step(1)
+            } else {
+                d.step(n)
+            }
+        };
+        let Load {
+            requests,
+            draft_rows,
+            draft_levels,
+            ..
+        } = self.load;
+        if requests == 0 {
+            return alone(true, 1) + forwards as f64 * alone(false, width);
+        }
+        let level = |i: usize, n: usize| {
+            if i < draft_levels {
+                (d.step(draft_rows + n) - d.step(draft_rows)).max(0.0)
+            } else {
+                alone(i == 0, n)
+            }
+        };
+        let own = level(0, pending + 1) + (1..=forwards).map(|i| level(i, width)).sum::<f64>();
+        (requests + 1) as f64 * own
     }
 
     /// Starts the acceptance estimates from what earlier requests accepted (`memory`).
@@ -253,9 +286,7 @@ impl Planner {
     /// Seconds of a drafted round by the cost model: `pending` rows through the draft, the
     /// tree's draft steps, and the verification pass over the tree as verified.
     fn round_seconds(&self, tree: &DraftTree, pending: usize) -> f64 {
-        self.draft.row_s * pending as f64
-            + self.draft.step(1)
-            + tree.forwards as f64 * self.draft.step(self.settings.top_k)
+        self.drafting(pending, tree.forwards as usize, self.settings.top_k)
             + self.pass(tree.len() + 1)
     }
 
@@ -279,7 +310,7 @@ impl Planner {
     pub fn timed(&mut self, drafted: bool, seconds: f64) {
         // A shared pass's clock times the other requests' rows too: no measure of this
         // request's rounds against its model.
-        if self.sharers > 0 {
+        if self.load.requests > 0 {
             return;
         }
         let clock = if drafted {
@@ -327,14 +358,12 @@ impl Planner {
     ) -> Option<(usize, f64)> {
         let width = self.settings.top_k.max(1);
         let max_depth = self.settings.depth.min(room).min(self.settings.budget);
-        let before = self.draft.row_s * pending as f64;
         // The root's probabilities, then a step per further depth; the best path's rows (what
         // else the tree offers is verified only where its confidence pays for its rows:
         // `budget`).
         let slowdown = self.slowdown();
         best_chain(max_depth, self.pass(1), accept, |d| {
-            let drafting = before + self.draft.step(1) + (d - 1) as f64 * self.draft.step(width);
-            (drafting + self.pass(d + 1)) * slowdown
+            (self.drafting(pending, d - 1, width) + self.pass(d + 1)) * slowdown
         })
     }
 }
@@ -520,6 +549,40 @@ mod tests {
         assert!(matches!(rounds[WARM_UP_STEPS], Round::Draft { .. }));
     }
 
+    /// Target rows of other requests, none of them drafting.
+    fn load(rows: usize, requests: usize) -> Load {
+        Load {
+            rows,
+            requests,
+            ..Load::default()
+        }
+    }
+
+    #[test]
+    fn drafting_in_a_shared_step_is_charged_for_what_it_adds_to_it() {
+        // Memory-bound target (flat) and a draft step costing a third of a decode step.
+        let flat: Vec<f64> = (1..=64).map(|k| 1.0 + 0.001 * k as f64).collect();
+        let mut p = Planner::new(cost(&flat), draft(0.3, 0.0), TreeSettings::chain(6), 0);
+        warm_up(&mut p);
+        for _ in 0..20 {
+            p.record(&chain(&[0.9; 4]), 2, 1);
+        }
+        assert!(matches!(p.next_round(6), Round::Draft { .. }), "alone");
+        // Seven plain requests beside it: every draft step delays all eight.
+        p.share(load(7, 7));
+        assert_eq!(p.next_round(6), Round::Plain);
+        // Seven drafting on the same head: its levels run anyway, its rows add nothing.
+        p.share(Load {
+            draft_rows: 7,
+            draft_levels: 6,
+            ..load(7, 7)
+        });
+        assert!(
+            matches!(p.next_round(6), Round::Draft { .. }),
+            "shared draft"
+        );
+    }
+
     #[test]
     fn a_shared_pass_that_is_compute_bound_turns_rounds_plain() {
         // Memory-bound up to 16 rows (flat), then every row costs a tenth of a step.
@@ -534,16 +597,16 @@ mod tests {
         );
         // Sharing a compute-bound pass (60 rows of 7 other requests): a tree's rows delay all
         // eight requests by more than the tokens they could bring.
-        p.share(60, 7);
+        p.share(load(60, 7));
         assert_eq!(p.next_round(6), Round::Plain);
         // With a light load the batch is still memory-bound: it drafts again.
-        p.share(4, 3);
+        p.share(load(4, 3));
         assert!(matches!(p.next_round(6), Round::Draft { .. }));
         // A sampled request's rounds do not depend on what runs beside it.
         let mut q = Planner::new(cost(&curve), draft(0.05, 0.0), TreeSettings::chain(6), 30)
             .without_clock();
         warm_up(&mut q);
-        q.share(60, 7);
+        q.share(load(60, 7));
         assert!(matches!(q.next_round(6), Round::Draft { .. }));
     }
 

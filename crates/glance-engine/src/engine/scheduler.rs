@@ -33,9 +33,11 @@ use glance_decode::{
 };
 use glance_models::llava::{PromptPlan, SegmentKind};
 use glance_nn::{AttnMask, CausalLm, DraftLm, KvCache};
-use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod sharing;
+use sharing::{absorb_each, fail_shared, loads, map_seqs};
 
 /// Prompt rows per prefill pass of a request answered alone ([`Engine::generate`]): a long
 /// prompt's attention then materialises `(heads, 512, keys)` scores per layer instead of
@@ -220,6 +222,8 @@ pub struct Sequence<'e> {
     kept: Option<Kept>,
     /// Rows it brought to the last shared pass.
     last_rows: usize,
+    /// Levels, and rows over all of them, it brought to its draft head's last passes.
+    last_draft: (usize, usize),
 }
 
 impl Engine {
@@ -421,6 +425,7 @@ impl Engine {
             prefix_rows,
             kept: None,
             last_rows: 0,
+            last_draft: (0, 0),
         })
     }
 
@@ -651,14 +656,9 @@ impl Engine {
     /// passes for it ([`Engine::draft_passes`]).
     fn decode_step(&self, seqs: &mut [Sequence<'_>]) {
         let text = self.model.text();
-        // The rows of the last shared pass: what the others bring to the next one (cost-aware
-        // states plan their rounds for it as they open them).
-        let last: usize = seqs.iter().map(|s| s.last_rows).sum();
-        let sharing = seqs.iter().filter(|s| s.last_rows > 0).count();
-        for s in seqs.iter_mut() {
-            let mine = usize::from(s.last_rows > 0);
-            if let Phase::Decode(state) = &mut s.phase {
-                state.share(last - s.last_rows, sharing - mine);
+        for (i, load) in loads(seqs).into_iter().enumerate() {
+            if let Phase::Decode(state) = &mut seqs[i].phase {
+                state.share(load);
             }
         }
         self.draft_passes(seqs);
@@ -734,6 +734,9 @@ impl Engine {
     /// round, fusing its rows, ranking its tree) runs in parallel on the engine's pool.
     fn draft_passes(&self, seqs: &mut [Sequence<'_>]) {
         let text = self.model.text();
+        for s in seqs.iter_mut() {
+            s.last_draft = (0, 0);
+        }
         loop {
             let parallel = seqs.iter().filter(|s| s.is_decoding()).count() > 1;
             let ask = |s: &mut Sequence<'_>| {
@@ -789,6 +792,8 @@ impl Engine {
                     if let Some(cache) = state.draft_cache() {
                         jobs.push((pass, cache));
                         ran.push(i);
+                        s.last_draft.0 += 1;
+                        s.last_draft.1 += pass.positions.len();
                     }
                 }
                 let done = glance_decode::shared_draft_pass(text, head.as_ref(), &mut jobs);
@@ -810,49 +815,6 @@ impl Engine {
                 state.absorb_draft(text, out).err()
             };
             absorb_each(seqs, outs, parallel, absorb);
-        }
-    }
-}
-
-/// Fails the sequences `members` whose shared pass failed with `e`, each with its own copy.
-fn fail_shared(seqs: &mut [Sequence<'_>], members: impl IntoIterator<Item = usize>, e: &Error) {
-    let msg = e.to_string();
-    for i in members {
-        seqs[i].fail(Error::Candle(candle_core::Error::Msg(msg.clone())));
-    }
-}
-
-/// `f` on every sequence, in order: in parallel on the engine's pool when `parallel` (each
-/// sequence's own work, independent of the others).
-fn map_seqs<'s, R: Send>(
-    seqs: &mut [Sequence<'s>],
-    parallel: bool,
-    f: impl Fn(&mut Sequence<'s>) -> R + Sync + Send,
-) -> Vec<R> {
-    if parallel {
-        seqs.par_iter_mut().map(f).collect()
-    } else {
-        seqs.iter_mut().map(f).collect()
-    }
-}
-
-/// Runs `absorb` on each sequence with its output of a shared pass (`outs[i]` is `seqs[i]`'s;
-/// in parallel on the engine's pool when `parallel`), and fails each sequence it returns an
-/// error for.
-fn absorb_each<'s, T: Send>(
-    seqs: &mut [Sequence<'s>],
-    outs: Vec<Option<T>>,
-    parallel: bool,
-    absorb: impl Fn((&mut Sequence<'s>, Option<T>)) -> Option<Error> + Sync + Send,
-) {
-    let failed: Vec<Option<Error>> = if parallel {
-        seqs.par_iter_mut().zip(outs).map(&absorb).collect()
-    } else {
-        seqs.iter_mut().zip(outs).map(&absorb).collect()
-    };
-    for (s, e) in seqs.iter_mut().zip(failed) {
-        if let Some(e) = e {
-            s.fail(e);
         }
     }
 }

@@ -20,8 +20,6 @@ pub struct QuantRows {
     /// `(m, n / 32)`: `Σ q` per block — the integer term a weight offset removes (q4's 8, and
     /// q8's 128 in the VNNI kernel's unsigned weights).
     pub(crate) sums: Vec<i32>,
-    /// `(m, n / 32)`: `8 · d · Σ q` per block — the term a q4 weight block's offset of 8 removes.
-    pub(crate) offset8: Vec<f32>,
 }
 
 impl QuantRows {
@@ -35,7 +33,6 @@ impl QuantRows {
         let nb = n / BLOCK;
         let mut qs = vec![0i8; m * n];
         let mut d = vec![0f32; m * nb];
-        let mut offset8 = vec![0f32; m * nb];
         let mut sums = vec![0i32; m * nb];
         for (b, (xb, qb)) in x
             .chunks_exact(BLOCK)
@@ -53,7 +50,6 @@ impl QuantRows {
             }
             d[b] = scale;
             sums[b] = sum;
-            offset8[b] = 8.0 * scale * sum as f32;
         }
         // Group-major: the kernels read one group of every row together.
         let mut grouped = vec![0i8; m * n.div_ceil(GROUP_BYTES) * GROUP_BYTES];
@@ -70,7 +66,6 @@ impl QuantRows {
             d,
             grouped,
             sums,
-            offset8,
         }
     }
 

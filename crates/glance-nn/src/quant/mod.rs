@@ -15,29 +15,9 @@
 //! They need the input dimension to be a multiple of 32 (their block); a matrix whose input
 //! dimension is not falls back to bf16 ([`WeightFormat::for_in_dim`]).
 
-/// The row loop the packed kernels share: `$row::<M>(qs, sc, x, r, i, &mut out[r * m + i..])`
-/// for every weight row `r < rows` over the `x.m` input rows, four at a time, then the one to
-/// three left.
-macro_rules! each_row_tile {
-    ($row:ident, $qs:expr, $sc:expr, $x:expr, $rows:expr, $out:expr) => {{
-        let m = $x.m;
-        for r in 0..$rows {
-            let mut i = 0;
-            while i + 4 <= m {
-                $row::<4>($qs, $sc, $x, r, i, &mut $out[r * m + i..]);
-                i += 4;
-            }
-            match m - i {
-                3 => $row::<3>($qs, $sc, $x, r, i, &mut $out[r * m + i..]),
-                2 => $row::<2>($qs, $sc, $x, r, i, &mut $out[r * m + i..]),
-                1 => $row::<1>($qs, $sc, $x, r, i, &mut $out[r * m + i..]),
-                _ => {}
-            }
-        }
-    }};
-}
-
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(test)]
 mod bench;
 pub mod block;
@@ -473,21 +453,11 @@ mod x86 {
             }
         }
     }
-
-    /// An f16 scale widened to f32 in all 8 lanes.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and F16C.
-    #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    pub unsafe fn scale_256(bits: u16) -> __m256 {
-        _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
-    }
 }
 
 /// Runs `kernel(r, row)` for rows `0..rows` of `qs` (`row_len` elements a row, `block_len` a
 /// block, held in the kernels' order), each row read back in llama.cpp's order: how the
-/// per-block kernels (AVX2, portable) see a packed matrix.
+/// portable reference sees a packed matrix.
 pub(crate) fn for_each_stored_row<T: Copy + Default>(
     qs: &[T],
     row_len: usize,

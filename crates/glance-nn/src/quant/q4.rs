@@ -95,11 +95,9 @@ impl Q4Matrix {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::for_each_stored_row;
     use super::super::group::{GROUP, GROUP_BYTES};
-    use super::super::x86::{grouped_rows, load_group, network_vectors, scale_256, GroupPrep};
+    use super::super::x86::{grouped_rows, load_group, network_vectors, GroupPrep};
     use super::BLOCK;
-    use crate::matvec::hsum256;
     use std::arch::x86_64::*;
 
     /// See [`super::super::block::BlockMatrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
@@ -161,65 +159,14 @@ mod x86 {
         }
     }
 
-    /// 16 bytes of one block → its 32 levels in order (low nibbles, then high nibbles).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; `p` must be valid for reading 16 bytes.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn unpack_256(p: *const u8) -> __m256i {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        let lo = _mm_and_si128(v, _mm_set1_epi8(0x0f));
-        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
-        _mm256_set_m128i(hi, lo)
-    }
-
-    /// See [`super::super::block::BlockMatrix::block`]: AVX2, one block per 256-bit step.
+    /// See [`super::super::block::BlockMatrix::block`]: AVX2 over the groups as held
+    /// ([`super::super::avx2`]).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[u8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        let (n, nb, m) = (x.n, x.blocks(), x.m);
-        for_each_stored_row(qs, n / 2, BLOCK / 2, rows, |r, row| {
-            let (sc, out) = (&sc[r * nb..(r + 1) * nb], &mut out[r * m..(r + 1) * m]);
-            each_row_tile!(row_avx2, row, sc, x, 1, out);
-        });
-    }
-
-    /// # Safety
-    /// As [`block_avx2`], for weight row `r` and input rows `i0..i0 + M`; `out` starts at the row's first output.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn row_avx2<const M: usize>(
-        qs: &[u8],
-        sc: &[u16],
-        x: &QuantRows,
-        r: usize,
-        i0: usize,
-        out: &mut [f32],
-    ) {
-        let (n, nb) = (x.n, x.blocks());
-        let wq = qs.as_ptr().add(r * n / 2);
-        let ws = sc.as_ptr().add(r * nb);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); M];
-        let mut corr = [0f32; M];
-        for b in 0..nb {
-            let wv = unpack_256(wq.add(BLOCK / 2 * b));
-            let dw = scale_256(*ws.add(b));
-            for (k, a) in acc.iter_mut().enumerate() {
-                let i = i0 + k;
-                let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
-                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
-                let dx = _mm256_set1_ps(x.d[i * nb + b]);
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
-                corr[k] += _mm256_cvtss_f32(dw) * x.offset8[i * nb + b];
-            }
-        }
-        for k in 0..M {
-            out[k] = hsum256(acc[k]) - corr[k];
-        }
+        super::super::avx2::grouped::<true>(qs.as_ptr(), sc, x, rows, out);
     }
 }
 

@@ -63,11 +63,9 @@ impl BlockFormat for Q8 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::act::QuantRows;
-    use super::super::for_each_stored_row;
     use super::super::group::{GROUP, GROUP_BYTES};
-    use super::super::x86::{grouped_rows, load_group, network_vectors, scale_256, GroupPrep};
+    use super::super::x86::{grouped_rows, load_group, network_vectors, GroupPrep};
     use super::BLOCK;
-    use crate::matvec::hsum256;
     use std::arch::x86_64::*;
 
     /// See [`super::super::block::BlockMatrix::block`]: AVX-512 VNNI over groups of 16 blocks transposed in
@@ -121,52 +119,14 @@ mod x86 {
         }
     }
 
-    /// See [`super::super::block::BlockMatrix::block`]: AVX2, one block per 256-bit step.
+    /// See [`super::super::block::BlockMatrix::block`]: AVX2 over the groups as held
+    /// ([`super::super::avx2`]).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `qs` and `sc` hold `rows` whole rows of `x.n` values (and their scales), `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn block_avx2(qs: &[i8], sc: &[u16], x: &QuantRows, rows: usize, out: &mut [f32]) {
-        let (n, nb, m) = (x.n, x.blocks(), x.m);
-        for_each_stored_row(qs, n, BLOCK, rows, |r, row| {
-            let (sc, out) = (&sc[r * nb..(r + 1) * nb], &mut out[r * m..(r + 1) * m]);
-            each_row_tile!(row_avx2, row, sc, x, 1, out);
-        });
-    }
-
-    /// # Safety
-    /// As [`block_avx2`], for weight row `r` and input rows `i0..i0 + M`; `out` starts at the row's first output.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn row_avx2<const M: usize>(
-        qs: &[i8],
-        sc: &[u16],
-        x: &QuantRows,
-        r: usize,
-        i0: usize,
-        out: &mut [f32],
-    ) {
-        let (n, nb) = (x.n, x.blocks());
-        let wq = qs.as_ptr().add(r * n);
-        let ws = sc.as_ptr().add(r * nb);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); M];
-        for b in 0..nb {
-            let wv = _mm256_loadu_si256(wq.add(BLOCK * b) as *const __m256i);
-            let aw = _mm256_abs_epi8(wv);
-            let dw = scale_256(*ws.add(b));
-            for (k, a) in acc.iter_mut().enumerate() {
-                let i = i0 + k;
-                let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + BLOCK * b) as *const _);
-                let sx = _mm256_sign_epi8(xv, wv);
-                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-                let dx = _mm256_set1_ps(x.d[i * nb + b]);
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), *a);
-            }
-        }
-        for k in 0..M {
-            out[k] = hsum256(acc[k]);
-        }
+        super::super::avx2::grouped::<false>(qs.as_ptr() as *const u8, sc, x, rows, out);
     }
 }
 
