@@ -92,21 +92,26 @@ unsafe fn tile<const Q4: bool, const M: usize>(
             let mut sums = [_mm256_setzero_si256(); M];
             if Q4 {
                 // Word `t`: the low nibbles are values `4t..4t + 4` of each block (input word
-                // `t`), the high ones `16 + 4t..` (input word `t + 4`).
+                // `t`), the high ones `16 + 4t..` (input word `t + 4`). A pair of products is at
+                // most 2 · 15 · 127 in magnitude, so the 8 pairs per 16-bit lane of the 4 words
+                // (30,480 at most) add up without saturating before one widening `madd`.
+                let mut pairs = [_mm256_setzero_si256(); M];
                 for t in 0..4 {
                     let w = _mm256_loadu_si256(wg.add(64 * t + 32 * h) as *const _);
                     let lo = _mm256_and_si256(w, low);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-                    for (k, s) in sums.iter_mut().enumerate() {
+                    for (k, p) in pairs.iter_mut().enumerate() {
                         let xl = _mm256_loadu_si256(xg(k).add(64 * t + 32 * h) as *const _);
                         let xh = _mm256_loadu_si256(xg(k).add(64 * (t + 4) + 32 * h) as *const _);
-                        // Pairs of 15 · 127 each: the 16-bit sums cannot saturate.
                         let d = _mm256_add_epi16(
                             _mm256_maddubs_epi16(lo, xl),
                             _mm256_maddubs_epi16(hi, xh),
                         );
-                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(d, ones));
+                        *p = _mm256_add_epi16(*p, d);
                     }
+                }
+                for (s, p) in sums.iter_mut().zip(pairs) {
+                    *s = _mm256_madd_epi16(p, ones);
                 }
             } else {
                 for t in 0..8 {
