@@ -33,7 +33,7 @@ pub struct AllArgs {
     /// Fine-tune the base from INIT (a whole glance-tiny) instead of training it from scratch:
     /// no vision stage, and the LLaVA stage continues INIT's weights for 1,200 steps at a lower
     /// learning rate with relation questions on 80% of the images and spatial ×4 (the heads
-    /// and the conversion are retrained on it as usual). About 70 minutes instead of 200.
+    /// and the conversion are retrained on it as usual): 1,200 base steps instead of 6,800.
     #[arg(long)]
     pub finetune: bool,
     /// Multiply every stage's optimiser steps (e.g. 0.01 for a smoke run of the whole
