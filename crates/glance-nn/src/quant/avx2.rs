@@ -119,8 +119,7 @@ unsafe fn tile<const Q4: bool, const M: usize>(
                     let aw = _mm256_sign_epi8(w, w);
                     for (k, s) in sums.iter_mut().enumerate() {
                         let xv = _mm256_loadu_si256(xg(k).add(64 * t + 32 * h) as *const _);
-                        // |w| ≤ 128 against |x| ≤ 127: pairs stay below 2^15.
-                        let d = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
+                        let d = signed_pairs(aw, w, xv);
                         *s = _mm256_add_epi32(*s, _mm256_madd_epi16(d, ones));
                     }
                 }
@@ -160,7 +159,7 @@ unsafe fn tile<const Q4: bool, const M: usize>(
             let d = if Q4 {
                 _mm256_maddubs_epi16(w, xv)
             } else {
-                _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w))
+                signed_pairs(_mm256_sign_epi8(w, w), w, xv)
             };
             let mut s = hsum_epi32(_mm256_madd_epi16(d, ones));
             if Q4 {
@@ -172,6 +171,18 @@ unsafe fn tile<const Q4: bool, const M: usize>(
     for k in 0..M {
         out[k] = hsum256(acc[k]) + tail[k];
     }
+}
+
+/// q8's signed bytes `w` against `x`: adjacent products summed in pairs, 16 bits each, as
+/// `|w|` (`aw`, unsigned) against `sign(x, w)`, since `maddubs` takes one unsigned operand.
+/// `|w| ≤ 128` against `|x| ≤ 127`: a pair stays below 2^15.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn signed_pairs(aw: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
 }
 
 /// The 8 lanes of an integer vector summed (exact).

@@ -14,10 +14,14 @@ use super::{Phase, Sequence};
 /// and, on the sequence's own draft head, the draft passes' rows per level — what the next step
 /// will carry about as much of (cost-aware states plan their rounds for it as they open them).
 pub(super) fn loads(seqs: &[Sequence<'_>]) -> Vec<Load> {
-    let head = |s: &Sequence<'_>| match &s.phase {
-        Phase::Decode(state) => state.draft().map(|h| Arc::as_ptr(h) as *const ()),
-        _ => None,
-    };
+    // Each sequence's draft head, by address (the scheduler groups draft passes the same way).
+    let heads: Vec<Option<*const ()>> = seqs
+        .iter()
+        .map(|s| match &s.phase {
+            Phase::Decode(state) => state.draft().map(|h| Arc::as_ptr(h) as *const ()),
+            _ => None,
+        })
+        .collect();
     let rows: usize = seqs.iter().map(|s| s.last_rows).sum();
     let requests = seqs.iter().filter(|s| s.last_rows > 0).count();
     seqs.iter()
@@ -29,12 +33,12 @@ pub(super) fn loads(seqs: &[Sequence<'_>]) -> Vec<Load> {
                 requests: requests - mine,
                 ..Load::default()
             };
-            let Some(h) = head(me) else {
+            let Some(h) = heads[i] else {
                 return load;
             };
             let (mut levels, mut draft_rows) = (0, 0);
             for (j, other) in seqs.iter().enumerate() {
-                if j != i && other.last_draft.0 > 0 && head(other) == Some(h) {
+                if j != i && other.last_draft.0 > 0 && heads[j] == Some(h) {
                     levels = levels.max(other.last_draft.0);
                     draft_rows += other.last_draft.1;
                 }
