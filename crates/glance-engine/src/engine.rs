@@ -73,8 +73,9 @@ pub struct Engine {
     /// The tokens as bytes for constrained decoding, built on first use (`Err`: the tokenizer
     /// cannot spell arbitrary text).
     grammar_vocab: std::sync::OnceLock<std::result::Result<GrammarVocab, String>>,
-    /// What `auto`'s greedy requests accepted, per draft head (by its address).
-    acceptance: Mutex<HashMap<usize, Arc<Mutex<glance_decode::speculative::plan::Acceptance>>>>,
+    /// What `auto`'s greedy requests met (acceptance, the clock), per draft head (by its
+    /// address).
+    plan_memory: Mutex<HashMap<usize, Arc<Mutex<glance_decode::speculative::plan::Memory>>>>,
     load_time: Duration,
 }
 
@@ -186,7 +187,7 @@ impl Engine {
             cost: Mutex::new(None),
             named_kinds: std::sync::OnceLock::new(),
             grammar_vocab: std::sync::OnceLock::new(),
-            acceptance: Mutex::new(HashMap::new()),
+            plan_memory: Mutex::new(HashMap::new()),
             options,
             load_time: Duration::ZERO,
         }
@@ -235,9 +236,9 @@ impl Engine {
         let kind = head.kind();
         let new = auto::head_key(&head);
         let old = self.drafts.lock().expect("not poisoned").insert(kind, head);
-        // A replaced head's memory of acceptance goes with it (its address may be reused).
+        // A replaced head's memory (acceptance, clock) goes with it (its address may be reused).
         if let Some(old) = old.map(|h| auto::head_key(&h)).filter(|&k| k != new) {
-            self.acceptance.lock().expect("not poisoned").remove(&old);
+            self.plan_memory.lock().expect("not poisoned").remove(&old);
         }
     }
 
@@ -380,7 +381,7 @@ impl Engine {
                 (DecodeSpec::Speculative { kind, .. }, Some(cost)) => {
                     let tree = self.tree(request);
                     let head = self.draft(kind)?;
-                    let memory = self.acceptance_memory(&head);
+                    let memory = self.plan_memory(&head);
                     Box::new(
                         Speculative::new(head, tree)?
                             .cost_aware(cost)?

@@ -7,7 +7,9 @@
 //!   256-bit on AVX2.
 //! - bf16 on CPUs with AVX-512 BF16: `vdpbf16ps`, 32 multiply-adds each
 //!   ([`crate::quant::half`]'s `vdpbf16ps` kernel).
-//! - q8, q4: 8-bit integer dot products, `vpdpbusd` (AVX-512 VNNI), 64 multiply-adds each.
+//! - q8, q4: 8-bit integer dot products, `vpdpbusd` (AVX-512 VNNI), 64 multiply-adds each; on
+//!   AVX2, `vpmaddubsw` (32 multiply-adds, pairs summed in 16 bits: [`crate::quant`]'s AVX2
+//!   kernel).
 //!
 //! Ten independent accumulators keep every pipe busy whatever the instruction's latency.
 
@@ -28,6 +30,14 @@ pub fn macs_per_second(format: WeightFormat) -> Option<f64> {
                 timed(iters, 640, || {
                     // SAFETY: AVX-512 F and VNNI are present (checked just above).
                     unsafe { x86::dpbusd(iters) }
+                })
+            }));
+        }
+        if int8 && has!("avx2") {
+            return Some(best(&|| {
+                timed(iters, 320, || {
+                    // SAFETY: AVX2 is present (checked just above).
+                    unsafe { x86::maddubs256(iters) }
                 })
             }));
         }
@@ -144,6 +154,30 @@ mod x86 {
             std::arch::asm!("", options(nomem, nostack));
         }
         acc.iter().map(|&v| _mm512_reduce_add_epi32(v) as f32).sum()
+    }
+
+    /// `iters` × 10 independent `vpmaddubsw` (32 multiply-adds each), each chain feeding its
+    /// result back as the next unsigned operand (the values do not matter, the rate does).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn maddubs256(iters: u64) -> f32 {
+        let b = _mm256_set1_epi8(1);
+        let mut acc = [_mm256_set1_epi8(1); 10];
+        for _ in 0..iters {
+            for v in acc.iter_mut() {
+                *v = _mm256_maddubs_epi16(*v, b);
+            }
+            std::arch::asm!("", options(nomem, nostack));
+        }
+        let mut out = [0i16; 16];
+        let mut total = 0.0;
+        for v in acc {
+            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
+            total += out.iter().map(|&x| x as f32).sum::<f32>();
+        }
+        total
     }
 }
 

@@ -39,7 +39,7 @@ use glance_nn::{
     AttnMask, CacheMark, CausalLm, DraftContext, DraftLm, DraftPrompt, DraftStart, KvCache,
     TreeMask,
 };
-use plan::{Acceptance, Planner, Round};
+use plan::{Memory, Planner, Round};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 pub use tree::{DraftTree, Grower, TreeSettings};
@@ -55,8 +55,8 @@ pub struct Speculative {
     /// Plan rounds from measured costs ([`Speculative::cost_aware`]); `None`: every round grows
     /// the tree `settings` describe.
     cost: Option<CostModel>,
-    /// What earlier greedy requests with this head accepted ([`Speculative::remembering`]).
-    memory: Option<Arc<Mutex<Acceptance>>>,
+    /// What earlier greedy requests with this head met ([`Speculative::remembering`]).
+    memory: Option<Arc<Mutex<Memory>>>,
 }
 
 impl Speculative {
@@ -85,11 +85,12 @@ impl Speculative {
         Ok(self)
     }
 
-    /// Greedy cost-aware requests start their acceptance estimates from `memory` (what earlier
-    /// ones accepted with this head) and add theirs to it when done, so a request plans its
-    /// first rounds from experience rather than a fixed prior. Sampled requests neither read nor
-    /// write it: their rounds, and so their answers for a seed, depend on the request alone.
-    pub fn remembering(mut self, memory: Arc<Mutex<Acceptance>>) -> Self {
+    /// Greedy cost-aware requests start their acceptance estimates and the clock's correction
+    /// from `memory` (what earlier ones accepted with this head, how their rounds ran by the
+    /// clock) and add theirs to it when done, so a request plans its first rounds from
+    /// experience rather than a fixed prior. Sampled requests neither read nor write it: their
+    /// rounds, and so their answers for a seed, depend on the request alone.
+    pub fn remembering(mut self, memory: Arc<Mutex<Memory>>) -> Self {
         self.memory = Some(memory);
         self
     }
@@ -275,7 +276,7 @@ struct SpecState {
     draft: Arc<dyn DraftLm>,
     settings: TreeSettings,
     cost_aware: bool,
-    memory: Option<Arc<Mutex<Acceptance>>>,
+    memory: Option<Arc<Mutex<Memory>>>,
     planner: Option<Planner>,
     greedy: bool,
     sampler: Sampler,
@@ -634,7 +635,7 @@ impl DecodeState for SpecState {
     fn finish(self: Box<Self>) -> Generation {
         let s = *self;
         if let (Some(m), Some(p), true) = (&s.memory, &s.planner, s.greedy) {
-            m.lock().expect("not poisoned").merge(p.acceptance());
+            m.lock().expect("not poisoned").merge(p);
         }
         let name = s.draft.kind().name();
         finish(

@@ -77,9 +77,11 @@ pub struct Planner {
     modelled_s: f64,
     /// The last round's modelled seconds, until [`Planner::timed`] pairs it with the clock.
     last_modelled: f64,
-    /// Plain and drafted rounds: measured and modelled seconds (see [`Planner::slowdown`]).
-    plain_clock: (f64, f64),
-    drafted_clock: (f64, f64),
+    /// This request's plain and drafted rounds: measured and modelled seconds (see
+    /// [`Planner::slowdown`]).
+    clock_sums: Clock,
+    /// What earlier requests' rounds measured ([`Planner::remembering`]).
+    remembered_clock: Clock,
     /// Whether [`Planner::slowdown`] corrects by the clock.
     clock: bool,
     /// What the other requests bring to the steps this request's rounds share
@@ -108,8 +110,8 @@ impl Planner {
             can_pay: false,
             modelled_s: 0.0,
             last_modelled: 0.0,
-            plain_clock: (0.0, 0.0),
-            drafted_clock: (0.0, 0.0),
+            clock_sums: Clock::default(),
+            remembered_clock: Clock::default(),
             clock: true,
             load: Load::default(),
         };
@@ -192,13 +194,27 @@ impl Planner {
         (requests + 1) as f64 * own
     }
 
-    /// Starts the acceptance estimates from what earlier requests accepted (`memory`).
-    pub fn remembering(mut self, memory: &Acceptance) -> Self {
-        self.acceptance = Acceptance::remembered(memory);
+    /// Starts from what earlier requests met (`memory`): the acceptance estimates from what
+    /// their drafts accepted, and the clock's correction from how their rounds ran
+    /// ([`Planner::remembering_clock`]).
+    pub fn remembering(mut self, memory: &Memory) -> Self {
+        self.acceptance = Acceptance::remembered(&memory.acceptance);
+        self.remembering_clock(memory)
+    }
+
+    /// Starts the clock's correction ([`Planner::slowdown`]) from how earlier requests' rounds
+    /// ran against the cost model (`memory`), as if they had been this request's: on a model
+    /// whose drafted rounds run slower by the clock than its figures say (a cache-resident
+    /// model whose draft evicts the target's weights, a measurement taken in a quiet moment), a
+    /// request then stops speculating at a loss from its first round, not after a few.
+    pub fn remembering_clock(mut self, memory: &Memory) -> Self {
+        if self.clock {
+            self.remembered_clock = memory.clock;
+        }
         self
     }
 
-    /// This request's acceptance counts (for a memory to [`Acceptance::merge`]).
+    /// This request's acceptance counts.
     pub fn acceptance(&self) -> &Acceptance {
         &self.acceptance
     }
@@ -313,19 +329,20 @@ impl Planner {
         if self.load.requests > 0 {
             return;
         }
-        let clock = if drafted {
-            &mut self.drafted_clock
+        let side = if drafted {
+            &mut self.clock_sums.drafted
         } else {
-            &mut self.plain_clock
+            &mut self.clock_sums.plain
         };
-        clock.0 += seconds;
-        clock.1 += self.last_modelled;
+        side.0 += seconds;
+        side.1 += self.last_modelled;
     }
 
     /// How much slower drafted rounds run by the clock, relative to the cost model, than plain
     /// ones do: the model's figures were timed at one context length and one moment, the
     /// request runs at another (a longer prompt's attention, other work on the machine). Each
-    /// side's measured / modelled ratio is smoothed with [`PRIOR_STEPS`] decode steps' weight
+    /// side's measured / modelled ratio, over this request's rounds and the remembered ones
+    /// ([`Planner::remembering_clock`]), is smoothed with [`PRIOR_STEPS`] decode steps' weight
     /// (plain rounds towards 1, drafted ones towards the plain ratio); the quotient is bounded
     /// to [0.5, 3]. 1 when the cost model is not clock-corrected.
     pub fn slowdown(&self) -> f64 {
@@ -333,10 +350,12 @@ impl Planner {
             return 1.0;
         }
         let prior = PRIOR_STEPS * self.pass(1);
-        let (clock, model) = self.plain_clock;
+        let sum =
+            |own: (f64, f64), remembered: (f64, f64)| (own.0 + remembered.0, own.1 + remembered.1);
+        let (clock, model) = sum(self.clock_sums.plain, self.remembered_clock.plain);
         let plain = (clock + prior) / (model + prior);
         // Drafted rounds not yet timed run as the plain ones do, relative to the model.
-        let (clock, model) = self.drafted_clock;
+        let (clock, model) = sum(self.clock_sums.drafted, self.remembered_clock.drafted);
         let drafted = (clock + prior * plain) / (model + prior);
         (drafted / plain).clamp(0.5, 3.0)
     }
@@ -384,6 +403,74 @@ pub struct Acceptance {
 /// Rounds of depth 1 a memory of earlier requests keeps: older rounds fade (their counts are
 /// scaled down) so the memory follows the answers being asked for.
 const MEMORY_ROUNDS: f64 = 200.0;
+/// Decode steps of modelled time a memory's clock keeps on each side (plain, drafted): older
+/// rounds fade the same way, so the correction follows the machine's load.
+const MEMORY_STEPS: f64 = 400.0;
+
+/// Requests in a row that a memory's clock turns to plain decoding after which one speculates
+/// anyway ([`Memory::explore_unless`]).
+pub const EXPLORE_REQUESTS: u32 = 16;
+
+/// Plain and drafted rounds' summed (clock, model) seconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct Clock {
+    plain: (f64, f64),
+    drafted: (f64, f64),
+}
+
+/// What earlier greedy requests with one draft head met ([`Planner::remembering`]): what their
+/// drafts accepted, and how their rounds ran by the clock against the cost model.
+#[derive(Debug, Clone, Default)]
+pub struct Memory {
+    acceptance: Acceptance,
+    clock: Clock,
+    /// Requests in a row that the remembered clock turned to plain decoding
+    /// ([`Memory::explore_unless`]).
+    declined: u32,
+}
+
+impl Memory {
+    /// Adds a finished request's acceptance counts and timed rounds, fading the oldest.
+    pub fn merge(&mut self, request: &Planner) {
+        self.acceptance.merge(&request.acceptance);
+        // A decode step alone, whatever load the request's last step shared.
+        let keep = MEMORY_STEPS * request.cost.pass(1);
+        for (mine, theirs) in [
+            (&mut self.clock.plain, request.clock_sums.plain),
+            (&mut self.clock.drafted, request.clock_sums.drafted),
+        ] {
+            mine.0 += theirs.0;
+            mine.1 += theirs.1;
+            if mine.1 > keep {
+                let fade = keep / mine.1;
+                mine.0 *= fade;
+                mine.1 *= fade;
+            }
+        }
+    }
+
+    /// What the remembered requests' drafts accepted.
+    pub fn acceptance(&self) -> &Acceptance {
+        &self.acceptance
+    }
+
+    /// Whether a request should speculate, given whether the remembered clock says it `pays`:
+    /// yes when it does; when it does not, every [`EXPLORE_REQUESTS`]th request in a row
+    /// speculates anyway, so that the memory keeps being timed (a machine that was busy when
+    /// it learnt may be quiet now).
+    pub fn explore_unless(&mut self, pays: bool) -> bool {
+        if pays {
+            self.declined = 0;
+            return true;
+        }
+        self.declined += 1;
+        if self.declined >= EXPLORE_REQUESTS {
+            self.declined = 0;
+            return true;
+        }
+        false
+    }
+}
 
 impl Acceptance {
     /// A request's estimate that starts from what earlier requests accepted (`memory`, its
@@ -694,6 +781,64 @@ mod tests {
         }
         assert!(p.slowdown() > 2.5, "{}", p.slowdown());
         assert_eq!(p.next_round(6), Round::Plain);
+    }
+
+    #[test]
+    fn a_remembered_clock_turns_the_next_request_plain_from_its_start() {
+        let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
+        let plan = || Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        // A request whose drafted rounds took three times what the model says.
+        let mut first = plan();
+        for _ in 0..WARM_UP_STEPS {
+            assert_eq!(first.next_round(6), Round::Plain);
+            first.timed(false, 1.0);
+        }
+        for _ in 0..30 {
+            first.record(&chain(&[0.9, 0.9]), 2, 1);
+            first.timed(true, 3.0 * (0.1 + 0.1 + 1.5));
+        }
+        let mut memory = Memory::default();
+        memory.merge(&first);
+        // Without the memory the figures say drafting pays; with it, not from the start.
+        assert!(plan().pays_at_prior());
+        let next = plan().remembering(&memory);
+        assert!(next.slowdown() > 2.0, "{}", next.slowdown());
+        assert!(!next.pays_at_prior());
+        assert!(next.predicted(6).is_none());
+        // A sampled request's planner (no clock) ignores it.
+        let sampled = plan().without_clock().remembering(&memory);
+        assert!((sampled.slowdown() - 1.0).abs() < 1e-9);
+        assert!(sampled.pays_at_prior());
+    }
+
+    #[test]
+    fn a_memory_clock_fades_past_its_steps_keeping_its_ratio() {
+        let linear: Vec<f64> = (1..=16).map(|k| k as f64).collect();
+        let mut p = Planner::new(cost(&linear), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        for _ in 0..300 {
+            assert_eq!(p.next_round(6), Round::Plain);
+            p.timed(false, 2.0);
+        }
+        let mut memory = Memory::default();
+        memory.merge(&p);
+        memory.merge(&p);
+        let (clock, model) = memory.clock.plain;
+        assert!((model - MEMORY_STEPS).abs() < 1e-6, "{model}");
+        assert!((clock / model - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_declining_memory_lets_every_nth_request_speculate() {
+        let mut m = Memory::default();
+        assert!(m.explore_unless(true));
+        let turns: Vec<bool> = (0..2 * EXPLORE_REQUESTS)
+            .map(|_| m.explore_unless(false))
+            .collect();
+        assert_eq!(turns.iter().filter(|&&t| t).count(), 2);
+        assert!(turns[EXPLORE_REQUESTS as usize - 1]);
+        // A request that pays starts the count again.
+        assert!(m.explore_unless(true));
+        assert!(!m.explore_unless(false));
     }
 
     #[test]

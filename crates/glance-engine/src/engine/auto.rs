@@ -20,7 +20,7 @@ use super::Engine;
 use crate::request::Request;
 use glance_core::{Error, Result};
 use glance_decode::diffusion::linear_pays_at_prior;
-use glance_decode::speculative::plan::{Acceptance, Planner, PRIOR_ACCEPTANCE};
+use glance_decode::speculative::plan::{Memory, Planner, PRIOR_ACCEPTANCE};
 use glance_decode::{CostModel, DecodeSpec, DiffusionMode};
 use glance_nn::{CausalLm, DraftKind, DraftLm};
 use std::path::Path;
@@ -88,10 +88,10 @@ impl Engine {
         })
     }
 
-    /// What `auto`'s greedy requests with `head` accepted so far (shared, created empty).
-    pub(crate) fn acceptance_memory(&self, head: &Arc<dyn DraftLm>) -> Arc<Mutex<Acceptance>> {
+    /// What `auto`'s greedy requests with `head` met so far (shared, created empty).
+    pub(crate) fn plan_memory(&self, head: &Arc<dyn DraftLm>) -> Arc<Mutex<Memory>> {
         let key = head_key(head);
-        self.acceptance
+        self.plan_memory
             .lock()
             .expect("not poisoned")
             .entry(key)
@@ -157,17 +157,41 @@ impl Engine {
             cost.c(8),
             draft.step(1) / cost.pass(1)
         );
-        let pays = Planner::new(cost.clone(), draft, tree, 0).pays_at_prior();
+        let planner = Planner::new(cost.clone(), draft, tree, 0);
         let name = spec.name();
+        let plain = |why: &str| {
+            format!(
+                "ar: a {name} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a token) \
+                 cannot beat a decode step here{why} ({summary})"
+            )
+        };
+        let chosen = format!("{name} (cost-aware): {summary}");
+        if !planner.pays_at_prior() {
+            return Ok(Some(Choice::either(false, spec, cost, chosen, plain(""))));
+        }
+        // A greedy request also asks the clock of earlier requests: where their drafted rounds
+        // ran slower than the figures say, drafting may not pay after all. (A sampled request's
+        // choice, like its rounds, depends on the request and the figures alone.)
+        if request.sampling.is_greedy() {
+            let memory = self.plan_memory(&head);
+            let mut memory = memory.lock().expect("not poisoned");
+            let remembered = planner.remembering_clock(&memory);
+            let pays = remembered.pays_at_prior();
+            if !memory.explore_unless(pays) {
+                let why = format!(
+                    ": earlier requests' drafted rounds ran {:.2}x slower by the clock than \
+                     the cost model says",
+                    remembered.slowdown()
+                );
+                return Ok(Some(Choice::either(false, spec, cost, chosen, plain(&why))));
+            }
+        }
         Ok(Some(Choice::either(
-            pays,
+            true,
             spec,
             cost,
-            format!("{name} (cost-aware): {summary}"),
-            format!(
-                "ar: a {name} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a \
-                 token) cannot beat a decode step here ({summary})"
-            ),
+            chosen,
+            String::new(),
         )))
     }
 

@@ -99,7 +99,11 @@ mod rows_cost {
             let ps: Vec<PackedMatrix> = (0..layers)
                 .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
                 .collect();
-            let mut line = format!("{f} ");
+            // The yardstick: this CPU's rate for the instruction the format's kernel uses.
+            let peak = crate::peak::macs_per_second(f).map_or("peak unknown".to_string(), |r| {
+                format!("peak {:.1}", r / 1e9)
+            });
+            let mut line = format!("{f} ({peak}) ");
             let mut t1 = 0.0;
             for &m in &ms {
                 let x = super::super::tests::values(m * cols, 5);
@@ -153,7 +157,11 @@ mod kernel_rate {
             let ps: Vec<PackedMatrix> = (0..layers)
                 .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
                 .collect();
-            let mut line = format!("{f} ");
+            // The yardstick: this CPU's rate for the instruction the format's kernel uses.
+            let peak = crate::peak::macs_per_second(f).map_or("peak unknown".to_string(), |r| {
+                format!("peak {:.1}", r / 1e9)
+            });
+            let mut line = format!("{f} ({peak}) ");
             let ms: Vec<usize> = std::env::var("M")
                 .map(|s| s.split(',').map(|m| m.parse().unwrap()).collect())
                 .unwrap_or(vec![1, 2, 3, 4, 8, 16, 64]);
