@@ -195,19 +195,14 @@ impl Planner {
     }
 
     /// Starts from what earlier requests met (`memory`): the acceptance estimates from what
-    /// their drafts accepted, and the clock's correction from how their rounds ran
-    /// ([`Planner::remembering_clock`]).
+    /// their drafts accepted, and the clock's correction ([`Planner::slowdown`]) from how their
+    /// rounds ran against the cost model, as if they had been this request's. On a model whose
+    /// drafted rounds run slower by the clock than its figures say (a cache-resident model
+    /// whose draft evicts the target's weights, a cost model timed in a quiet moment), a
+    /// request then plans plain rounds from its first one, not after a few drafted at a loss.
+    /// A planner without the clock ([`Planner::without_clock`]) takes only the acceptance.
     pub fn remembering(mut self, memory: &Memory) -> Self {
         self.acceptance = Acceptance::remembered(&memory.acceptance);
-        self.remembering_clock(memory)
-    }
-
-    /// Starts the clock's correction ([`Planner::slowdown`]) from how earlier requests' rounds
-    /// ran against the cost model (`memory`), as if they had been this request's: on a model
-    /// whose drafted rounds run slower by the clock than its figures say (a cache-resident
-    /// model whose draft evicts the target's weights, a measurement taken in a quiet moment), a
-    /// request then stops speculating at a loss from its first round, not after a few.
-    pub fn remembering_clock(mut self, memory: &Memory) -> Self {
         if self.clock {
             self.remembered_clock = memory.clock;
         }
@@ -342,7 +337,7 @@ impl Planner {
     /// ones do: the model's figures were timed at one context length and one moment, the
     /// request runs at another (a longer prompt's attention, other work on the machine). Each
     /// side's measured / modelled ratio, over this request's rounds and the remembered ones
-    /// ([`Planner::remembering_clock`]), is smoothed with [`PRIOR_STEPS`] decode steps' weight
+    /// ([`Planner::remembering`]), is smoothed with [`PRIOR_STEPS`] decode steps' weight
     /// (plain rounds towards 1, drafted ones towards the plain ratio); the quotient is bounded
     /// to [0.5, 3]. 1 when the cost model is not clock-corrected.
     pub fn slowdown(&self) -> f64 {
@@ -407,10 +402,6 @@ const MEMORY_ROUNDS: f64 = 200.0;
 /// rounds fade the same way, so the correction follows the machine's load.
 const MEMORY_STEPS: f64 = 400.0;
 
-/// Requests in a row that a memory's clock turns to plain decoding after which one speculates
-/// anyway ([`Memory::explore_unless`]).
-pub const EXPLORE_REQUESTS: u32 = 16;
-
 /// Plain and drafted rounds' summed (clock, model) seconds.
 #[derive(Debug, Clone, Copy, Default)]
 struct Clock {
@@ -424,9 +415,6 @@ struct Clock {
 pub struct Memory {
     acceptance: Acceptance,
     clock: Clock,
-    /// Requests in a row that the remembered clock turned to plain decoding
-    /// ([`Memory::explore_unless`]).
-    declined: u32,
 }
 
 impl Memory {
@@ -452,23 +440,6 @@ impl Memory {
     /// What the remembered requests' drafts accepted.
     pub fn acceptance(&self) -> &Acceptance {
         &self.acceptance
-    }
-
-    /// Whether a request should speculate, given whether the remembered clock says it `pays`:
-    /// yes when it does; when it does not, every [`EXPLORE_REQUESTS`]th request in a row
-    /// speculates anyway, so that the memory keeps being timed (a machine that was busy when
-    /// it learnt may be quiet now).
-    pub fn explore_unless(&mut self, pays: bool) -> bool {
-        if pays {
-            self.declined = 0;
-            return true;
-        }
-        self.declined += 1;
-        if self.declined >= EXPLORE_REQUESTS {
-            self.declined = 0;
-            return true;
-        }
-        false
     }
 }
 
@@ -825,20 +796,6 @@ mod tests {
         let (clock, model) = memory.clock.plain;
         assert!((model - MEMORY_STEPS).abs() < 1e-6, "{model}");
         assert!((clock / model - 2.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_declining_memory_lets_every_nth_request_speculate() {
-        let mut m = Memory::default();
-        assert!(m.explore_unless(true));
-        let turns: Vec<bool> = (0..2 * EXPLORE_REQUESTS)
-            .map(|_| m.explore_unless(false))
-            .collect();
-        assert_eq!(turns.iter().filter(|&&t| t).count(), 2);
-        assert!(turns[EXPLORE_REQUESTS as usize - 1]);
-        // A request that pays starts the count again.
-        assert!(m.explore_unless(true));
-        assert!(!m.explore_unless(false));
     }
 
     #[test]

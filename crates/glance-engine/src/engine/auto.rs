@@ -157,41 +157,17 @@ impl Engine {
             cost.c(8),
             draft.step(1) / cost.pass(1)
         );
-        let planner = Planner::new(cost.clone(), draft, tree, 0);
+        let pays = Planner::new(cost.clone(), draft, tree, 0).pays_at_prior();
         let name = spec.name();
-        let plain = |why: &str| {
-            format!(
-                "ar: a {name} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a token) \
-                 cannot beat a decode step here{why} ({summary})"
-            )
-        };
-        let chosen = format!("{name} (cost-aware): {summary}");
-        if !planner.pays_at_prior() {
-            return Ok(Some(Choice::either(false, spec, cost, chosen, plain(""))));
-        }
-        // A greedy request also asks the clock of earlier requests: where their drafted rounds
-        // ran slower than the figures say, drafting may not pay after all. (A sampled request's
-        // choice, like its rounds, depends on the request and the figures alone.)
-        if request.sampling.is_greedy() {
-            let memory = self.plan_memory(&head);
-            let mut memory = memory.lock().expect("not poisoned");
-            let remembered = planner.remembering_clock(&memory);
-            let pays = remembered.pays_at_prior();
-            if !memory.explore_unless(pays) {
-                let why = format!(
-                    ": earlier requests' drafted rounds ran {:.2}x slower by the clock than \
-                     the cost model says",
-                    remembered.slowdown()
-                );
-                return Ok(Some(Choice::either(false, spec, cost, chosen, plain(&why))));
-            }
-        }
         Ok(Some(Choice::either(
-            true,
+            pays,
             spec,
             cost,
-            chosen,
-            String::new(),
+            format!("{name} (cost-aware): {summary}"),
+            format!(
+                "ar: a {name} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a \
+                 token) cannot beat a decode step here ({summary})"
+            ),
         )))
     }
 

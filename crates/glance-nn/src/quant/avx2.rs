@@ -17,9 +17,10 @@
 //!   the sums into the output's float accumulator: float work per 256 multiply-adds, not per 32.
 //!
 //! A last, partial group (held as stored) follows block by block, then the accumulator's lanes
-//! are summed in a fixed tree. Tiles of up to 4 input rows share each weight load; every output
-//! goes through the same operations whatever the tile or the number of input rows, so a row gives
-//! the same bits alone and in any batch.
+//! are summed in a fixed tree. Tiles of up to 4 input rows share each weight load (and from
+//! [`Q8_PAIRS_FROM_ROWS`] input rows q8's tiles hold two weight rows, sharing each input load);
+//! every output goes through the same operations whatever the tile or the number of input rows,
+//! so a row gives the same bits alone and in any batch.
 
 use super::act::QuantRows;
 use super::group::{GROUP, GROUP_BYTES};
@@ -172,6 +173,10 @@ unsafe fn tile<const Q4: bool, const R: usize, const M: usize>(
                 }
             }
             let b0 = g * GROUP + h * HALF;
+            let mut dw = [_mm256_setzero_ps(); R];
+            for j in 0..R {
+                dw[j] = _mm256_cvtph_ps(_mm_loadu_si128(ws(j).add(b0) as *const _));
+            }
             for k in 0..M {
                 let i = i0 + k;
                 let off = if Q4 {
@@ -182,14 +187,13 @@ unsafe fn tile<const Q4: bool, const R: usize, const M: usize>(
                 };
                 let dx = _mm256_loadu_ps(x.d.as_ptr().add(i * nb + b0));
                 for j in 0..R {
-                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(ws(j).add(b0) as *const _));
                     let s = if Q4 {
                         _mm256_sub_epi32(sums[j][k], off)
                     } else {
                         sums[j][k]
                     };
                     acc[j][k] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[j][k]);
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[j], dx), acc[j][k]);
                 }
             }
         }
