@@ -213,13 +213,14 @@ unsafe fn tile<const Q4: bool, const R: usize, const M: usize>(
             } else {
                 _mm256_loadu_si256(wb as *const _)
             };
+            let aw = _mm256_sign_epi8(w, w);
             for (k, t) in tail.iter_mut().enumerate() {
                 let i = i0 + k;
                 let xv = _mm256_loadu_si256(x.qs.as_ptr().add(i * n + b * BLOCK) as *const _);
                 let d = if Q4 {
                     _mm256_maddubs_epi16(w, xv)
                 } else {
-                    signed_pairs(_mm256_sign_epi8(w, w), w, xv)
+                    signed_pairs(aw, w, xv)
                 };
                 let mut s = hsum_epi32(_mm256_madd_epi16(d, ones));
                 if Q4 {

@@ -12,6 +12,13 @@ fn env_setting(k: &str, d: usize) -> usize {
         .unwrap_or(d)
 }
 
+/// The yardstick printed beside a format's figures: this CPU's rate (GMAC/s, one thread) for
+/// the instruction the format's kernel uses.
+fn peak_label(f: super::WeightFormat) -> String {
+    crate::peak::macs_per_second(f)
+        .map_or("peak unknown".into(), |r| format!("peak {:.1}", r / 1e9))
+}
+
 /// Best wall time of 5 runs of `f` on `pool`, in seconds.
 fn best_seconds(pool: &rayon::ThreadPool, f: &(dyn Fn() + Sync)) -> f64 {
     (0..5)
@@ -99,11 +106,7 @@ mod rows_cost {
             let ps: Vec<PackedMatrix> = (0..layers)
                 .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
                 .collect();
-            // The yardstick: this CPU's rate for the instruction the format's kernel uses.
-            let peak = crate::peak::macs_per_second(f).map_or("peak unknown".to_string(), |r| {
-                format!("peak {:.1}", r / 1e9)
-            });
-            let mut line = format!("{f} ({peak}) ");
+            let mut line = format!("{f} ({}) ", super::peak_label(f));
             let mut t1 = 0.0;
             for &m in &ms {
                 let x = super::super::tests::values(m * cols, 5);
@@ -157,11 +160,7 @@ mod kernel_rate {
             let ps: Vec<PackedMatrix> = (0..layers)
                 .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
                 .collect();
-            // The yardstick: this CPU's rate for the instruction the format's kernel uses.
-            let peak = crate::peak::macs_per_second(f).map_or("peak unknown".to_string(), |r| {
-                format!("peak {:.1}", r / 1e9)
-            });
-            let mut line = format!("{f} ({peak}) ");
+            let mut line = format!("{f} ({}) ", super::peak_label(f));
             let ms: Vec<usize> = std::env::var("M")
                 .map(|s| s.split(',').map(|m| m.parse().unwrap()).collect())
                 .unwrap_or(vec![1, 2, 3, 4, 8, 16, 64]);

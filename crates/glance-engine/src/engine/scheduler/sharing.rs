@@ -2,23 +2,22 @@
 //! (the load cost-aware rounds plan for), running each sequence's own work in parallel, and
 //! failing the members of a failed pass.
 
-use std::sync::Arc;
-
 use glance_core::Error;
 use glance_decode::Load;
 use rayon::prelude::*;
 
 use super::{Phase, Sequence};
+use crate::engine::auto::head_key;
 
 /// What the others brought to the last step, for each sequence: the rows of the target pass
 /// and, on the sequence's own draft head, the draft passes' rows per level — what the next step
 /// will carry about as much of (cost-aware states plan their rounds for it as they open them).
 pub(super) fn loads(seqs: &[Sequence<'_>]) -> Vec<Load> {
     // Each sequence's draft head, by address (the scheduler groups draft passes the same way).
-    let heads: Vec<Option<*const ()>> = seqs
+    let heads: Vec<Option<usize>> = seqs
         .iter()
         .map(|s| match &s.phase {
-            Phase::Decode(state) => state.draft().map(|h| Arc::as_ptr(h) as *const ()),
+            Phase::Decode(state) => state.draft().map(head_key),
             _ => None,
         })
         .collect();
