@@ -31,7 +31,7 @@ use glance_engine::{Engine, EngineOptions};
 use glance_models::llava::{Llava, LlavaConfig, PromptFormat, WeightLayout};
 use glance_models::presets;
 use glance_models::random::random_var_builder;
-use glance_nn::Mode;
+use glance_nn::{Mode, WeightFormat, WeightLoad};
 use glance_prune::{prefill_llava, Budget, Policy, PruneSpec};
 use glance_world::{Family, Split};
 use serde::Serialize;
@@ -54,6 +54,9 @@ pub struct PruneOptions {
     pub tau: Option<f32>,
     /// Text backbone preset of the random-weight real-shape TTFT; `none` skips it.
     pub shape: String,
+    /// How the real-shape model holds its weights (the vision tower and projector in the
+    /// format's companion: bf16 beside bf16 / q8 / q4).
+    pub weights: WeightFormat,
     /// Question tokens in the real-shape prompt.
     pub question_tokens: usize,
     /// Timed repetitions per TTFT measurement.
@@ -168,6 +171,7 @@ pub struct ShapeTtft {
     #[serde(flatten)]
     pub table: TtftTable,
     pub shape: String,
+    pub weights: &'static str,
     pub text_parameters: usize,
 }
 
@@ -322,17 +326,19 @@ fn ttft_table(label: String, vision: f64, rows: &[Ttft]) -> TtftTable {
     }
 }
 
-/// LLaVA-1.5-7B's vision shape with a text backbone preset, random weights.
-fn shape_model(preset: &str) -> Result<(LlavaConfig, Llava)> {
+/// LLaVA-1.5-7B's vision shape with a text backbone preset, random weights held in `format`.
+fn shape_model(preset: &str, format: WeightFormat) -> Result<(LlavaConfig, Llava)> {
     let config = presets::llava_config(preset)?;
     let vb = random_var_builder(0, &Device::Cpu);
-    let model = Llava::from_var_builder(&vb, config.clone(), &WeightLayout::hub(), Mode::Infer)?;
+    let load = WeightLoad::new(format);
+    let layout = WeightLayout::hub();
+    let model = Llava::from_var_builder_as(&vb, config.clone(), &layout, Mode::Infer, &load)?;
     Ok((config, model))
 }
 
 /// The real-shape TTFT: a LLaVA-1.5 style prompt around 576 image tokens.
 fn shape_ttft(o: &PruneOptions, cells: &[Cell]) -> Result<ShapeTtft> {
-    let (config, model) = shape_model(&o.shape)?;
+    let (config, model) = shape_model(&o.shape, o.weights)?;
     let n = config.image_tokens_per_image();
     let word = |i: usize| (100 + (i * 7919) % 31_000) as u32;
     let question: Vec<u32> = (0..o.question_tokens).map(word).collect();
@@ -350,7 +356,8 @@ fn shape_ttft(o: &PruneOptions, cells: &[Cell]) -> Result<ShapeTtft> {
     let pixels = Tensor::from_vec(pix, (3, s, s), &Device::Cpu)?;
     let params = config.text.num_parameters();
     let label = format!(
-        "random weights: CLIP ViT-L/14-336 ({n} visual tokens) + {} ({:.2}B parameters), {}-row prompt",
+        "random {} weights: CLIP ViT-L/14-336 ({n} visual tokens) + {} ({:.2}B parameters), {}-row prompt",
+        o.weights,
         o.shape,
         params as f64 / 1e9,
         ids.len()
@@ -359,6 +366,7 @@ fn shape_ttft(o: &PruneOptions, cells: &[Cell]) -> Result<ShapeTtft> {
     Ok(ShapeTtft {
         table: ttft_table(label, vision, &rows),
         shape: o.shape.clone(),
+        weights: o.weights.name(),
         text_parameters: params,
     })
 }
@@ -523,6 +531,7 @@ mod tests {
             budgets: vec![1.0, 0.5, 0.25],
             tau: None,
             shape: "none".into(),
+            weights: WeightFormat::F32,
             question_tokens: 12,
             reps: 1,
             threads: None,

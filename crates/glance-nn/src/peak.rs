@@ -6,7 +6,8 @@
 //!   with FMA ([`crate::matvec`], [`crate::quant::half`]): 512-bit `vfmadd231ps` (AVX-512),
 //!   256-bit on AVX2.
 //! - bf16 on CPUs with AVX-512 BF16: `vdpbf16ps`, 32 multiply-adds each
-//!   ([`crate::quant::half`]'s `vdpbf16ps` kernel).
+//!   ([`crate::quant::half`]'s `vdpbf16ps` kernel); with Intel AMX, `tdpbf16ps` on whole tiles,
+//!   8,192 each (`crate::quant::amx`).
 //! - q8, q4: 8-bit integer dot products, `vpdpbusd` (AVX-512 VNNI), 64 multiply-adds each; on
 //!   AVX2, `vpmaddubsw` (32 multiply-adds, pairs summed in 16 bits: [`crate::quant`]'s AVX2
 //!   kernel).
@@ -38,6 +39,14 @@ pub fn macs_per_second(format: WeightFormat) -> Option<f64> {
                 timed(iters, 320, || {
                     // SAFETY: AVX2 is present (checked just above).
                     unsafe { x86::maddubs256(iters) }
+                })
+            }));
+        }
+        if format == WeightFormat::Bf16 && crate::quant::amx::available() {
+            return Some(best(&|| {
+                timed(iters / 100, 4 * 8192, || {
+                    // SAFETY: AMX is available (checked just above).
+                    unsafe { crate::quant::amx::peak_loop(iters / 100) }
                 })
             }));
         }

@@ -34,6 +34,10 @@ pub struct PruneBenchArgs {
     /// llama-134m text backbone; `none` skips it.
     #[arg(long, default_value = "tinyllama-1.1b")]
     pub shape: String,
+    /// How the real-shape model holds its weights: f32, bf16, f16, q8 or q4 (the vision tower
+    /// and projector in bf16 beside bf16, q8 and q4).
+    #[arg(long, default_value = "f32", value_parser = crate::args::parse_weights)]
+    pub weights: glance_engine::WeightFormat,
     /// Question tokens in the real-shape prompt (the template adds 10).
     #[arg(long, default_value_t = 12)]
     pub question_tokens: usize,
@@ -191,6 +195,7 @@ pub fn run(args: PruneBenchArgs) -> Result<()> {
         budgets: args.budgets.clone(),
         tau: args.tau,
         shape: args.shape.clone(),
+        weights: args.weights,
         question_tokens: args.question_tokens,
         reps: args.reps,
         threads: args.threads,

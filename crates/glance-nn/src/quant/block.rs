@@ -248,14 +248,14 @@ impl<F: BlockFormat> BlockMatrix<F> {
         let sc = &self.scales[first * nb..(first + rows) * nb];
         #[cfg(target_arch = "x86_64")]
         match isa {
-            Isa::Avx512 | Isa::Avx512Bf16 if super::has_vnni() => {
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx if super::has_vnni() => {
                 // SAFETY: the CPU supports AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C (checked in
                 // the guard), all the VNNI kernel needs; `qs` and `sc` are `rows` whole rows of
                 // `x.n` values and `out` holds `rows · x.m` (asserted above).
                 unsafe { (F::KERNELS.vnni)(qs, sc, x, rows, out) };
                 return;
             }
-            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 if super::has_avx2_f16c() => {
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx if super::has_avx2_f16c() => {
                 // SAFETY: the CPU supports AVX2, FMA and F16C (checked in the guard), all the
                 // AVX2 kernel needs; the shapes were asserted above.
                 unsafe { (F::KERNELS.avx2)(qs, sc, x, rows, out) };

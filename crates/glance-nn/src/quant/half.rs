@@ -13,6 +13,9 @@
 //! input rows, each weight vector loaded once per tile; every output is still accumulated over
 //! its 32-value chunks in order and its lanes summed in one tree, so a row in a batch equals the
 //! row alone, bit for bit.
+//!
+//! **bf16 on Intel AMX** ([`Isa::Amx`]) multiplies the same bf16-rounded inputs by tiles of 16
+//! weight rows with `tdpbf16ps` (`super::amx`), 8,192 multiply-adds per instruction.
 
 use super::SharedBytes;
 use crate::matvec::{has_avx2_fma, has_avx512, simd_kernel};
@@ -197,6 +200,9 @@ pub fn widen(kind: HalfKind, bits: u16) -> f32 {
 /// The instruction sets a kernel can be run with (tests run every one the CPU has).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
+    /// Intel AMX tiles (with AVX-512 BF16): bf16 weights run `tdpbf16ps` on bf16-rounded
+    /// inputs (`super::amx`); every other format runs as [`Isa::Avx512Bf16`].
+    Amx,
     /// AVX-512 with BF16 dot products: bf16 weights run `vdpbf16ps` on bf16-rounded inputs;
     /// every other format runs as [`Isa::Avx512`].
     Avx512Bf16,
@@ -216,6 +222,9 @@ impl Isa {
         let mut v = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
+            if has_avx512_bf16() && super::amx::available() {
+                v.push(Isa::Amx);
+            }
             if has_avx512_bf16() {
                 v.push(Isa::Avx512Bf16);
             }
@@ -237,11 +246,15 @@ fn has_avx512_bf16() -> bool {
     has_avx512() && has!("avx512bw") && has!("avx512bf16")
 }
 
-/// Input rows `(m, n)` rounded to bf16 (to nearest, ties to even) for the `vdpbf16ps` kernel, each
-/// padded with zeros to whole chunks of 32 values: `(m, ⌈n / 32⌉ · 32)`.
+/// Input rows `(m, n)` rounded to bf16 (to nearest, ties to even) for the `vdpbf16ps` and AMX
+/// kernels, each padded with zeros to whole chunks of 32 values: `(m, ⌈n / 32⌉ · 32)`.
 pub struct Bf16Rows {
+    m: usize,
     stride: usize,
     bits: Vec<u16>,
+    /// The same rows as AMX `B` tiles, arranged by the first task that needs them.
+    #[cfg(target_arch = "x86_64")]
+    tiles: std::sync::OnceLock<super::amx::Bf16Tiles>,
 }
 
 impl Bf16Rows {
@@ -264,7 +277,34 @@ impl Bf16Rows {
                 *d = half::bf16::from_f32(v).to_bits();
             }
         }
-        Self { stride, bits }
+        Self {
+            m,
+            stride,
+            bits,
+            #[cfg(target_arch = "x86_64")]
+            tiles: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Input rows.
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Values per row, padding included (a multiple of 32).
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// `(m, stride)` bf16 bits.
+    pub fn bits(&self) -> &[u16] {
+        &self.bits
+    }
+
+    /// The rows as AMX tiles (arranged once, on first use).
+    #[cfg(target_arch = "x86_64")]
+    fn tiles(&self) -> &super::amx::Bf16Tiles {
+        self.tiles.get_or_init(|| super::amx::Bf16Tiles::new(self))
     }
 }
 
@@ -303,7 +343,7 @@ unsafe fn round_row(row: &[f32], dst: &mut [u16]) {
 pub fn uses_bf16_inputs(kind: HalfKind, isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        kind == HalfKind::Bf16 && isa == Isa::Avx512Bf16 && has_avx512_bf16()
+        kind == HalfKind::Bf16 && matches!(isa, Isa::Avx512Bf16 | Isa::Amx) && has_avx512_bf16()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -312,15 +352,17 @@ pub fn uses_bf16_inputs(kind: HalfKind, isa: Isa) -> bool {
     }
 }
 
-/// [`block`] for bf16 weights with inputs already rounded ([`uses_bf16_inputs`]): `x` holds
-/// the `m` rows of `n` values.
+/// [`block`] for bf16 weights with inputs already rounded ([`uses_bf16_inputs`]) and the kernel
+/// of `isa` (AMX's tiles for [`Isa::Amx`], else `vdpbf16ps`): `x` holds the `m` rows of `n`
+/// values.
 ///
 /// # Panics
 /// If `x` is not `m` rows of `n` values, `w` not whole rows of `n` or `out` holds fewer than
 /// `rows · m` values.
-pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut [f32]) {
+pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut [f32], isa: Isa) {
     assert!(
-        x.bits.len() == m * x.stride
+        x.m == m
+            && x.bits.len() == m * x.stride
             && x.stride >= n
             && w.len().is_multiple_of(n.max(1))
             && out.len() >= w.len() / n.max(1) * m,
@@ -330,6 +372,13 @@ pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut 
         w.len(),
         out.len()
     );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && n > 0 && super::amx::available() {
+        // SAFETY: AMX is available (checked just above); the tiles hold `x`'s rows of `n`
+        // values and `out` at least `rows · m` (checked at the top).
+        unsafe { super::amx::block(w, x.tiles(), n, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512_bf16() {
         // SAFETY: the CPU supports AVX-512 F/BW/BF16 (checked just above); the shapes were
@@ -363,12 +412,12 @@ pub fn block(kind: HalfKind, w: &[u16], x: &[f32], n: usize, m: usize, out: &mut
         out.len()
     );
     if uses_bf16_inputs(kind, isa) {
-        block_bf16_inputs(w, &Bf16Rows::new(x, m, n), n, m, out);
+        block_bf16_inputs(w, &Bf16Rows::new(x, m, n), n, m, out, isa);
         return;
     }
     #[cfg(target_arch = "x86_64")]
     match (isa, kind) {
-        (Isa::Avx512 | Isa::Avx512Bf16, _) if has_avx512() => {
+        (Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx, _) if has_avx512() => {
             // SAFETY: the CPU supports AVX-512F (checked in this arm's guard).
             unsafe {
                 match kind {
@@ -713,6 +762,11 @@ mod tests {
                 (3, 13, 47),
                 (5, 70, 100),
                 (17, 9, 301),
+                // AMX: whole and partial tiles of 16 weight rows and 16 input rows, more than
+                // the 64 input rows its four result tiles hold, whole chunks of 32 and a tail.
+                (16, 33, 64),
+                (40, 37, 96),
+                (70, 18, 64),
             ] {
                 let w = HalfMatrix::from_f32(kind, &values(rows * n, 1), rows, n);
                 let x_f32 = values(m * n, 7);
@@ -790,7 +844,7 @@ mod tests {
     #[should_panic(expected = "block_bf16_inputs: 2 input rows of stride 32 for (3, 8)")]
     fn bf16_inputs_refuse_another_row_count() {
         let x = Bf16Rows::new(&[0.0; 16], 2, 8);
-        block_bf16_inputs(&[0u16; 8], &x, 8, 3, &mut [0.0; 3]);
+        block_bf16_inputs(&[0u16; 8], &x, 8, 3, &mut [0.0; 3], Isa::best());
     }
 
     #[test]

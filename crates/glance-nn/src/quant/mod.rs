@@ -17,6 +17,8 @@
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(test)]
 mod bench;
@@ -715,7 +717,7 @@ impl PackedMatrix {
                 let xb = half::Bf16Rows::new(x, m, n);
                 crate::matvec::rows_parallel(out_dim, m, |first, rows, ys| {
                     let w = &h.bits()[first * n..(first + rows) * n];
-                    half::block_bf16_inputs(w, &xb, n, m, ys)
+                    half::block_bf16_inputs(w, &xb, n, m, ys, isa)
                 })
             }
             Self::Half(h) => crate::matvec::rows_parallel(out_dim, m, |first, rows, ys| {

@@ -1,0 +1,400 @@
+//! bf16 weights on Intel AMX ([`super::Isa::Amx`]): `tdpbf16ps` multiplies a tile of 16 weight
+//! rows × 32 values by a tile of 32 values × 16 input rows, 8,192 multiply-adds in one
+//! instruction, against `vdpbf16ps`'s 32. A pass over a few input rows (a draft tree, a
+//! diffusion block) then costs what streaming the weights costs, and a prompt's 64-row passes
+//! cost little more.
+//!
+//! **Operands.** The weight rows are the `A` tile, loaded in place with the row stride (no copy
+//! of the matrix; a row's last, partial chunk of 32 goes through a zero-padded scratch tile). The
+//! input rows, rounded to bf16 once per product, are arranged once per product as `B` tiles
+//! ([`Bf16Tiles`]): row `kp` of a tile holds, for each of its 16 input rows, the pair of values
+//! `2kp, 2kp + 1` of the chunk (the pair layout `tdpbf16ps` multiplies). Each `C` tile (16 weight
+//! rows × up to 16 input rows, f32) accumulates over the row's chunks in order and is stored
+//! straight into the output `(rows, m)`.
+//!
+//! **A row alone equals the row in a batch, bit for bit.** Every output `C[r][i]` is one
+//! accumulator that meets the chunks in the same order whatever `m` is: a tile's other input
+//! rows are other columns of `C`, which the instruction computes independently. The kernel test
+//! (`half.rs`, `kernels_match_the_reference_on_odd_sizes`) checks it on the CPU it runs on; the
+//! bits differ from the `vdpbf16ps` kernel's (another summation order), so a process uses one
+//! of them throughout ([`super::Isa::best`]).
+//!
+//! **The OS must allow it.** Linux grants a process the AMX tile state on request
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); [`available`] asks once and falls
+//! back to the other kernels when it is refused or the kernel is too old.
+
+use super::half::Bf16Rows;
+use std::arch::asm;
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+use std::sync::OnceLock;
+
+/// Input rows per `B` tile (and `C` tile width).
+const TILE_M: usize = 16;
+/// Weight rows per `A` tile.
+const TILE_R: usize = 16;
+/// bf16 values per chunk of a row: one `A` tile row of 64 bytes.
+const CHUNK: usize = 32;
+/// Value pairs per chunk: the rows of a `B` tile.
+const PAIRS: usize = CHUNK / 2;
+
+/// Whether this CPU has AMX tiles with bf16 and the OS lets this process use them (asked once).
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        use std::arch::is_x86_feature_detected as has;
+        // CPUID leaf 7 (present on every CPU with AVX-512, checked first): EDX bit 22
+        // AMX-BF16, bit 24 AMX-TILE.
+        let tiles = has!("avx512f") && has!("avx512bw") && has!("avx512bf16") && {
+            let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+            edx & (1 << 22) != 0 && edx & (1 << 24) != 0
+        };
+        tiles && request_tile_state()
+    })
+}
+
+/// Asks Linux for the AMX tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, 18)`); `false` when
+/// refused.
+#[cfg(target_os = "linux")]
+fn request_tile_state() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the arch_prctl system call with these arguments only changes which XSAVE
+    // features this process may use; it reads and writes no memory of ours.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_state() -> bool {
+    false
+}
+
+/// The input rows of one product as `B` tiles: `(tiles, chunks, 16 pairs, 16 input rows)` words,
+/// each word the bf16 pair `(x[2kp], x[2kp + 1])` of a chunk (zeros past the rows and the row's
+/// end).
+pub struct Bf16Tiles {
+    m: usize,
+    chunks: usize,
+    words: Vec<u32>,
+}
+
+impl Bf16Tiles {
+    /// `x`'s rows arranged as tiles.
+    pub fn new(x: &Bf16Rows) -> Self {
+        let (m, stride) = (x.rows(), x.stride());
+        let chunks = stride / CHUNK;
+        let tiles = m.div_ceil(TILE_M);
+        let mut words = vec![0u32; tiles * chunks * PAIRS * TILE_M];
+        let bits = x.bits();
+        for i in 0..m {
+            let (t, mi) = (i / TILE_M, i % TILE_M);
+            let row = &bits[i * stride..(i + 1) * stride];
+            for (c, chunk) in row.chunks_exact(CHUNK).enumerate() {
+                let tile = &mut words[(t * chunks + c) * PAIRS * TILE_M..][..PAIRS * TILE_M];
+                for (kp, pair) in chunk.chunks_exact(2).enumerate() {
+                    tile[kp * TILE_M + mi] = pair[0] as u32 | (pair[1] as u32) << 16;
+                }
+            }
+        }
+        Self { m, chunks, words }
+    }
+}
+
+/// `ldtilecfg`'s 64-byte operand (palette 1).
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl TileConfig {
+    /// A block of weight tiles (`wr[w]` rows each) against input tiles (`widths[t]` rows each),
+    /// at most [`MAX_T`] of each, in the registers of `lay`.
+    fn new(lay: Layout, wr: &[usize], widths: &[usize]) -> Self {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for (w, &r) in wr.iter().enumerate() {
+            c.colsb[lay.a(w)] = 64;
+            c.rows[lay.a(w)] = r as u8;
+            for (t, &width) in widths.iter().enumerate() {
+                c.colsb[lay.c(w, t)] = (4 * width) as u16;
+                c.rows[lay.c(w, t)] = r as u8;
+            }
+        }
+        for (t, &width) in widths.iter().enumerate() {
+            c.colsb[lay.b(t)] = (4 * width) as u16;
+            c.rows[lay.b(t)] = PAIRS as u8;
+        }
+        c
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        self.colsb == other.colsb && self.rows == other.rows
+    }
+}
+
+/// Chunks ahead of the products that each weight row's lines are prefetched (into L2).
+const AHEAD: usize = 8;
+
+/// Weight tiles and input tiles per block at most (2 × 2: four `C`, two `A` and two `B`
+/// registers, each operand used by two products of a chunk). Up to 16 input rows a block is one
+/// tile of each (1 × 1): memory-bound, it streams 16 weight rows at a time, not 48 (as 3 × 1
+/// did, which ran a one-row pass 10–20% slower: `kernel_rate`, docs/kernels.md).
+const MAX_T: usize = 2;
+
+/// Which tile register holds what in a block of `w` weight tiles × `t` input tiles: `C` in
+/// tmm0…, `A` from tmm4, `B` after the `A`s.
+#[derive(Clone, Copy)]
+struct Layout {
+    t: usize,
+    w: usize,
+}
+
+impl Layout {
+    /// The block for `t` input tiles (1 or 2).
+    fn of(t: usize) -> Self {
+        Layout { t, w: t }
+    }
+    fn c(self, w: usize, t: usize) -> usize {
+        w * self.t + t
+    }
+    fn a(self, w: usize) -> usize {
+        4 + w
+    }
+    fn b(self, t: usize) -> usize {
+        4 + self.w + t
+    }
+}
+
+/// Loads tile register `reg` (4–7) from `p`, rows `stride` bytes apart.
+///
+/// # Safety
+/// AMX must be configured with that register; `p` must be valid for reading its rows.
+#[inline(always)]
+unsafe fn load(reg: usize, p: *const u8, stride: usize) {
+    macro_rules! go {
+        ($r:literal) => {
+            asm!(
+                concat!("tileloadd tmm", $r, ", [{p} + {s}*1]"),
+                p = in(reg) p,
+                s = in(reg) stride,
+                options(nostack, readonly, preserves_flags),
+            )
+        };
+    }
+    match reg {
+        4 => go!("4"),
+        5 => go!("5"),
+        6 => go!("6"),
+        _ => go!("7"),
+    }
+}
+
+/// `C` register `c` += `A` register `a` · `B` register `b`, as [`Layout`] pairs them.
+///
+/// # Safety
+/// AMX must be configured with the three registers, their shapes matching.
+#[inline(always)]
+unsafe fn multiply(c: usize, a: usize, b: usize) {
+    macro_rules! go {
+        ($c:literal, $a:literal, $b:literal) => {
+            asm!(
+                concat!("tdpbf16ps tmm", $c, ", tmm", $a, ", tmm", $b),
+                options(nostack, nomem, preserves_flags),
+            )
+        };
+    }
+    match (c, a, b) {
+        // 1 × 1
+        (0, 4, 5) => go!("0", "4", "5"),
+        // 2 × 2
+        (0, 4, 6) => go!("0", "4", "6"),
+        (1, 4, 7) => go!("1", "4", "7"),
+        (2, 5, 6) => go!("2", "5", "6"),
+        (3, 5, 7) => go!("3", "5", "7"),
+        _ => unreachable!("no such tile pairing"),
+    }
+}
+
+/// `out[r * m + i] = w_r · x_i` for the weight rows in `w` (`w.len() / n` rows of `n > 0`
+/// values) and the input rows of `x` (`m = x`'s rows): blocks of one tile of 16 weight rows
+/// against one tile of 16 input rows, or two against two from 17 input rows (see [`MAX_T`]).
+///
+/// # Safety
+/// [`available`] must be true; `x` must hold rows of `n` values (its chunks `⌈n / 32⌉`); `out`
+/// must hold at least `rows · m` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
+    let (m, chunks) = (x.m, x.chunks);
+    debug_assert!(n > 0 && chunks == n.div_ceil(CHUNK) && out.len() >= w.len() / n * m);
+    let rows = w.len() / n;
+    let whole = n / CHUNK;
+    let input_tiles = m.div_ceil(TILE_M);
+    let lay = Layout::of(input_tiles.min(MAX_T));
+    // A partial last chunk of a block's weight rows, zero-padded (the inputs are zero there too).
+    let mut tail = [0u16; MAX_T * TILE_R * CHUNK];
+    let mut configured: Option<TileConfig> = None;
+    for r0 in (0..rows).step_by(lay.w * TILE_R) {
+        let wr_all = [0, 1].map(|wi| rows.saturating_sub(r0 + wi * TILE_R).min(TILE_R));
+        let wr = &wr_all[..lay.w.min((rows - r0).div_ceil(TILE_R))];
+        // The rows whose lines are prefetched: this block's, then the next block's (this
+        // call's rows only: past them the bytes are another task's).
+        let block_end = rows.min(r0 + lay.w * TILE_R);
+        let next_end = rows.min(r0 + 2 * lay.w * TILE_R);
+        let wp = w.as_ptr().add(r0 * n) as *const u8;
+        for t0 in (0..input_tiles).step_by(lay.t) {
+            let widths_all = [0, 1].map(|t| (m.saturating_sub((t0 + t) * TILE_M)).min(TILE_M));
+            let widths = &widths_all[..lay.t.min(input_tiles - t0)];
+            let config = TileConfig::new(lay, wr, widths);
+            if !configured.as_ref().is_some_and(|c| c.same(&config)) {
+                asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
+                configured = Some(config);
+            }
+            for wi in 0..wr.len() {
+                for t in 0..widths.len() {
+                    zero(lay.c(wi, t));
+                }
+            }
+            for c in 0..chunks {
+                // Each weight row is its own stream, more than the hardware prefetcher follows:
+                // the line `AHEAD` chunks on of every row is fetched into L2 in software.
+                let (rows_ahead, at) = if c + AHEAD < chunks {
+                    (r0..block_end, c + AHEAD)
+                } else {
+                    (block_end..next_end, c + AHEAD - chunks)
+                };
+                if at < chunks {
+                    for r in rows_ahead {
+                        let p = w.as_ptr().wrapping_add(r * n + CHUNK * at);
+                        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+                    }
+                }
+                for (wi, &r) in wr.iter().enumerate() {
+                    if c < whole {
+                        let p = wp.add(2 * (wi * TILE_R * n + CHUNK * c));
+                        load(lay.a(wi), p, 2 * n);
+                    } else {
+                        let left = n - CHUNK * c;
+                        let tail = &mut tail[wi * TILE_R * CHUNK..];
+                        for k in 0..r {
+                            let row = r0 + wi * TILE_R + k;
+                            let src = &w[row * n + CHUNK * c..(row + 1) * n];
+                            tail[k * CHUNK..k * CHUNK + left].copy_from_slice(src);
+                        }
+                        load(lay.a(wi), tail.as_ptr() as *const u8, 2 * CHUNK);
+                    }
+                }
+                for t in 0..widths.len() {
+                    let b = x
+                        .words
+                        .as_ptr()
+                        .add(((t0 + t) * chunks + c) * PAIRS * TILE_M);
+                    load(lay.b(t), b as *const u8, 64);
+                }
+                for wi in 0..wr.len() {
+                    for t in 0..widths.len() {
+                        multiply(lay.c(wi, t), lay.a(wi), lay.b(t));
+                    }
+                }
+            }
+            for wi in 0..wr.len() {
+                for t in 0..widths.len() {
+                    let at = (r0 + wi * TILE_R) * m + (t0 + t) * TILE_M;
+                    store(lay.c(wi, t), out.as_mut_ptr().add(at), 4 * m);
+                }
+            }
+        }
+    }
+    asm!("tilerelease", options(nostack, nomem, preserves_flags));
+}
+
+/// Clears `C` tile `t`.
+///
+/// # Safety
+/// AMX must be configured with tile `t`.
+#[inline(always)]
+unsafe fn zero(t: usize) {
+    match t {
+        0 => asm!("tilezero tmm0", options(nostack, nomem, preserves_flags)),
+        1 => asm!("tilezero tmm1", options(nostack, nomem, preserves_flags)),
+        2 => asm!("tilezero tmm2", options(nostack, nomem, preserves_flags)),
+        _ => asm!("tilezero tmm3", options(nostack, nomem, preserves_flags)),
+    }
+}
+
+/// Stores `C` tile `t`'s rows at `p`, `stride` bytes apart.
+///
+/// # Safety
+/// AMX must be configured with tile `t`; `p` must be valid for writing its rows.
+#[inline(always)]
+unsafe fn store(t: usize, p: *mut f32, stride: usize) {
+    macro_rules! go {
+        ($c:literal) => {
+            asm!(
+                concat!("tilestored [{p} + {s}*1], tmm", $c),
+                p = in(reg) p,
+                s = in(reg) stride,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
+    match t {
+        0 => go!("0"),
+        1 => go!("1"),
+        2 => go!("2"),
+        _ => go!("3"),
+    }
+}
+
+/// `iters` × 4 independent `tdpbf16ps` on whole tiles (8,192 multiply-adds each): the
+/// register-only loop of [`crate::peak`].
+///
+/// # Safety
+/// [`available`] must be true.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn peak_loop(iters: u64) -> f32 {
+    // The 2 × 2 block: C in tmm0–3, A in tmm4–5, B in tmm6–7.
+    let config = TileConfig::new(Layout::of(2), &[TILE_R; 2], &[TILE_M; 2]);
+    asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
+    // bf16 1.0 and 2^-24 in every operand, so the sums stay finite.
+    let (one, tiny) = ([0x3f80u16; TILE_R * CHUNK], [0x3380u16; TILE_R * CHUNK]);
+    for (reg, src) in [(4, &one), (5, &one), (6, &tiny), (7, &tiny)] {
+        load(reg, src.as_ptr() as *const u8, 64);
+    }
+    for t in 0..4 {
+        zero(t);
+    }
+    for _ in 0..iters {
+        asm!(
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            options(nostack, nomem, preserves_flags),
+        );
+    }
+    let mut out = [0f32; TILE_R * TILE_M];
+    store(0, out.as_mut_ptr(), 4 * TILE_M);
+    asm!("tilerelease", options(nostack, nomem, preserves_flags));
+    out.iter().sum()
+}
