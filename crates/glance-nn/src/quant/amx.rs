@@ -113,6 +113,7 @@ impl Bf16Tiles {
 }
 
 /// `ldtilecfg`'s 64-byte operand (palette 1).
+#[derive(PartialEq)]
 #[repr(C, align(64))]
 struct TileConfig {
     palette: u8,
@@ -147,10 +148,6 @@ impl TileConfig {
         }
         c
     }
-
-    fn same(&self, other: &Self) -> bool {
-        self.colsb == other.colsb && self.rows == other.rows
-    }
 }
 
 /// Chunks ahead of the products that each weight row's lines are prefetched (into L2).
@@ -162,27 +159,22 @@ const AHEAD: usize = 8;
 /// did, which ran a one-row pass 10–20% slower: `kernel_rate`, docs/kernels.md).
 const MAX_T: usize = 2;
 
-/// Which tile register holds what in a block of `w` weight tiles × `t` input tiles: `C` in
-/// tmm0…, `A` from tmm4, `B` after the `A`s.
+/// Which tile register holds what in a block of `s × s` tiles (`s` weight tiles against `s`
+/// input tiles, `s` 1 or 2): `C` in tmm0…, `A` from tmm4, `B` after the `A`s.
 #[derive(Clone, Copy)]
 struct Layout {
-    t: usize,
-    w: usize,
+    s: usize,
 }
 
 impl Layout {
-    /// The block for `t` input tiles (1 or 2).
-    fn of(t: usize) -> Self {
-        Layout { t, w: t }
-    }
     fn c(self, w: usize, t: usize) -> usize {
-        w * self.t + t
+        w * self.s + t
     }
     fn a(self, w: usize) -> usize {
         4 + w
     }
     fn b(self, t: usize) -> usize {
-        4 + self.w + t
+        4 + self.s + t
     }
 }
 
@@ -250,23 +242,25 @@ pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
     let rows = w.len() / n;
     let whole = n / CHUNK;
     let input_tiles = m.div_ceil(TILE_M);
-    let lay = Layout::of(input_tiles.min(MAX_T));
+    let lay = Layout {
+        s: input_tiles.min(MAX_T),
+    };
     // A partial last chunk of a block's weight rows, zero-padded (the inputs are zero there too).
     let mut tail = [0u16; MAX_T * TILE_R * CHUNK];
     let mut configured: Option<TileConfig> = None;
-    for r0 in (0..rows).step_by(lay.w * TILE_R) {
+    for r0 in (0..rows).step_by(lay.s * TILE_R) {
         let wr_all = [0, 1].map(|wi| rows.saturating_sub(r0 + wi * TILE_R).min(TILE_R));
-        let wr = &wr_all[..lay.w.min((rows - r0).div_ceil(TILE_R))];
+        let wr = &wr_all[..lay.s.min((rows - r0).div_ceil(TILE_R))];
         // The rows whose lines are prefetched: this block's, then the next block's (this
         // call's rows only: past them the bytes are another task's).
-        let block_end = rows.min(r0 + lay.w * TILE_R);
-        let next_end = rows.min(r0 + 2 * lay.w * TILE_R);
+        let block_end = rows.min(r0 + lay.s * TILE_R);
+        let next_end = rows.min(r0 + 2 * lay.s * TILE_R);
         let wp = w.as_ptr().add(r0 * n) as *const u8;
-        for t0 in (0..input_tiles).step_by(lay.t) {
+        for t0 in (0..input_tiles).step_by(lay.s) {
             let widths_all = [0, 1].map(|t| (m.saturating_sub((t0 + t) * TILE_M)).min(TILE_M));
-            let widths = &widths_all[..lay.t.min(input_tiles - t0)];
+            let widths = &widths_all[..lay.s.min(input_tiles - t0)];
             let config = TileConfig::new(lay, wr, widths);
-            if !configured.as_ref().is_some_and(|c| c.same(&config)) {
+            if configured.as_ref() != Some(&config) {
                 asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
                 configured = Some(config);
             }
@@ -374,7 +368,7 @@ unsafe fn store(t: usize, p: *mut f32, stride: usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn peak_loop(iters: u64) -> f32 {
     // The 2 × 2 block: C in tmm0–3, A in tmm4–5, B in tmm6–7.
-    let config = TileConfig::new(Layout::of(2), &[TILE_R; 2], &[TILE_M; 2]);
+    let config = TileConfig::new(Layout { s: 2 }, &[TILE_R; 2], &[TILE_M; 2]);
     asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
     // bf16 1.0 and 2^-24 in every operand, so the sums stay finite.
     let (one, tiny) = ([0x3f80u16; TILE_R * CHUNK], [0x3380u16; TILE_R * CHUNK]);
