@@ -7,8 +7,8 @@
 //! optional sliding window of `w` rows (it sees the last `w`). Grouped-query heads: query head `h`
 //! reads key/value head `h / (heads / kv_heads)`.
 
-use crate::attention::{softmax_values, RowScores};
 use crate::matvec::dot;
+use crate::row_softmax::{softmax_values, RowScores};
 use candle_core::{Result, Storage, Tensor};
 use rayon::prelude::*;
 

@@ -41,6 +41,7 @@
 //! Materialising costs `O(t · kv_len)` only when something is hidden; the plain decode step (one
 //! causal row, window not reached) yields `None` without touching memory.
 
+use crate::row_softmax::{softmax_values, RowScores};
 use crate::{softmax_last_dim, Mode};
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::Arc;
@@ -443,8 +444,8 @@ fn attention_rowwise(
         (v_guard.1.start_offset(), v_guard.1.stride()[1]),
     );
     let scale = scale as f32;
-    // Tasks of `per` query heads of one KV head: their rows meet each key in one pass over it.
-    // At least two tasks per thread where the KV heads allow it.
+    // Tasks of `per` query heads of one KV head, at least two per thread where the KV heads
+    // allow it.
     let wanted = (2 * rayon::current_num_threads()).div_ceil(kv_h);
     let parts = (1..=n_rep)
         .find(|&p| n_rep.is_multiple_of(p) && p >= wanted)
@@ -459,27 +460,60 @@ fn attention_rowwise(
                 &ks[k_at.0 + g * k_at.1..][..s * d],
                 &vs[v_at.0 + g * v_at.1..][..s * d],
             );
-            // (s, per · t): every key against every row of these heads, each a canonical-order
-            // dot (the same bits whatever the number of rows: `matvec::block`).
-            let rows = per * t;
-            let mut dots = vec![0f32; s * rows];
-            let q_task = &q[task * rows * d..(task + 1) * rows * d];
-            crate::matvec::block(kh, q_task, d, rows, &mut dots);
+            let q_task = &q[task * per * t * d..(task + 1) * per * t * d];
             // Rows in bunches that share each value row's load (bounded: a row keeps its scores).
             let mut bunch: Vec<RowScores> = Vec::new();
+            // The bunch's dots: in cache whatever the prompt's length.
+            let mut dots = Vec::new();
             for (b, out_b) in out_task.chunks_mut(SHARED_ROWS * d).enumerate() {
-                bunch.resize_with(out_b.len() / d, RowScores::default);
+                let n_b = out_b.len() / d;
+                let first = b * SHARED_ROWS;
+                // Keys past the last one any row of the bunch sees are not needed (a causal
+                // prompt's later keys).
+                let seen = match &mask {
+                    Some(m) => (first..first + n_b)
+                        .map(|row| {
+                            let r = row % t;
+                            m[r * s..(r + 1) * s]
+                                .iter()
+                                .rposition(|&x| x != f32::NEG_INFINITY)
+                                .map_or(0, |j| j + 1)
+                        })
+                        .max()
+                        .unwrap_or(0),
+                    None => s,
+                };
+                // Every visible key against every row of the bunch, each a canonical-order dot
+                // (the same bits whatever the number of rows, and whichever side is the
+                // kernel's weight: `matvec::block`). Whole tiles of query rows are the weights,
+                // so each row's dots lie together, `(n_b, seen)`; otherwise the keys are,
+                // `(seen, n_b)` (a decode step's one row takes the kernel's one-row tiles).
+                dots.resize(seen * n_b, 0.0);
+                let q_b = &q_task[first * d..(first + n_b) * d];
+                let by_row = n_b.is_multiple_of(4);
+                let (row_step, key_step) = if by_row {
+                    crate::matvec::block(q_b, &kh[..seen * d], d, seen, &mut dots);
+                    (seen, 1)
+                } else {
+                    crate::matvec::block(&kh[..seen * d], q_b, d, n_b, &mut dots);
+                    (1, n_b)
+                };
+                bunch.resize_with(n_b, RowScores::default);
                 for (i, rs) in bunch.iter_mut().enumerate() {
-                    let row = b * SHARED_ROWS + i;
-                    // The row's place in its head: its mask row.
-                    let r = row % t;
+                    let dot = |j: usize| dots[i * row_step + j * key_step];
                     rs.clear();
-                    for j in 0..s {
-                        let m = mask.as_ref().map_or(0.0, |m| m[r * s + j]);
-                        if m == f32::NEG_INFINITY {
-                            continue;
+                    let Some(mask) = &mask else {
+                        rs.keys.extend(0..seen);
+                        // `+ 0.0` as an unmasked key's score gets below (the same bits).
+                        rs.scores.extend((0..seen).map(|j| dot(j) * scale + 0.0));
+                        continue;
+                    };
+                    // The row's place in its head: its mask row.
+                    let r = (first + i) % t;
+                    for (j, &m) in mask[r * s..r * s + seen].iter().enumerate() {
+                        if m != f32::NEG_INFINITY {
+                            rs.push(j, dot(j) * scale + m);
                         }
-                        rs.push(j, dots[j * rows + row] * scale + m);
                     }
                 }
                 softmax_values(&mut bunch, |j| &vh[j * d..(j + 1) * d], out_b);
@@ -492,121 +526,6 @@ fn attention_rowwise(
 /// Query rows a row-wise kernel runs through [`softmax_values`] together (each value row is
 /// loaded once for all of them).
 const SHARED_ROWS: usize = 16;
-
-/// One query row's visible keys (in key order) and its scores over them (`q·k · scale + mask`).
-#[derive(Default)]
-pub(crate) struct RowScores {
-    keys: Vec<usize>,
-    scores: Vec<f32>,
-    probs: Vec<f32>,
-}
-
-impl RowScores {
-    pub(crate) fn clear(&mut self) {
-        self.keys.clear();
-        self.scores.clear();
-    }
-
-    /// Key `j` (after every key pushed before) with its score.
-    pub(crate) fn push(&mut self, j: usize, score: f32) {
-        self.keys.push(j);
-        self.scores.push(score);
-    }
-}
-
-/// The last step of every row-wise attention kernel (this module's, and
-/// [`crate::attend_rows`] for batches of sequences), for a few query rows of one KV head: the
-/// softmax of each row's visible scores, then the probability-weighted sum of their values
-/// (`value(j)`, `d` values each) into the row's `d` values of `out` (zeroed by the caller). Every
-/// value row is loaded once for all the rows, while each row still adds its terms in key order,
-/// each a multiply then an add (never fused): a row's result depends only on the keys it sees,
-/// however the rows around it are batched, and not on the instruction set. No visible key: NaN,
-/// as the GEMM path.
-pub(crate) fn softmax_values<'a>(
-    rows: &mut [RowScores],
-    value: impl Fn(usize) -> &'a [f32],
-    out: &mut [f32],
-) {
-    let d = out.len() / rows.len().max(1);
-    for (r, o) in rows.iter_mut().zip(out.chunks_exact_mut(d.max(1))) {
-        if r.scores.is_empty() {
-            o.fill(f32::NAN);
-            continue;
-        }
-        r.probs.resize(r.scores.len(), 0.0);
-        crate::fused::softmax_row(&r.scores, &mut r.probs);
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { weighted_sums_avx512(rows, &value, out, d) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { weighted_sums_avx2(rows, &value, out, d) };
-        }
-    }
-    weighted_sums(rows, &value, out, d)
-}
-
-/// [`weighted_sums`] compiled for AVX-512F.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn weighted_sums_avx512<'a>(
-    rows: &[RowScores],
-    value: &impl Fn(usize) -> &'a [f32],
-    out: &mut [f32],
-    d: usize,
-) {
-    weighted_sums(rows, value, out, d)
-}
-
-/// [`weighted_sums`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn weighted_sums_avx2<'a>(
-    rows: &[RowScores],
-    value: &impl Fn(usize) -> &'a [f32],
-    out: &mut [f32],
-    d: usize,
-) {
-    weighted_sums(rows, value, out, d)
-}
-
-/// `out[i] += Σ_j p_ij · v_j` over every row's visible keys, keys outermost: each row meets its
-/// keys in order (a cursor per row), so its additions are those it would make alone. Written so
-/// the element loop vectorises.
-#[inline(always)]
-fn weighted_sums<'a>(
-    rows: &[RowScores],
-    value: &impl Fn(usize) -> &'a [f32],
-    out: &mut [f32],
-    d: usize,
-) {
-    let mut cursor = vec![0usize; rows.len()];
-    let end = rows.iter().filter_map(|r| r.keys.last()).max();
-    for j in 0..end.map_or(0, |&e| e + 1) {
-        let mut v: Option<&[f32]> = None;
-        for ((r, c), o) in rows.iter().zip(&mut cursor).zip(out.chunks_exact_mut(d)) {
-            if r.keys.get(*c) != Some(&j) {
-                continue;
-            }
-            let v = *v.get_or_insert_with(|| value(j));
-            let p = r.probs[*c];
-            for (o, &x) in o.iter_mut().zip(v) {
-                *o += p * x;
-            }
-            *c += 1;
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -694,6 +613,42 @@ mod tests {
             alone.flatten_all()?.to_vec1::<f32>()?,
             got.flatten_all()?.to_vec1::<f32>()?
         );
+        Ok(())
+    }
+
+    #[test]
+    fn long_prompt_rows_equal_each_row_alone() -> Result<()> {
+        // 38 prompt rows after 7 cached ones: bunches of `SHARED_ROWS` (the last of 6, whose
+        // dots are laid out by key), each over the keys its rows see, and the register-held
+        // sums of `weighted_sums_prefix` (d = 64).
+        let dev = Device::Cpu;
+        let (h, kv_h, past, t, d) = (4, 2, 7, 38, 64);
+        let q = Tensor::randn(0f32, 1.0, (1, h, t, d), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (1, kv_h, past + t, d), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (1, kv_h, past + t, d), &dev)?;
+        let m = AttnMask::causal().materialize(None, t, past + t, &dev)?;
+        let all = attention(&q, &k, &v, m.as_ref(), 0.125, Mode::Infer, false)?.out;
+        let gemm = attention(&q, &k, &v, m.as_ref(), 0.125, Mode::Train, false)?.out;
+        let diff: f32 = (&all - gemm)?.abs()?.max_all()?.to_scalar()?;
+        assert!(diff < 1e-5, "{diff}");
+        for r in [0, 15, 16, 33, 37] {
+            let seen = past + r + 1;
+            let alone = attention(
+                &q.narrow(2, r, 1)?,
+                &k.narrow(2, 0, seen)?,
+                &v.narrow(2, 0, seen)?,
+                None,
+                0.125,
+                Mode::Infer,
+                false,
+            )?
+            .out;
+            assert_eq!(
+                alone.flatten_all()?.to_vec1::<f32>()?,
+                all.narrow(2, r, 1)?.flatten_all()?.to_vec1::<f32>()?,
+                "row {r}"
+            );
+        }
         Ok(())
     }
 

@@ -25,6 +25,7 @@ pub mod norm;
 pub mod peak;
 pub mod quant;
 pub mod rope;
+mod row_softmax;
 pub mod runtime;
 pub mod weights;
 

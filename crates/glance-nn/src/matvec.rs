@@ -85,13 +85,26 @@ pub(crate) fn rows_parallel(
     if m == 1 {
         return yt;
     }
-    // (out, m) -> (m, out)
-    let mut y = vec![0f32; m * out_dim];
-    for (r, yr) in yt.chunks_exact(m).enumerate() {
-        for (i, &v) in yr.iter().enumerate() {
-            y[i * out_dim + r] = v;
-        }
-    }
+    transpose(&yt, out_dim, m)
+}
+
+/// `x` `(rows, cols)` row-major → `(cols, rows)`, in parallel over bunches of output rows: each
+/// bunch reads a few adjacent values of every input row and writes its rows in order, so neither
+/// side strides through memory a value at a time.
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const BUNCH: usize = 8;
+    let mut y = vec![0f32; rows * cols];
+    y.par_chunks_mut(BUNCH * rows)
+        .enumerate()
+        .for_each(|(b, yb)| {
+            let c0 = b * BUNCH;
+            let n = yb.len() / rows;
+            for (r, xr) in x.chunks_exact(cols).enumerate() {
+                for (i, &v) in xr[c0..c0 + n].iter().enumerate() {
+                    yb[i * rows + r] = v;
+                }
+            }
+        });
     y
 }
 

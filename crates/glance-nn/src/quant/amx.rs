@@ -271,13 +271,15 @@ pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
             }
             for c in 0..chunks {
                 // Each weight row is its own stream, more than the hardware prefetcher follows:
-                // the line `AHEAD` chunks on of every row is fetched into L2 in software.
+                // up to 16 input rows (memory-bound), the line `AHEAD` chunks on of every row is
+                // fetched into L2 in software. A 2 × 2 block is compute-bound, and there the
+                // prefetches only take issue slots from its loads and products.
                 let (rows_ahead, at) = if c + AHEAD < chunks {
                     (r0..block_end, c + AHEAD)
                 } else {
                     (block_end..next_end, c + AHEAD - chunks)
                 };
-                if at < chunks {
+                if lay.s == 1 && at < chunks {
                     for r in rows_ahead {
                         let p = w.as_ptr().wrapping_add(r * n + CHUNK * at);
                         _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
