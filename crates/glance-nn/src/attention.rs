@@ -468,19 +468,23 @@ fn attention_rowwise(
             for (b, out_b) in out_task.chunks_mut(SHARED_ROWS * d).enumerate() {
                 let n_b = out_b.len() / d;
                 let first = b * SHARED_ROWS;
-                // Keys past the last one any row of the bunch sees are not needed (a causal
-                // prompt's later keys).
+                // Each row's mask row (its place in its head) up to the last key it sees, found
+                // once: keys past the last one any row of the bunch sees are not needed (a
+                // causal prompt's later keys).
+                let mut visible = [&[][..]; SHARED_ROWS];
                 let seen = match &mask {
-                    Some(m) => (first..first + n_b)
-                        .map(|row| {
-                            let r = row % t;
-                            m[r * s..(r + 1) * s]
+                    Some(m) => {
+                        for (i, vis) in visible[..n_b].iter_mut().enumerate() {
+                            let r = (first + i) % t;
+                            let row = &m[r * s..(r + 1) * s];
+                            let end = row
                                 .iter()
                                 .rposition(|&x| x != f32::NEG_INFINITY)
-                                .map_or(0, |j| j + 1)
-                        })
-                        .max()
-                        .unwrap_or(0),
+                                .map_or(0, |j| j + 1);
+                            *vis = &row[..end];
+                        }
+                        visible[..n_b].iter().map(|v| v.len()).max().unwrap_or(0)
+                    }
                     None => s,
                 };
                 // Every visible key against every row of the bunch, each a canonical-order dot
@@ -499,18 +503,16 @@ fn attention_rowwise(
                     (1, n_b)
                 };
                 bunch.resize_with(n_b, RowScores::default);
-                for (i, rs) in bunch.iter_mut().enumerate() {
+                for ((i, rs), vis) in bunch.iter_mut().enumerate().zip(visible) {
                     let dot = |j: usize| dots[i * row_step + j * key_step];
                     rs.clear();
-                    let Some(mask) = &mask else {
+                    if mask.is_none() {
                         rs.keys.extend(0..seen);
                         // `+ 0.0` as an unmasked key's score gets below (the same bits).
                         rs.scores.extend((0..seen).map(|j| dot(j) * scale + 0.0));
                         continue;
-                    };
-                    // The row's place in its head: its mask row.
-                    let r = (first + i) % t;
-                    for (j, &m) in mask[r * s..r * s + seen].iter().enumerate() {
+                    }
+                    for (j, &m) in vis.iter().enumerate() {
                         if m != f32::NEG_INFINITY {
                             rs.push(j, dot(j) * scale + m);
                         }

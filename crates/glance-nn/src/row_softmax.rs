@@ -26,10 +26,10 @@ impl RowScores {
 
 /// For a few query rows of one KV head: the softmax of each row's visible scores, then the
 /// probability-weighted sum of their values (`value(j)`, `d` values each) into the row's `d`
-/// values of `out` (zeroed by the caller). Every value row is loaded once for all the rows, while each row still adds its terms in key order,
-/// each a multiply then an add (never fused): a row's result depends only on the keys it sees,
-/// however the rows around it are batched, and not on the instruction set. No visible key: NaN,
-/// as the GEMM path.
+/// values of `out` (zeroed by the caller). Every value row is loaded once for all the rows, while
+/// each row still adds its terms in key order, each a multiply then an add (never fused): a row's
+/// result depends only on the keys it sees, however the rows around it are batched, and not on
+/// the instruction set. No visible key: NaN, as the GEMM path.
 pub(crate) fn softmax_values<'a>(
     rows: &mut [RowScores],
     value: impl Fn(usize) -> &'a [f32],
