@@ -279,7 +279,7 @@ pub fn run(a: AllArgs) -> Result<()> {
             "{:<13} {:>11}  llava/model → glance-tiny/; the heads and diffusion/model at the end",
             "assemble", ""
         );
-        for args in vocab_args(&a.out) {
+        for args in head_args(&a.out) {
             println!("{:<13} {:>11}  glance {}", "", "", args.join(" "));
         }
         for (name, args) in &evals {
@@ -455,7 +455,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 
 /// `glance-tiny/` with its heads, and `glance-tiny-dvlm/`.
 /// Copies the heads into the base and the converted model beside it, and gives each head its
-/// reduced vocabulary ([`vocab_args`]).
+/// reduced vocabulary and its measured acceptance ([`head_args`]).
 fn assemble(out: &Path, exe: &Path) -> Result<()> {
     let base = out.join("glance-tiny");
     for kind in ["vispec", "eagle"] {
@@ -465,7 +465,7 @@ fn assemble(out: &Path, exe: &Path) -> Result<()> {
         )?;
     }
     copy_dir(&out.join("diffusion/model"), &out.join("glance-tiny-dvlm"))?;
-    for args in vocab_args(out) {
+    for args in head_args(out) {
         let status = run_stage(exe, &args, |_| {})?;
         if !status.success() {
             bail!(
@@ -478,23 +478,36 @@ fn assemble(out: &Path, exe: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `glance train draft-vocab` for each assembled head: the tokens the base emits on the heads'
-/// training samples (FR-Spec), so their draft steps read those rows of the LM head only.
-fn vocab_args(out: &Path) -> Vec<Vec<String>> {
+/// For each assembled head, `glance train draft-vocab` (the tokens the base emits on the heads'
+/// training samples, FR-Spec, so its draft steps read those rows of the LM head only), then
+/// `glance train draft --eval-head --record` (its acceptance by depth on held-out answers, which
+/// `--decode auto` chooses among heads by).
+fn head_args(out: &Path) -> Vec<Vec<String>> {
     let base = out.join("glance-tiny");
-    ["vispec", "eagle"]
-        .iter()
-        .map(|kind| {
-            vec![
-                "train".into(),
-                "draft-vocab".into(),
-                "--head".into(),
-                s(base.join(format!("draft-{kind}"))),
-                "--target".into(),
-                s(&base),
-            ]
-        })
-        .collect()
+    let mut all = Vec::new();
+    for kind in ["vispec", "eagle"] {
+        let head = s(base.join(format!("draft-{kind}")));
+        all.push(vec![
+            "train".into(),
+            "draft-vocab".into(),
+            "--head".into(),
+            head.clone(),
+            "--target".into(),
+            s(&base),
+        ]);
+        all.push(vec![
+            "train".into(),
+            "draft".into(),
+            "--target".into(),
+            s(&base),
+            "--kind".into(),
+            kind.into(),
+            "--eval-head".into(),
+            head,
+            "--record".into(),
+        ]);
+    }
+    all
 }
 
 /// The family's numbers, one row per evaluation, and each stage's wall time.

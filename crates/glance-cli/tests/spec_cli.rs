@@ -219,11 +219,8 @@ fn bench_spec_without_heads_or_with_bad_flags_fails_cleanly() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `glance train draft-vocab` keeps the tokens the target emits with a head; the head then
-/// decodes exactly as autoregressive decoding does, and `--clear` takes the vocabulary away.
-#[test]
-fn train_draft_vocab_keeps_the_emitted_tokens_with_the_head() {
-    let dir = scratch("draft-vocab");
+/// A copy of glance-tiny's shipped EAGLE head in `dir/eagle`.
+fn shipped_eagle_in(dir: &Path) -> std::path::PathBuf {
     let head = dir.join("eagle");
     std::fs::create_dir_all(&head).unwrap();
     let shipped =
@@ -231,6 +228,15 @@ fn train_draft_vocab_keeps_the_emitted_tokens_with_the_head() {
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(shipped.join(f), head.join(f)).unwrap();
     }
+    head
+}
+
+/// `glance train draft-vocab` keeps the tokens the target emits with a head; the head then
+/// decodes exactly as autoregressive decoding does, and `--clear` takes the vocabulary away.
+#[test]
+fn train_draft_vocab_keeps_the_emitted_tokens_with_the_head() {
+    let dir = scratch("draft-vocab");
+    let head = shipped_eagle_in(&dir);
     let vocab_cmd = |extra: &[&str]| {
         let mut args = vec![
             "train",
@@ -273,4 +279,55 @@ fn train_draft_vocab_keeps_the_emitted_tokens_with_the_head() {
     let o = vocab_cmd(&["--clear"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(DraftConfig::load(&head).unwrap().draft_vocab.is_none());
+}
+
+/// `glance train draft --eval-head DIR --record` measures a head's acceptance by depth on the
+/// held-out answers and keeps it in the head's config, where `--decode auto` reads it.
+#[test]
+fn eval_head_records_the_acceptance_by_depth_with_the_head() {
+    let dir = scratch("eval-head-record");
+    let head = shipped_eagle_in(&dir);
+    let mut config = DraftConfig::load(&head).unwrap();
+    config.acceptance = None;
+    config.save(&head).unwrap();
+    let eval = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "draft",
+            "--target",
+            "glance-tiny",
+            "--kind",
+            "eagle",
+            "--eval-head",
+            s(&head),
+        ];
+        args.extend(extra);
+        glance(&args)
+    };
+    // Without --record the head is left as it is.
+    let o = eval(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("top-1 acceptance by depth"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(DraftConfig::load(&head).unwrap().acceptance.is_none());
+    let o = eval(&["--record"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let recorded = DraftConfig::load(&head)
+        .unwrap()
+        .acceptance
+        .expect("recorded");
+    assert_eq!(recorded.len(), 3, "{recorded:?}");
+    // The shipped EAGLE head is well trained: most of its drafts are accepted at every depth.
+    assert!(
+        recorded.iter().all(|&a| a > 0.5 && a <= 1.0),
+        "{recorded:?}"
+    );
+    // --record needs a head to evaluate (a usage error, as clap reports them).
+    let o = glance(&["train", "draft", "--target", "glance-tiny", "--record"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--eval-head"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -43,6 +43,16 @@ fn dry_run_prints_every_stage_under_out() {
         assert!(llava.contains(flag), "{flag} missing: {llava}");
     }
     assert_eq!(text.lines().filter(|l| l.starts_with("eval ")).count(), 5);
+    // Each assembled head gets its reduced vocabulary and its measured acceptance.
+    for kind in ["vispec", "eagle"] {
+        let head = s(&out.join("glance-tiny").join(format!("draft-{kind}"))).to_string();
+        for wanted in [
+            format!("draft-vocab --head {head} "),
+            format!("--eval-head {head} --record"),
+        ] {
+            assert!(text.contains(&wanted), "{wanted}:\n{text}");
+        }
+    }
     assert!(!out.exists(), "a dry run writes nothing");
 }
 

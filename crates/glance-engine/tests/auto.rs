@@ -61,7 +61,7 @@ fn world(index: u64) -> (ImageInput, Vec<String>) {
 }
 
 /// Where a draft pays (a pass over many rows costs little more than one), `auto` runs
-/// cost-aware ViSpec on a prompt with an image and EAGLE on text, and its greedy tokens are
+/// cost-aware speculation with the head predicted fastest, and its greedy tokens are
 /// autoregressive decoding's, with and without pruning; trained heads are accepted.
 #[test]
 fn auto_speculates_where_drafts_pay_and_stays_lossless() {
@@ -89,9 +89,15 @@ fn auto_speculates_where_drafts_pay_and_stays_lossless() {
                     },
                 );
                 assert_eq!(got.token_ids, want.token_ids, "{index} {text:?} {prune:?}");
-                assert_eq!(got.decode.strategy, "vispec");
+                // The shipped heads' recorded acceptance, at equal draft costs: EAGLE's drafts
+                // are accepted more often.
+                assert_eq!(got.decode.strategy, "eagle");
                 let why = got.decode.auto.as_deref().unwrap();
                 assert!(why.contains("cost-aware"), "{why}");
+                assert!(
+                    why.contains("(measured)") && why.contains("; vispec predicted"),
+                    "{why}"
+                );
                 if n > 16 && prune.is_none() {
                     decoded += got.token_ids.len() - 1;
                     passes += got.decode.forward_passes;
@@ -135,13 +141,91 @@ fn auto_decodes_plainly_where_no_draft_can_pay() {
     assert_eq!(got.decode.strategy, "ar");
     let why = got.decode.auto.as_deref().unwrap();
     assert!(
-        why.starts_with("ar: a vispec draft accepted as drafts usually are"),
+        why.starts_with("ar: no draft head is predicted to beat a decode step"),
         "{why}"
     );
     assert_eq!(got.decode.forward_passes as usize, got.token_ids.len() - 1);
     assert_eq!(e.prepare(&r).unwrap().strategy(), "ar");
     e.set_cost_model(cost(0.05, 0.05, 0.0)).unwrap();
-    assert_eq!(e.prepare(&r).unwrap().strategy(), "vispec");
+    assert_eq!(e.prepare(&r).unwrap().strategy(), "eagle");
+}
+
+/// Copies of the shipped heads with `acceptance` recorded (`None`: unmeasured), in a scratch
+/// directory named `name`.
+fn heads_with(name: &str, vispec: Option<Vec<f64>>, eagle: Option<Vec<f64>>) -> Vec<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("glance-auto-{name}-{}", std::process::id()));
+    [("vispec", vispec), ("eagle", eagle)]
+        .into_iter()
+        .map(|(kind, acceptance)| {
+            let head = dir.join(kind);
+            std::fs::create_dir_all(&head).unwrap();
+            let shipped = tiny().join(format!("draft-{kind}"));
+            std::fs::copy(
+                shipped.join("model.safetensors"),
+                head.join("model.safetensors"),
+            )
+            .unwrap();
+            let mut config = glance_models::draft::DraftConfig::load(&shipped).unwrap();
+            config.acceptance = acceptance;
+            config.save(&head).unwrap();
+            head
+        })
+        .collect()
+}
+
+/// `auto` chooses among the model's heads by the speed-up each is predicted, from its recorded
+/// acceptance: the better-accepted head wins whatever the prompt; unmeasured heads (the prior
+/// for both) tie, and the tie goes to ViSpec for a prompt with images and EAGLE for text.
+#[test]
+fn auto_chooses_the_head_its_measured_acceptance_predicts_fastest() {
+    let (image, _) = world(0);
+    let with_image = Request {
+        max_new_tokens: 8,
+        decode: DecodeSpec::auto(),
+        ..Request::chat("Describe the image.", vec![image])
+    };
+    let text = Request {
+        max_new_tokens: 8,
+        decode: DecodeSpec::auto(),
+        ..Request::chat("What is a red circle?", vec![])
+    };
+    let good = Some(vec![0.95, 0.9, 0.9]);
+    let poor = Some(vec![0.5, 0.4]);
+    for (name, vispec, eagle, images, words) in [
+        (
+            "vispec-better",
+            good.clone(),
+            poor.clone(),
+            "vispec",
+            "vispec",
+        ),
+        ("eagle-better", poor.clone(), good.clone(), "eagle", "eagle"),
+        ("unmeasured", None, None, "vispec", "eagle"),
+    ] {
+        let drafts = heads_with(name, vispec, eagle);
+        let e = Engine::load(
+            &tiny(),
+            EngineOptions {
+                drafts: drafts.clone(),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        e.set_cost_model(cost(0.05, 0.05, 0.0)).unwrap();
+        for (r, want) in [(&with_image, images), (&text, words)] {
+            let got = run(&e, r);
+            assert_eq!(got.decode.strategy, want, "{name}");
+            let ar = run(
+                &e,
+                &Request {
+                    decode: DecodeSpec::Autoregressive,
+                    ..r.clone()
+                },
+            );
+            assert_eq!(got.token_ids, ar.token_ids, "{name}");
+        }
+        std::fs::remove_dir_all(drafts[0].parent().unwrap()).unwrap();
+    }
 }
 
 /// A costly draft start and a middling curve: the answer begins plainly (the start is paid only

@@ -314,6 +314,12 @@ pub trait DraftLm: Send + Sync {
         None
     }
 
+    /// The head's measured acceptance, if recorded: at each depth `d` (index `d - 1`), how often
+    /// its top-1 draft is accepted given that the depths above it were. `None`: unmeasured.
+    fn acceptance(&self) -> Option<&[f64]> {
+        None
+    }
+
     /// Draft logits of predicted hidden states `(n, hidden)` through `target`'s LM head: over
     /// the whole vocabulary, or over [`DraftLm::vocab`] only where the head keeps one (its
     /// draft steps then read a fraction of the head). A token outside the reduced vocabulary is

@@ -24,6 +24,7 @@
 //! then one pass per tree level ([`tree::Grower`]). A scheduler runs each of them for every
 //! request sharing the head in one pass; alone, they run one by one.
 
+pub mod acceptance;
 pub mod plan;
 pub mod tree;
 pub mod verify;
@@ -99,16 +100,16 @@ impl Speculative {
         &self.settings
     }
 
-    /// A planner for a request whose draft start runs `start_rows` rows, when cost-aware.
-    fn planner(&self, start_rows: usize) -> Option<Planner> {
+    /// A planner for a request whose draft start runs `start_rows` rows and whose answer begins
+    /// with `first`, when cost-aware.
+    fn planner(&self, start_rows: usize, first: TokenId) -> Option<Planner> {
         let cost = self.cost.as_ref()?;
         let draft = cost.draft(self.draft.as_ref())?.clone();
-        Some(Planner::new(
-            cost.clone(),
-            draft,
-            self.settings.clone(),
-            start_rows,
-        ))
+        Some(
+            Planner::new(cost.clone(), draft, self.settings.clone(), start_rows)
+                .with_prior(self.draft.acceptance())
+                .starting_with(first),
+        )
     }
 }
 
@@ -173,7 +174,7 @@ impl DecodeStrategy for Speculative {
         let image_counts: Vec<usize> = image_rows.iter().map(Vec::len).collect();
         let greedy = sampler.params().is_greedy();
         let planner = self
-            .planner(self.draft.start_rows(prompt_len, &image_counts))
+            .planner(self.draft.start_rows(prompt_len, &image_counts), x)
             .map(|p| {
                 // Sampled rounds plan without the clock or the memory: the same seed, the same
                 // answer.
@@ -633,8 +634,9 @@ impl DecodeState for SpecState {
     }
 
     fn finish(self: Box<Self>) -> Generation {
-        let s = *self;
-        if let (Some(m), Some(p), true) = (&s.memory, &s.planner, s.greedy) {
+        let mut s = *self;
+        if let (Some(m), Some(p), true) = (&s.memory, &mut s.planner, s.greedy) {
+            p.answered(s.tokens.len());
             m.lock().expect("not poisoned").merge(p);
         }
         let name = s.draft.kind().name();

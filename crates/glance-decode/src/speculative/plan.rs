@@ -24,14 +24,13 @@
 //! Planning only decides which tokens are proposed and verified; verification is unchanged, so
 //! every plan is as lossless as any fixed tree.
 
+pub use super::acceptance::{Acceptance, PRIOR_ACCEPTANCE};
 use super::tree::{DraftTree, TreeSettings};
 use crate::cost::{CostModel, DraftCost};
 use crate::step::Load;
+use glance_core::TokenId;
+use std::collections::HashMap;
 
-/// Acceptance assumed at a depth no round has reached yet.
-pub const PRIOR_ACCEPTANCE: f64 = 0.8;
-/// Weight of the prior, in rounds.
-const PRIOR_ROUNDS: f64 = 2.0;
 /// Weight of the calibration's prior (ratio 1), in tokens.
 const PRIOR_TOKENS: f64 = 4.0;
 /// Plain rounds in a row after which one round drafts anyway, to keep acceptance estimates
@@ -42,9 +41,20 @@ pub const EXPLORE_AFTER: u32 = 16;
 pub const AUTO_MARGIN: f64 = 1.1;
 /// Weight, in decode steps, of the cost model's own figures against the clock's.
 const PRIOR_STEPS: f64 = 8.0;
-/// Plain steps before the draft may start: short answers (a word or a number and the end of
-/// the sequence) end before a draft's start and first round could pay for themselves.
+/// Plain steps before the draft may start, unless remembered answers say otherwise
+/// ([`Planner::remembering`]): short answers (a word or a number and the end of the sequence)
+/// end before a draft's start and first round could pay for themselves.
 pub const WARM_UP_STEPS: usize = 4;
+/// Answers a memory must hold before their lengths set the warm-up.
+const MIN_ANSWERS: f64 = 8.0;
+/// Weight, in answers, of all remembered answers' lengths beside those that began with the
+/// same token.
+const PRIOR_ANSWERS: f64 = 2.0;
+/// Answers a memory keeps: older ones fade, as its rounds do.
+const MEMORY_ANSWERS: f64 = 200.0;
+/// Answers longer than this many steps are remembered as this long (a longer one changes no
+/// choice of warm-up).
+const LONGEST_REMEMBERED: usize = 64;
 /// A plan must beat a plain step by this factor to be chosen (measurement noise).
 const MARGIN: f64 = 1.02;
 
@@ -67,8 +77,20 @@ pub struct Planner {
     started: bool,
     /// Modelled seconds of plain rounds before the start (the ski-rental account).
     plain_before_start: f64,
+    /// Plain rounds before the start.
+    plain_steps_before_start: usize,
     plain_streak: u32,
     acceptance: Acceptance,
+    /// The head's measured acceptance by depth ([`Planner::with_prior`]).
+    prior: Vec<f64>,
+    /// How many remembered answers like this one needed each number of steps after their
+    /// first token (index: steps, the last bucket holding every longer answer), if enough
+    /// are remembered ([`Lengths::like`]).
+    remembered_lengths: Option<Vec<f64>>,
+    /// The answer's first token ([`Planner::starting_with`]).
+    first_token: Option<TokenId>,
+    /// Tokens of the whole answer, once told ([`Planner::answered`]).
+    answer_tokens: Option<usize>,
     accepted_tokens: f64,
     predicted_tokens: f64,
     /// Whether any plan can beat a plain step, even if every draft were accepted.
@@ -103,8 +125,13 @@ impl Planner {
             start_rows,
             started: false,
             plain_before_start: 0.0,
+            plain_steps_before_start: 0,
             plain_streak: 0,
             acceptance: Acceptance::default(),
+            prior: Vec::new(),
+            remembered_lengths: None,
+            first_token: None,
+            answer_tokens: None,
             accepted_tokens: 0.0,
             predicted_tokens: 0.0,
             can_pay: false,
@@ -125,9 +152,18 @@ impl Planner {
         self.can_pay
     }
 
+    /// Plans from `by_depth`, the head's measured acceptance at depths 1, 2, … (its
+    /// [`glance_nn::DraftLm::acceptance`]), where this request's rounds and earlier requests
+    /// have not yet said otherwise; without it the prior is [`PRIOR_ACCEPTANCE`].
+    pub fn with_prior(mut self, by_depth: Option<&[f64]>) -> Self {
+        self.prior = by_depth.map(<[f64]>::to_vec).unwrap_or_default();
+        self.acceptance = self.acceptance.with_prior(&self.prior);
+        self
+    }
+
     /// Whether a request's first drafted round is predicted to beat a decode step by
-    /// [`AUTO_MARGIN`], with the prior's acceptance ([`PRIOR_ACCEPTANCE`] at every depth): what `auto` asks before
-    /// choosing speculation, so that a model where only a near-perfect draft could pay — or
+    /// [`AUTO_MARGIN`], with the prior's acceptance (the head's measured acceptance, else
+    /// [`PRIOR_ACCEPTANCE`] at every depth): what `auto` asks before choosing speculation, so that a model where only a near-perfect draft could pay — or
     /// where the measured figures only just favour drafting, which a noisy measurement can flip
     /// — decodes plainly.
     pub fn pays_at_prior(&self) -> bool {
@@ -195,14 +231,16 @@ impl Planner {
     }
 
     /// Starts from what earlier requests met (`memory`): the acceptance estimates from what
-    /// their drafts accepted, and the clock's correction ([`Planner::slowdown`]) from how their
-    /// rounds ran against the cost model, as if they had been this request's. On a model whose
+    /// their drafts accepted, the warm-up from how long their answers ran, and the clock's
+    /// correction ([`Planner::slowdown`]) from how their rounds ran against the cost model, as
+    /// if they had been this request's. On a model whose
     /// drafted rounds run slower by the clock than its figures say (a cache-resident model
     /// whose draft evicts the target's weights, a cost model timed in a quiet moment), a
     /// request then plans plain rounds from its first one, not after a few drafted at a loss.
     /// A planner without the clock ([`Planner::without_clock`]) takes only the acceptance.
     pub fn remembering(mut self, memory: &Memory) -> Self {
-        self.acceptance = Acceptance::remembered(&memory.acceptance);
+        self.acceptance = Acceptance::remembered(&memory.acceptance).with_prior(&self.prior);
+        self.remembered_lengths = memory.lengths.like(self.first_token);
         if self.clock {
             self.remembered_clock = memory.clock;
         }
@@ -249,11 +287,14 @@ impl Planner {
             None => return self.plain(plain),
         };
         if !self.started {
-            // Rent before buying: plain steps for as long as the start would take, and at
-            // least [`WARM_UP_STEPS`] (one-word answers end before a draft could pay).
             let start = self.draft.row_s * self.start_rows as f64;
-            let rent = start.max(WARM_UP_STEPS as f64 * plain);
-            if self.plain_before_start < rent {
+            let waited = match self.remembered_warm_up() {
+                Some(steps) => self.plain_steps_before_start >= steps,
+                // Rent before buying: plain steps for as long as the start would take, and at
+                // least [`WARM_UP_STEPS`] (one-word answers end before a draft could pay).
+                None => self.plain_before_start >= start.max(WARM_UP_STEPS as f64 * plain),
+            };
+            if !waited {
                 return self.plain(plain);
             }
             self.started = true;
@@ -268,9 +309,74 @@ impl Planner {
         self.last_modelled = plain;
         if !self.started {
             self.plain_before_start += plain;
+            self.plain_steps_before_start += 1;
         }
         self.plain_streak = self.plain_streak.saturating_add(1);
         Round::Plain
+    }
+
+    /// The plain steps before the draft starts that make the remembered answers
+    /// ([`Planner::remembering`]) cheapest by the cost model: an answer of `s` steps after its
+    /// first token costs `s` steps if it ends within the warm-up `w`, else `w` steps, the
+    /// draft's start, and the drafted rounds (each at the best depth's predicted seconds) its
+    /// other `s - w` tokens are expected to take. Between 0 and [`WARM_UP_STEPS`], the longer
+    /// one on a tie; `None` (the default rule) with fewer than [`MIN_ANSWERS`] remembered or
+    /// where no drafted round is predicted to pay.
+    fn remembered_warm_up(&self) -> Option<usize> {
+        let lengths = self.remembered_lengths.as_ref()?;
+        let plain = self.pass(1);
+        let (depth, gain) = self.predicted(usize::MAX)?;
+        // A round at that depth emits `1 + j` tokens when it accepts `j` drafts.
+        let mut emits = Vec::with_capacity(depth + 1);
+        let mut reach = 1.0;
+        for d in 1..=depth {
+            let a = self.acceptance.at(d);
+            emits.push(reach * (1.0 - a));
+            reach *= a;
+        }
+        emits.push(reach);
+        let tokens: f64 = emits
+            .iter()
+            .enumerate()
+            .map(|(j, p)| p * (j + 1) as f64)
+            .sum();
+        // Its cost in decode steps, and the expected rounds to emit `n` tokens.
+        let round = tokens / gain;
+        let mut rounds = vec![0.0; lengths.len()];
+        for n in 1..rounds.len() {
+            rounds[n] = 1.0
+                + emits
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j + 1 < n)
+                    .map(|(j, p)| p * rounds[n - j - 1])
+                    .sum::<f64>();
+        }
+        let start = self.draft.row_s * self.start_rows as f64 / plain;
+        let cost = |w: usize| -> f64 {
+            let each = |s: usize| match s.checked_sub(w) {
+                Some(rest) if rest > 0 => w as f64 + start + rounds[rest] * round,
+                _ => s as f64,
+            };
+            lengths.iter().enumerate().map(|(s, n)| n * each(s)).sum()
+        };
+        (0..=WARM_UP_STEPS)
+            .rev()
+            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+    }
+
+    /// The answer begins with `token` (picked from the prompt's pass): its warm-up follows the
+    /// remembered answers that began with it ([`Lengths::like`]). Call before
+    /// [`Planner::remembering`].
+    pub fn starting_with(mut self, token: TokenId) -> Self {
+        self.first_token = Some(token);
+        self
+    }
+
+    /// The request's answer ran `tokens` tokens: what [`Memory::merge`] remembers of its
+    /// length.
+    pub fn answered(&mut self, tokens: usize) {
+        self.answer_tokens = Some(tokens);
     }
 
     /// How many of `tree`'s nodes to verify once drafted (with `pending` rows run through the
@@ -382,22 +488,6 @@ impl Planner {
     }
 }
 
-/// Per-depth acceptance of a request's drafts so far, smoothed towards a prior: what cost-aware
-/// plans (speculative rounds, diffusion blocks) predict the next draft's tokens from.
-#[derive(Debug, Clone, Default)]
-pub struct Acceptance {
-    /// Per depth `d` (index `d - 1`): rounds that offered a draft at depth `d` with depth
-    /// `d - 1` accepted, and rounds that accepted depth `d`.
-    offered: Vec<f64>,
-    reached: Vec<f64>,
-    /// What earlier requests accepted ([`Acceptance::remembered`]), the prior at every depth it
-    /// has seen instead of [`PRIOR_ACCEPTANCE`].
-    base: Option<Box<Acceptance>>,
-}
-
-/// Rounds of depth 1 a memory of earlier requests keeps: older rounds fade (their counts are
-/// scaled down) so the memory follows the answers being asked for.
-const MEMORY_ROUNDS: f64 = 200.0;
 /// Decode steps of modelled time a memory's clock keeps on each side (plain, drafted): older
 /// rounds fade the same way, so the correction follows the machine's load.
 const MEMORY_STEPS: f64 = 400.0;
@@ -415,12 +505,18 @@ struct Clock {
 pub struct Memory {
     acceptance: Acceptance,
     clock: Clock,
+    /// How long their answers ran ([`Planner::remembered_warm_up`]).
+    lengths: Lengths,
 }
 
 impl Memory {
-    /// Adds a finished request's acceptance counts and timed rounds, fading the oldest.
+    /// Adds a finished request's acceptance counts, answer length ([`Planner::answered`]) and
+    /// timed rounds, fading the oldest.
     pub fn merge(&mut self, request: &Planner) {
         self.acceptance.merge(&request.acceptance);
+        if let Some(tokens) = request.answer_tokens {
+            self.lengths.add(request.first_token, tokens);
+        }
         // A decode step alone, whatever load the request's last step shared.
         let keep = MEMORY_STEPS * request.cost.pass(1);
         for (mine, theirs) in [
@@ -443,66 +539,59 @@ impl Memory {
     }
 }
 
-impl Acceptance {
-    /// A request's estimate that starts from what earlier requests accepted (`memory`, its
-    /// counts as they stand).
-    pub fn remembered(memory: &Acceptance) -> Self {
-        let mut base = memory.clone();
-        base.base = None;
-        Self {
-            base: (!base.offered.is_empty()).then(|| Box::new(base)),
-            ..Self::default()
-        }
-    }
+/// Remembered answers by the steps they ran after their first token (index: steps; the last
+/// bucket, [`LONGEST_REMEMBERED`], holds every longer answer): all of them, and those that
+/// began with each token.
+#[derive(Debug, Clone, Default)]
+struct Lengths {
+    all: Vec<f64>,
+    by_first: HashMap<TokenId, Vec<f64>>,
+}
 
-    /// Adds a finished request's counts into this memory, fading the oldest.
-    pub fn merge(&mut self, request: &Acceptance) {
-        for (mine, theirs) in [
-            (&mut self.offered, &request.offered),
-            (&mut self.reached, &request.reached),
-        ] {
-            if mine.len() < theirs.len() {
-                mine.resize(theirs.len(), 0.0);
+impl Lengths {
+    /// An answer of `tokens` tokens that began with `first`; the oldest fade past
+    /// [`MEMORY_ANSWERS`].
+    fn add(&mut self, first: Option<TokenId>, tokens: usize) {
+        let steps = tokens.saturating_sub(1).min(LONGEST_REMEMBERED);
+        let count = |h: &mut Vec<f64>| {
+            if h.len() <= steps {
+                h.resize(steps + 1, 0.0);
             }
-            mine.iter_mut().zip(theirs).for_each(|(m, t)| *m += t);
-        }
-        let rounds = self.offered.first().copied().unwrap_or(0.0);
-        if rounds > MEMORY_ROUNDS {
-            let keep = MEMORY_ROUNDS / rounds;
-            for v in self.offered.iter_mut().chain(self.reached.iter_mut()) {
-                *v *= keep;
-            }
-        }
-    }
-
-    /// A round that offered drafts down to depth `deepest` and accepted the first `accepted`.
-    pub fn record(&mut self, deepest: usize, accepted: usize) {
-        for d in 1..=deepest.min(accepted + 1) {
-            bump(&mut self.offered, d - 1);
-        }
-        for d in 1..=accepted {
-            bump(&mut self.reached, d - 1);
-        }
-    }
-
-    /// Conditional acceptance at depth `d ≥ 1`, smoothed towards a prior: what earlier requests
-    /// accepted at `d` when remembered, else [`PRIOR_ACCEPTANCE`] at depth 1 and the estimate at
-    /// depth `d - 1` below it. (A depth no round has reached
-    /// is assumed as good as the one above it, so that a plan tries it once the one above
-    /// pays: a pessimistic prior would never be corrected, as only drafted depths are seen.)
-    pub fn at(&self, d: usize) -> f64 {
-        let remembered = self
-            .base
-            .as_ref()
-            .filter(|b| b.offered.get(d - 1).is_some_and(|&n| n > 0.0));
-        let prior = match remembered {
-            Some(b) => b.at(d),
-            None if d <= 1 => PRIOR_ACCEPTANCE,
-            None => self.at(d - 1),
+            h[steps] += 1.0;
         };
-        let offered = self.offered.get(d - 1).copied().unwrap_or(0.0);
-        let reached = self.reached.get(d - 1).copied().unwrap_or(0.0);
-        (reached + PRIOR_ROUNDS * prior) / (offered + PRIOR_ROUNDS)
+        count(&mut self.all);
+        if let Some(t) = first {
+            count(self.by_first.entry(t).or_default());
+        }
+        let answers: f64 = self.all.iter().sum();
+        if answers > MEMORY_ANSWERS {
+            let keep = MEMORY_ANSWERS / answers;
+            self.all.iter_mut().for_each(|n| *n *= keep);
+            self.by_first.retain(|_, h| {
+                h.iter_mut().for_each(|n| *n *= keep);
+                h.iter().sum::<f64>() >= 0.01
+            });
+        }
+    }
+
+    /// The lengths an answer that began with `first` is expected to run: the remembered
+    /// answers that began with it, beside all of them weighing [`PRIOR_ANSWERS`] answers.
+    /// `None` (no guess) with fewer than [`MIN_ANSWERS`] remembered, or none that began with
+    /// `first`: an answer unlike any seen keeps the default warm-up, so a one-word answer
+    /// cannot be charged a draft because other answers ran long.
+    fn like(&self, first: Option<TokenId>) -> Option<Vec<f64>> {
+        let total: f64 = self.all.iter().sum();
+        let own = self.by_first.get(&first?)?;
+        if total < MIN_ANSWERS {
+            return None;
+        }
+        let mut h = self
+            .all
+            .iter()
+            .map(|n| n * PRIOR_ANSWERS / total)
+            .collect::<Vec<_>>();
+        h.iter_mut().zip(own).for_each(|(m, n)| *m += n);
+        Some(h)
     }
 }
 
@@ -526,13 +615,6 @@ pub fn best_chain(
         }
     }
     best
-}
-
-fn bump(v: &mut Vec<f64>, i: usize) {
-    if v.len() <= i {
-        v.resize(i + 1, 0.0);
-    }
-    v[i] += 1.0;
 }
 
 #[cfg(test)]
@@ -669,21 +751,6 @@ mod tests {
     }
 
     #[test]
-    fn an_unreached_depth_is_assumed_as_good_as_the_one_above() {
-        let mut a = Acceptance::default();
-        assert_eq!(a.at(1), PRIOR_ACCEPTANCE);
-        for _ in 0..50 {
-            a.record(1, 1);
-        }
-        assert!(a.at(1) > 0.95);
-        assert!((a.at(2) - a.at(1)).abs() < 1e-12);
-        for _ in 0..50 {
-            a.record(2, 1);
-        }
-        assert!(a.at(2) < 0.1 && a.at(3) < 0.1);
-    }
-
-    #[test]
     fn rejected_drafts_turn_rounds_plain_and_accepted_ones_deepen_them() {
         let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
         let mut p = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
@@ -708,30 +775,78 @@ mod tests {
     }
 
     #[test]
-    fn a_memory_of_earlier_requests_is_the_prior_and_fades() {
-        let mut memory = Acceptance::default();
-        for _ in 0..50 {
-            memory.record(3, 3);
+    fn remembered_answer_lengths_set_the_warm_up() {
+        // A pass over up to 16 rows costs little more than one, the start nothing: drafting
+        // pays from the first round, unless the answer is about to end.
+        let flat: Vec<f64> = (1..=16).map(|k| 1.0 + 0.05 * k as f64).collect();
+        let plan = |first: TokenId| {
+            Planner::new(cost(&flat), draft(0.05, 0.0), TreeSettings::chain(6), 30)
+                .starting_with(first)
+        };
+        let answer = |first, tokens| {
+            let mut p = plan(first);
+            p.answered(tokens);
+            p
+        };
+        let first_draft = |memory: &Memory, first| {
+            let mut p = plan(first).remembering(memory);
+            (0..=WARM_UP_STEPS)
+                .position(|_| matches!(p.next_round(6), Round::Draft { .. }))
+                .expect("drafts within the default warm-up")
+        };
+        // Fewer answers than it takes to trust them: the default warm-up.
+        let mut memory = Memory::default();
+        for _ in 0..MIN_ANSWERS as usize - 1 {
+            memory.merge(&answer(7, 60));
         }
-        for _ in 0..50 {
-            memory.record(3, 1);
+        assert_eq!(first_draft(&memory, 7), WARM_UP_STEPS);
+        // Long answers only: an answer that begins as they did drafts from its first round; one
+        // that begins unlike any of them keeps the default warm-up.
+        memory.merge(&answer(7, 60));
+        assert_eq!(first_draft(&memory, 7), 0);
+        assert_eq!(first_draft(&memory, 9), WARM_UP_STEPS);
+        // Twenty answers of one step after a first token 8, beside the long ones: one plain
+        // step lets those end (a drafted round costs 1.6 steps), and the rare long answer that
+        // begins so loses less than that.
+        for _ in 0..20 {
+            memory.merge(&answer(8, 2));
         }
-        // Depth 1 always, depth 2 half the time, depth 3 whenever depth 2 was.
-        let mut a = Acceptance::remembered(&memory);
-        assert!(a.at(1) > 0.95 && (a.at(2) - 0.5).abs() < 0.05 && a.at(3) > 0.9);
-        // A depth the memory never saw falls back to the one above.
-        assert!((a.at(4) - a.at(3)).abs() < 1e-12);
-        // The request's own rounds move the estimate off the memory.
-        for _ in 0..30 {
-            a.record(1, 0);
+        assert_eq!(first_draft(&memory, 8), 1);
+        assert_eq!(first_draft(&memory, 7), 0);
+        // Answers of one and two steps only: the longest warm-up (ties go to the longer one).
+        let mut short = Memory::default();
+        for _ in 0..20 {
+            short.merge(&answer(8, 2));
+            short.merge(&answer(8, 3));
         }
-        assert!(a.at(1) < 0.2);
-        // Merged, with the oldest rounds fading past the memory's size.
-        for _ in 0..10 {
-            memory.merge(&a);
+        assert_eq!(first_draft(&short, 8), WARM_UP_STEPS);
+        // The memory keeps its size, fading older answers.
+        for _ in 0..500 {
+            short.merge(&answer(7, 1000));
         }
-        assert!(memory.offered[0] <= MEMORY_ROUNDS + 1e-9);
-        assert!(Acceptance::remembered(&memory).at(1) < 0.5);
+        let kept: f64 = short.lengths.all.iter().sum();
+        assert!((kept - MEMORY_ANSWERS).abs() < 1e-6, "{kept}");
+        assert_eq!(short.lengths.all.len(), LONGEST_REMEMBERED + 1);
+        let by_first: f64 = short.lengths.by_first.values().flatten().sum();
+        assert!((by_first - MEMORY_ANSWERS).abs() < 1e-6, "{by_first}");
+        assert_eq!(first_draft(&short, 7), 0);
+    }
+
+    #[test]
+    fn a_measured_head_plans_from_its_acceptance() {
+        // Verifying costs a quarter of a step a row: an 0.8 draft pays, a 0.3 one does not.
+        let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
+        let plan = || Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        assert!(plan().pays_at_prior());
+        let poor = plan().with_prior(Some(&[0.3]));
+        assert!(!poor.pays_at_prior());
+        let (d_good, g_good) = plan().with_prior(Some(&[0.95])).predicted(6).unwrap();
+        let (d_prior, g_prior) = plan().predicted(6).unwrap();
+        assert!(g_good > g_prior && d_good >= d_prior, "{g_good} {g_prior}");
+        // Remembered rounds come first; the measured prior survives the memory.
+        let memory = Memory::default();
+        let kept = plan().with_prior(Some(&[0.3])).remembering(&memory);
+        assert!(!kept.pays_at_prior());
     }
 
     #[test]

@@ -20,11 +20,33 @@ use super::Engine;
 use crate::request::Request;
 use glance_core::{Error, Result};
 use glance_decode::diffusion::linear_pays_at_prior;
-use glance_decode::speculative::plan::{Memory, Planner, PRIOR_ACCEPTANCE};
-use glance_decode::{CostModel, DecodeSpec, DiffusionMode};
+use glance_decode::speculative::plan::{Memory, Planner, AUTO_MARGIN, PRIOR_ACCEPTANCE};
+use glance_decode::{CostModel, DecodeSpec, DiffusionMode, DraftCost};
 use glance_nn::{CausalLm, DraftKind, DraftLm};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+
+/// A draft head `auto` may choose, with its predicted speed-up over a decode step.
+struct HeadOption {
+    head: Arc<dyn DraftLm>,
+    cost: CostModel,
+    /// The head's figures in `cost`.
+    draft: DraftCost,
+    /// The first round's predicted speed-up at the head's prior acceptance (0: none pays).
+    gain: f64,
+    /// Whether that beats a decode step by [`AUTO_MARGIN`].
+    pays: bool,
+}
+
+impl HeadOption {
+    fn describe(&self) -> String {
+        if self.gain > 0.0 {
+            format!("predicted {:.2}×", self.gain)
+        } else {
+            "predicted not to pay".to_string()
+        }
+    }
+}
 
 /// What `auto` resolved a request to.
 pub(crate) struct Choice {
@@ -118,6 +140,7 @@ impl Engine {
             return Ok(None);
         }
         let with_images = !request.prompt.images().is_empty();
+        // Preference on a tie: ViSpec for a prompt with images, EAGLE for text.
         let kinds = if with_images {
             [DraftKind::Vispec, DraftKind::Eagle]
         } else {
@@ -126,38 +149,81 @@ impl Engine {
         // Heads named by `--draft` must load (a broken one is an error, as with `--decode
         // vispec`); the model directory's are used where present.
         let named = self.named_draft_kinds()?;
-        let mut head = None;
+        let mut heads = Vec::new();
         for kind in kinds {
             if named.is_empty() {
                 if let Ok(h) = self.draft(kind) {
-                    head = Some(h);
-                    break;
+                    heads.push(h);
                 }
             } else if named.contains(&kind) {
-                head = Some(self.draft(kind)?);
-                break;
+                heads.push(self.draft(kind)?);
             }
         }
-        let Some(head) = head else {
+        if heads.is_empty() {
             return self.choose_diffusion(request).map(Some);
-        };
+        }
         // The tree is the request's (`Engine::tree`), as for a named speculative strategy.
-        let spec = DecodeSpec::speculative(head.kind());
-        let cost = self.cost_model(Some(head.as_ref()))?;
-        let draft = cost
-            .draft(head.as_ref())
-            .cloned()
-            .ok_or_else(|| Error::Config("the cost model lacks the draft's figures".into()))?;
         let tree = self.tree(request);
+        let mut options = Vec::with_capacity(heads.len());
+        for head in heads {
+            let cost = self.cost_model(Some(head.as_ref()))?;
+            let draft = cost
+                .draft(head.as_ref())
+                .cloned()
+                .ok_or_else(|| Error::Config("the cost model lacks the draft's figures".into()))?;
+            let planner = Planner::new(cost.clone(), draft.clone(), tree.clone(), 0)
+                .with_prior(head.acceptance());
+            let gain = planner.predicted(usize::MAX).map_or(0.0, |(_, g)| g);
+            options.push(HeadOption {
+                head,
+                cost,
+                draft,
+                gain,
+                pays: planner.pays_at_prior(),
+            });
+        }
+        // The head predicted fastest; the preferred one on a tie.
+        let best =
+            options.iter().enumerate().fold(
+                0,
+                |best, (i, o)| if o.gain > options[best].gain { i } else { best },
+            );
+        let others: Vec<String> = options
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != best)
+            .map(|(_, o)| format!("{} {}", o.head.kind().name(), o.describe()))
+            .collect();
+        let verdict = options[best].describe();
+        let HeadOption {
+            head,
+            cost,
+            draft,
+            pays,
+            ..
+        } = options.swap_remove(best);
+        let spec = DecodeSpec::speculative(head.kind());
         let step_ms = cost.pass(1) * 1e3;
-        let summary = format!(
+        let accepted = match head.acceptance() {
+            Some(a) => format!(
+                "its drafts accepted {} by depth (measured)",
+                a.iter()
+                    .map(|x| format!("{x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ),
+            None => format!("its drafts accepted {PRIOR_ACCEPTANCE} a token (unmeasured)"),
+        };
+        let mut summary = format!(
             "a decode step {step_ms:.1} ms, c(2) {:.2}, c(8) {:.2}, a draft step {:.2} of a \
-             decode step",
+             decode step, {accepted}: {verdict}",
             cost.c(2),
             cost.c(8),
-            draft.step(1) / cost.pass(1)
+            draft.step(1) / cost.pass(1),
         );
-        let pays = Planner::new(cost.clone(), draft, tree, 0).pays_at_prior();
+        if !others.is_empty() {
+            summary.push_str(&format!("; {}", others.join("; ")));
+        }
         let name = spec.name();
         Ok(Some(Choice::either(
             pays,
@@ -165,8 +231,9 @@ impl Engine {
             cost,
             format!("{name} (cost-aware): {summary}"),
             format!(
-                "ar: a {name} draft accepted as drafts usually are ({PRIOR_ACCEPTANCE} a \
-                 token) cannot beat a decode step here ({summary})"
+                "ar: no draft head is predicted to beat a decode step by {:.0}% here ({name} \
+                 {summary})",
+                (AUTO_MARGIN - 1.0) * 100.0
             ),
         )))
     }

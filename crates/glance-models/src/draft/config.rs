@@ -32,6 +32,12 @@ pub struct DraftConfig {
     /// the target's whole vocabulary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_vocab: Option<Vec<u32>>,
+    /// How often the head's top-1 draft is accepted at each depth given that the depths above
+    /// it were, on its held-out validation samples (`glance train draft --eval-head DIR
+    /// --record`): what `--decode auto` chooses among heads by and plans its first rounds from.
+    /// `None`: not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance: Option<Vec<f64>>,
 }
 
 impl DraftConfig {
@@ -54,6 +60,7 @@ impl DraftConfig {
             global_injection,
             text_config: text,
             draft_vocab: None,
+            acceptance: None,
         };
         config.validate()?;
         Ok(config)
@@ -120,6 +127,17 @@ impl DraftConfig {
         if let Some(ids) = &self.draft_vocab {
             check_vocab(ids, layer.vocab_size)?;
         }
+        if let Some(a) = &self.acceptance {
+            check_acceptance(a)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps `by_depth` (conditional top-1 acceptance at depths 1, 2, …) as the head's measured
+    /// acceptance, checked.
+    pub fn set_acceptance(&mut self, by_depth: Vec<f64>) -> Result<()> {
+        check_acceptance(&by_depth)?;
+        self.acceptance = Some(by_depth);
         Ok(())
     }
 
@@ -161,18 +179,48 @@ fn check_vocab(ids: &[u32], vocab: usize) -> Result<()> {
     Ok(())
 }
 
+/// Most depths a head's recorded acceptance may hold.
+const MAX_ACCEPTANCE_DEPTHS: usize = 64;
+
+/// Measured acceptance: one rate in `[0, 1]` per depth, at least one, at most
+/// [`MAX_ACCEPTANCE_DEPTHS`].
+fn check_acceptance(by_depth: &[f64]) -> Result<()> {
+    if by_depth.is_empty() || by_depth.len() > MAX_ACCEPTANCE_DEPTHS {
+        return Err(Error::Config(format!(
+            "acceptance holds {} depths, expected 1..={MAX_ACCEPTANCE_DEPTHS}",
+            by_depth.len()
+        )));
+    }
+    if let Some((d, a)) = by_depth
+        .iter()
+        .enumerate()
+        .find(|(_, a)| !(0.0..=1.0).contains(*a))
+    {
+        return Err(Error::Config(format!(
+            "acceptance at depth {} is {a}, outside [0, 1]",
+            d + 1
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_reduced_vocabulary_is_checked_and_kept() {
+    /// A head for a small target, with neither a vocabulary nor an acceptance.
+    fn small() -> DraftConfig {
         let text = serde_json::json!({
             "vocab_size": 50, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 128, "rms_norm_eps": 1e-5
         });
-        let mut c = DraftConfig::for_target(&text, None, false).unwrap();
+        DraftConfig::for_target(&text, None, false).unwrap()
+    }
+
+    #[test]
+    fn a_reduced_vocabulary_is_checked_and_kept() {
+        let mut c = small();
         assert!(c.draft_vocab.is_none());
         for bad in [vec![], vec![3, 50], vec![4, 2, 4]] {
             assert!(c.set_draft_vocab(bad.clone()).is_err(), "{bad:?}");
@@ -183,5 +231,27 @@ mod tests {
         let back: DraftConfig = serde_json::from_value(json).unwrap();
         back.validate().unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn measured_acceptance_is_checked_and_kept() {
+        let mut c = small();
+        assert!(serde_json::to_value(&c)
+            .unwrap()
+            .get("acceptance")
+            .is_none());
+        for bad in [vec![], vec![0.9, 1.5], vec![f64::NAN], vec![0.5; 65]] {
+            assert!(c.set_acceptance(bad.clone()).is_err(), "{bad:?}");
+        }
+        c.set_acceptance(vec![0.92, 0.9, 0.0]).unwrap();
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["acceptance"], serde_json::json!([0.92, 0.9, 0.0]));
+        let back: DraftConfig = serde_json::from_value(json).unwrap();
+        back.validate().unwrap();
+        assert_eq!(back, c);
+        let mut bad = serde_json::to_value(&c).unwrap();
+        bad["acceptance"] = serde_json::json!([-0.1]);
+        let back: DraftConfig = serde_json::from_value(bad).unwrap();
+        assert!(back.validate().unwrap_err().to_string().contains("depth 1"));
     }
 }

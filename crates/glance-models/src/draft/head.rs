@@ -314,6 +314,10 @@ impl DraftLm for DraftHead {
         self.vocab.as_deref()
     }
 
+    fn acceptance(&self) -> Option<&[f64]> {
+        self.config.acceptance.as_deref()
+    }
+
     fn logits(&self, target: &dyn CausalLm, hidden: &Tensor) -> Result<DraftLogits> {
         self.draft_logits(target, hidden, false)
     }

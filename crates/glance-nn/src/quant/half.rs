@@ -212,9 +212,10 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The fastest this CPU has.
+    /// The fastest this CPU has (detected once: every product asks).
     pub fn best() -> Self {
-        Self::available()[0]
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| Self::available()[0])
     }
 
     /// Every instruction set this CPU can run, fastest first.

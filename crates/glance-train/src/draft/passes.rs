@@ -83,6 +83,20 @@ impl Agreement {
         ratio(self.hits.get(k - 1), self.rows.get(k - 1))
     }
 
+    /// Per depth `k`, the share of rows whose draft at `k` is accepted among those whose drafts
+    /// of depths `1..k` are: `chain_rate(k) / chain_rate(k - 1)` (0 where no row reaches `k`).
+    pub fn conditional_acceptance(&self) -> Vec<f64> {
+        let mut above = 1.0;
+        (1..=self.rows.len())
+            .map(|k| {
+                let chain = self.chain_rate(k);
+                let a = if above > 0.0 { chain / above } else { 0.0 };
+                above = chain;
+                a.clamp(0.0, 1.0)
+            })
+            .collect()
+    }
+
     /// Share of rows whose drafts of depths `1..=k` are all accepted.
     pub fn chain_rate(&self, k: usize) -> f64 {
         ratio(self.chain.get(k - 1), self.rows.get(k - 1))
@@ -328,6 +342,29 @@ pub fn sample_loss(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditional_acceptance_divides_each_chain_by_the_one_above() {
+        let a = Agreement {
+            rows: vec![100, 100, 50, 40],
+            hits: vec![90, 80, 30, 20],
+            chain: vec![90, 72, 27, 0],
+        };
+        let c = a.conditional_acceptance();
+        let want = [0.9, 0.8, 0.54 / 0.72, 0.0];
+        assert_eq!(c.len(), 4);
+        for (got, want) in c.iter().zip(want) {
+            assert!((got - want).abs() < 1e-12, "{c:?}");
+        }
+        // A depth no row reaches after a depth nothing passed: 0, not NaN.
+        let none = Agreement {
+            rows: vec![10, 10],
+            hits: vec![0, 5],
+            chain: vec![0, 0],
+        };
+        assert_eq!(none.conditional_acceptance(), vec![0.0, 0.0]);
+        assert!(Agreement::default().conditional_acceptance().is_empty());
+    }
 
     #[test]
     fn a_reduced_vocabulary_picks_only_its_own_tokens() {
