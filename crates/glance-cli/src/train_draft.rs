@@ -141,7 +141,7 @@ fn eval_head(a: &DraftArgs, dir: &std::path::Path) -> Result<()> {
         r.seconds
     );
     if a.record {
-        // Four decimals: more than 48 held-out answers can tell apart.
+        // Four decimals: finer than the held-out answers can measure.
         let by_depth: Vec<f64> = r
             .agreement
             .conditional_acceptance()

@@ -28,7 +28,7 @@ pub mod threshold;
 use crate::autoregressive::{FinishReason, GenerateConfig, Generation, Prefilled};
 use crate::cost::CostModel;
 use crate::sampler::Sampler;
-use crate::speculative::plan::{best_chain, Acceptance, AUTO_MARGIN, EXPLORE_AFTER};
+use crate::speculative::plan::{best_chain, Acceptance, AUTO_MARGIN, EXPLORE_AFTER, WARM_UP_STEPS};
 use crate::step::{DecodeState, Pass};
 use crate::strategy::{DecodeStats, DecodeStrategy, StepLog, TokenSink};
 use glance_core::{Error, Result, TokenId};
@@ -248,7 +248,9 @@ pub struct BlockSize {
 /// Cost-aware block sizes for linear self-speculation: each step takes the block whose expected
 /// tokens (from this request's acceptance by draft position) per measured second — a drafting
 /// pass and a verification pass over `B` rows — is best, and `B = 1` (a plain decode step, no
-/// drafting pass) when no block beats it. As [`crate::speculative::plan`] does for draft trees.
+/// drafting pass) when no block beats it. As [`crate::speculative::plan`] does for draft trees,
+/// the answer's first [`WARM_UP_STEPS`] steps are plain: a short answer (a word or a number and
+/// the end of the sequence) ends before a block's two passes could pay for themselves.
 #[derive(Debug, Clone)]
 struct BlockPlan {
     cost: CostModel,
@@ -316,15 +318,17 @@ impl BlockSize {
         self.size
     }
 
-    /// The block of the next step for `x` at position `n` after `emitted` tokens: the current
-    /// size (or the planned one), cut so that positions `n ..` stay inside the context (`max`;
-    /// `emit` guarantees room for `x`) and no slot lies past the token limit.
+    /// The block of the next step for `x` at position `n` after `emitted` tokens (the prompt's
+    /// pass's among them): the current size (or the planned one, 1 during the warm-up), cut so
+    /// that positions `n ..` stay inside the context (`max`; `emit` guarantees room for `x`) and
+    /// no slot lies past the token limit.
     pub fn fitted(&self, n: u32, emitted: usize, max: usize, config: &GenerateConfig) -> usize {
         let room = max.saturating_sub(n as usize).max(1);
         let wanted = config.max_new_tokens.saturating_sub(emitted) + 1;
         let limit = room.min(wanted);
         match &self.plan {
             None => self.size.min(limit),
+            Some(_) if emitted <= WARM_UP_STEPS => 1,
             Some(p) => p.choose(limit.min(self.settings.largest_block())),
         }
     }
@@ -643,22 +647,28 @@ mod tests {
         // A pass over k rows costs k steps: never a block (two passes for at most k tokens).
         assert!(!linear_pays_at_prior(&curve(1.0), 16));
         let b = BlockSize::cost_aware(&s, curve(1.0));
-        assert_eq!(b.fitted(10, 0, 1000, &config), 1);
+        // Tokens emitted once the first one and the warm-up's plain steps are out.
+        let past = WARM_UP_STEPS + 1;
+        assert_eq!(b.fitted(10, past, 1000, &config), 1);
         // Nearly flat: a large block; cut by the context and the token limit.
         assert!(linear_pays_at_prior(&curve(0.02), 16));
         let mut b = BlockSize::cost_aware(&s, curve(0.02));
-        assert!(b.fitted(10, 0, 1000, &config) >= 8);
-        assert_eq!(b.fitted(10, 0, 14, &config), 4);
+        assert!(b.fitted(10, past, 1000, &config) >= 8);
+        assert_eq!(b.fitted(10, past, 14, &config), 4);
         assert_eq!(b.fitted(10, 98, 1000, &config), 3);
+        // The warm-up: plain steps while a short answer could still end.
+        for emitted in 0..past {
+            assert_eq!(b.fitted(10, emitted, 1000, &config), 1, "{emitted}");
+        }
         // Drafts that are never accepted: plain steps, and a block again after a streak.
         for _ in 0..10 {
             b.update(0, 15);
         }
-        assert_eq!(b.fitted(10, 0, 1000, &config), 1);
+        assert_eq!(b.fitted(10, past, 1000, &config), 1);
         for _ in 0..EXPLORE_AFTER {
             b.update(0, 0);
         }
-        assert!(b.fitted(10, 0, 1000, &config) > 1);
+        assert!(b.fitted(10, past, 1000, &config) > 1);
     }
 
     #[test]

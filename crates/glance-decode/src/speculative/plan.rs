@@ -163,9 +163,9 @@ impl Planner {
 
     /// Whether a request's first drafted round is predicted to beat a decode step by
     /// [`AUTO_MARGIN`], with the prior's acceptance (the head's measured acceptance, else
-    /// [`PRIOR_ACCEPTANCE`] at every depth): what `auto` asks before choosing speculation, so that a model where only a near-perfect draft could pay — or
-    /// where the measured figures only just favour drafting, which a noisy measurement can flip
-    /// — decodes plainly.
+    /// [`PRIOR_ACCEPTANCE`] at every depth): what `auto` asks before choosing speculation, so
+    /// that a model where only a near-perfect draft could pay — or where the measured figures
+    /// only just favour drafting, which a noisy measurement can flip — decodes plainly.
     pub fn pays_at_prior(&self) -> bool {
         self.can_pay
             && self
@@ -231,13 +231,14 @@ impl Planner {
     }
 
     /// Starts from what earlier requests met (`memory`): the acceptance estimates from what
-    /// their drafts accepted, the warm-up from how long their answers ran, and the clock's
-    /// correction ([`Planner::slowdown`]) from how their rounds ran against the cost model, as
-    /// if they had been this request's. On a model whose
-    /// drafted rounds run slower by the clock than its figures say (a cache-resident model
-    /// whose draft evicts the target's weights, a cost model timed in a quiet moment), a
-    /// request then plans plain rounds from its first one, not after a few drafted at a loss.
-    /// A planner without the clock ([`Planner::without_clock`]) takes only the acceptance.
+    /// their drafts accepted, the warm-up from how long their answers ran
+    /// ([`Planner::remembered_warm_up`]), and the clock's correction ([`Planner::slowdown`])
+    /// from how their rounds ran against the cost model, as if they had been this request's.
+    /// On a model whose drafted rounds run slower by the clock than its figures say (a
+    /// cache-resident model whose draft evicts the target's weights, a cost model timed in a
+    /// quiet moment), a request then plans plain rounds from its first one, not after a few
+    /// drafted at a loss. A planner without the clock ([`Planner::without_clock`]) takes only
+    /// the acceptance and the answer lengths.
     pub fn remembering(mut self, memory: &Memory) -> Self {
         self.acceptance = Acceptance::remembered(&memory.acceptance).with_prior(&self.prior);
         self.remembered_lengths = memory.lengths.like(self.first_token);
@@ -320,8 +321,8 @@ impl Planner {
     /// first token costs `s` steps if it ends within the warm-up `w`, else `w` steps, the
     /// draft's start, and the drafted rounds (each at the best depth's predicted seconds) its
     /// other `s - w` tokens are expected to take. Between 0 and [`WARM_UP_STEPS`], the longer
-    /// one on a tie; `None` (the default rule) with fewer than [`MIN_ANSWERS`] remembered or
-    /// where no drafted round is predicted to pay.
+    /// one on a tie; `None` (the default rule) where no remembered answers are like this one
+    /// ([`Lengths::like`]) or no drafted round is predicted to pay.
     fn remembered_warm_up(&self) -> Option<usize> {
         let lengths = self.remembered_lengths.as_ref()?;
         let plain = self.pass(1);
