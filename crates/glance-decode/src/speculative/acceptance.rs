@@ -49,6 +49,12 @@ impl Acceptance {
         self
     }
 
+    /// The head's measured acceptance by depth this estimate was given
+    /// ([`Acceptance::with_prior`]); empty without one.
+    pub fn prior(&self) -> &[f64] {
+        &self.prior
+    }
+
     /// Adds a finished request's counts into this memory, fading the oldest.
     pub fn merge(&mut self, request: &Acceptance) {
         for (mine, theirs) in [

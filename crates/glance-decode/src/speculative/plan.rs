@@ -81,8 +81,6 @@ pub struct Planner {
     plain_steps_before_start: usize,
     plain_streak: u32,
     acceptance: Acceptance,
-    /// The head's measured acceptance by depth ([`Planner::with_prior`]).
-    prior: Vec<f64>,
     /// How many remembered answers like this one needed each number of steps after their
     /// first token (index: steps, the last bucket holding every longer answer), if enough
     /// are remembered ([`Lengths::like`]).
@@ -128,7 +126,6 @@ impl Planner {
             plain_steps_before_start: 0,
             plain_streak: 0,
             acceptance: Acceptance::default(),
-            prior: Vec::new(),
             remembered_lengths: None,
             first_token: None,
             answer_tokens: None,
@@ -156,8 +153,7 @@ impl Planner {
     /// [`glance_nn::DraftLm::acceptance`]), where this request's rounds and earlier requests
     /// have not yet said otherwise; without it the prior is [`PRIOR_ACCEPTANCE`].
     pub fn with_prior(mut self, by_depth: Option<&[f64]>) -> Self {
-        self.prior = by_depth.map(<[f64]>::to_vec).unwrap_or_default();
-        self.acceptance = self.acceptance.with_prior(&self.prior);
+        self.acceptance = self.acceptance.with_prior(by_depth.unwrap_or_default());
         self
     }
 
@@ -240,7 +236,8 @@ impl Planner {
     /// drafted at a loss. A planner without the clock ([`Planner::without_clock`]) takes only
     /// the acceptance and the answer lengths.
     pub fn remembering(mut self, memory: &Memory) -> Self {
-        self.acceptance = Acceptance::remembered(&memory.acceptance).with_prior(&self.prior);
+        self.acceptance =
+            Acceptance::remembered(&memory.acceptance).with_prior(self.acceptance.prior());
         self.remembered_lengths = memory.lengths.like(self.first_token);
         if self.clock {
             self.remembered_clock = memory.clock;
