@@ -143,10 +143,19 @@ mod kernel_rate {
     /// adds per CPU second of each format's kernel on one thread, cache-resident (a shared
     /// machine's other load does not count against it). `R`, `C` set the matrix (256 × 2048),
     /// `L` how many copies the products cycle over (`L=8 R=5632`: beyond the caches, as in a
-    /// decode step), `F` the formats and `M` the input-row counts (comma-separated).
+    /// decode step), `F` the formats, `M` the input-row counts (comma-separated) and `I` the
+    /// q8 / q4 kernels' instruction set (`amx`, `avx512`, `avx2`, `portable`; default, and
+    /// always for bf16 / f16, this CPU's best).
     #[test]
     #[ignore]
     fn kernel_rate() {
+        let isa = match std::env::var("I").as_deref() {
+            Ok("amx") => Isa::Amx,
+            Ok("avx512") => Isa::Avx512,
+            Ok("avx2") => Isa::Avx2,
+            Ok("portable") => Isa::Portable,
+            _ => Isa::best(),
+        };
         let (rows, cols, layers) = (
             env_setting("R", 256),
             env_setting("C", 2048),
@@ -160,7 +169,7 @@ mod kernel_rate {
             let ps: Vec<PackedMatrix> = (0..layers)
                 .map(|_| PackedMatrix::pack(f, &w, rows, cols).unwrap())
                 .collect();
-            let mut line = format!("{f} ({}) ", super::peak_label(f));
+            let mut line = format!("{f} {isa:?} ({}) ", super::peak_label(f));
             let ms: Vec<usize> = std::env::var("M")
                 .map(|s| s.split(',').map(|m| m.parse().unwrap()).collect())
                 .unwrap_or(vec![1, 2, 3, 4, 8, 16, 64]);
@@ -173,8 +182,8 @@ mod kernel_rate {
                     for p in ps.iter().cycle().take(20) {
                         match p {
                             PackedMatrix::Half(h) => h.block(0, rows, &x, m, &mut out),
-                            PackedMatrix::Q8(q) => q.block(0, rows, &xq, &mut out, Isa::best()),
-                            PackedMatrix::Q4(q) => q.block(0, rows, &xq, &mut out, Isa::best()),
+                            PackedMatrix::Q8(q) => q.block(0, rows, &xq, &mut out, isa),
+                            PackedMatrix::Q4(q) => q.block(0, rows, &xq, &mut out, isa),
                         }
                     }
                     reps += 20;
