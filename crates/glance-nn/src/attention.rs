@@ -403,8 +403,10 @@ pub fn attention_batch_invariant(
 ///
 /// For a vision tower whose linear layers are bf16 (which already take bf16-rounded inputs): its
 /// attention over all of an image's patches ran at a third of the tower's time in f32
-/// (docs/kernels.md, "Long prompts and the tower"). Rows are not batch-invariant here (a query's
-/// scores come from 16-row tiles), which a tower, always run over all its patches, does not need.
+/// (docs/kernels.md, "Long prompts and the tower"). A row's result depends only on its query and
+/// the keys, as in [`attention`]'s row-wise kernel, but the values differ from that kernel's (bf16
+/// operands): a language model, whose prompt and verified rows must equal its decode steps', keeps
+/// the row-wise kernel.
 pub fn attention_full_bf16(
     q: &Tensor,
     k: &Tensor,

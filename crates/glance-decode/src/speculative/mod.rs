@@ -256,7 +256,8 @@ struct Drafting {
     drafted_pending: usize,
     /// The round's clock (from after the draft's start, if it runs this round).
     round_clock: Instant,
-    /// The drafting's clock, from its first pass.
+    /// The drafting's clock, from its first pass (after the draft's start and prompt rows, in
+    /// the round that runs them).
     clock: Instant,
     stage: Stage,
 }
@@ -415,8 +416,8 @@ impl DecodeState for SpecState {
                         positions: &p.positions,
                         images: &p.images,
                     })?;
+                    // Timed with the prompt rows' pass, when its outputs come back.
                     self.started = Some((s.context.clone(), Some(s)));
-                    self.tally.time.start += clock.elapsed();
                 }
                 let Some((context, prompt)) = self.started.as_mut() else {
                     unreachable!("the draft was started above")
@@ -481,8 +482,11 @@ impl DecodeState for SpecState {
         match &mut round.stage {
             Stage::CaughtUp { prompt } => {
                 if *prompt {
-                    // The prompt's rows are the start's too.
-                    round.round_clock = Instant::now();
+                    // The draft's start and its prompt rows' pass are the start phase; the
+                    // round (and its drafting) is timed from here.
+                    let now = Instant::now();
+                    self.tally.time.start += now - round.clock;
+                    (round.clock, round.round_clock) = (now, now);
                 }
                 // x's row: the tree's root (1, hidden).
                 let n = out.hidden.dim(0)?;
