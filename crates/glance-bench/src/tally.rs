@@ -77,9 +77,10 @@ pub struct Tally {
 }
 
 /// The phases of a speculative decode ([`glance_decode::Speculative`]'s `time_*_us` counters):
-/// building the draft's prompt rows (`fc`, adaptor, global feature), drafting (the draft layer
-/// over the pending rows — in the first round the whole prompt — and the tree), the target's
-/// verification pass (forward and logits), acceptance and bookkeeping.
+/// the draft's start (building its prompt rows — `fc`, adaptor, global feature — and the draft
+/// layer's pass over them, with the first round's pending rows), drafting (the draft layer over
+/// the pending rows, and the tree), the target's verification pass (forward and logits),
+/// acceptance and bookkeeping. Disjoint: their sum is at most the decode time.
 pub const PHASES: [&str; 4] = ["start", "draft", "verify", "accept"];
 
 /// Adds `from` into `into` element-wise, growing it as needed.

@@ -395,71 +395,6 @@ pub fn attention_batch_invariant(
     }
 }
 
-/// `softmax(q kᵀ · scale) v` over every key (no mask; batch 1, f32, CPU; no grouped heads) with
-/// bf16 products on Intel AMX: `q · scale`, `k`, the probabilities and `v` rounded to bf16 (to
-/// nearest), every sum and the softmax in f32, as bf16 attention kernels on GPUs compute it.
-/// `(1, h, t, d)`, or `None` where the CPU has no AMX or the tensors are not of that kind: the
-/// caller then takes [`attention`].
-///
-/// For a vision tower whose linear layers are bf16 (which already take bf16-rounded inputs): its
-/// attention over all of an image's patches ran at a third of the tower's time in f32
-/// (docs/kernels.md, "Long prompts and the tower"). A row's result depends only on its query and
-/// the keys, as in [`attention`]'s row-wise kernel, but the values differ from that kernel's (bf16
-/// operands): a language model, whose prompt and verified rows must equal its decode steps', keeps
-/// the row-wise kernel.
-pub fn attention_full_bf16(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    scale: f64,
-) -> Result<Option<Tensor>> {
-    use crate::quant::half::{block_bf16_inputs, Bf16Rows};
-    use crate::quant::Isa;
-    use rayon::prelude::*;
-    if Isa::best() != Isa::Amx || !rowwise_applies(q, k, v) {
-        return Ok(None);
-    }
-    let (_, h, t, d) = q.dims4()?;
-    let (_, kv_h, s, dk) = k.dims4()?;
-    if kv_h != h || dk != d || v.dims4()? != (1, h, s, d) || t == 0 || s == 0 || d == 0 {
-        return Ok(None);
-    }
-    let device = q.device().clone();
-    let q: Vec<f32> = (q * scale)?.flatten_all()?.to_vec1()?;
-    let k: Vec<f32> = k.flatten_all()?.to_vec1()?;
-    let v: Vec<f32> = v.flatten_all()?.to_vec1()?;
-    // Keys padded to whole chunks of 32 (zero probabilities meet zero values there).
-    let s_pad = s.div_ceil(32) * 32;
-    let mut out = vec![0f32; h * t * d];
-    // Scratch per thread, every value of it written for each head (the values' padding stays
-    // zero): (t, s) scores, (t, s) probabilities, (d, s_pad) values transposed.
-    let scratch = || (vec![0f32; t * s], vec![0f32; t * s], vec![0f32; d * s_pad]);
-    out.par_chunks_mut(t * d).enumerate().for_each_init(
-        scratch,
-        |(scores, probs, vt), (head, out_h)| {
-            let qb = Bf16Rows::new(&q[head * t * d..][..t * d], t, d);
-            let kb = Bf16Rows::new(&k[head * s * d..][..s * d], s, d);
-            // Query row r against key i at r · s + i (rows padded alike: n = stride).
-            block_bf16_inputs(qb.bits(), &kb, qb.stride(), s, scores, Isa::Amx);
-            for (src, dst) in scores.chunks_exact(s).zip(probs.chunks_exact_mut(s)) {
-                crate::fused::softmax_row(src, dst);
-            }
-            let pb = Bf16Rows::new(probs, t, s);
-            // One row per output column.
-            let vh = &v[head * s * d..][..s * d];
-            for (i, row) in vh.chunks_exact(d).enumerate() {
-                for (c, &x) in row.iter().enumerate() {
-                    vt[c * s_pad + i] = x;
-                }
-            }
-            let vb = Bf16Rows::new(vt, d, s_pad);
-            // (t, d): query row r's output column c at r · d + c.
-            block_bf16_inputs(pb.bits(), &vb, s_pad, d, out_h, Isa::Amx);
-        },
-    );
-    Ok(Some(Tensor::from_vec(out, (1, h, t, d), &device)?))
-}
-
 /// Batch 1, f32, on the CPU: what the row-wise kernel takes.
 fn rowwise_applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     q.dims().first() == Some(&1)
@@ -716,38 +651,6 @@ mod tests {
                 "row {r}"
             );
         }
-        Ok(())
-    }
-
-    #[test]
-    fn bf16_full_attention_is_the_f32_attention_to_bf16_precision() -> Result<()> {
-        // A tower's shape, small: every key visible, key counts off the chunk of 32 (37, 70),
-        // head sizes a whole chunk or not (64, 40).
-        let dev = Device::Cpu;
-        for (h, t, d) in [(3, 37, 64), (2, 70, 40), (1, 16, 64)] {
-            let q = Tensor::randn(0f32, 1.0, (1, h, t, d), &dev)?;
-            let k = Tensor::randn(0f32, 1.0, (1, h, t, d), &dev)?;
-            let v = Tensor::randn(0f32, 1.0, (1, h, t, d), &dev)?;
-            let scale = 1.0 / (d as f64).sqrt();
-            let Some(got) = attention_full_bf16(&q, &k, &v, scale)? else {
-                assert_ne!(crate::quant::Isa::best(), crate::quant::Isa::Amx);
-                return Ok(());
-            };
-            let want = reference(&q, &k, &v, None, scale)?;
-            assert_eq!(got.dims4()?, (1, h, t, d));
-            // bf16 keeps 8 bits of mantissa: about 0.4% per rounded operand.
-            let diff: f32 = (&got - &want)?.abs()?.max_all()?.to_scalar()?;
-            let size: f32 = want.abs()?.max_all()?.to_scalar()?;
-            assert!(diff < 0.03 * size, "({h}, {t}, {d}): {diff} of {size}");
-            // Not a coincidence of the tolerance: a wrong key or value layout is far off.
-            let other = reference(&q, &v, &k, None, scale)?;
-            let far: f32 = (&got - &other)?.abs()?.max_all()?.to_scalar()?;
-            assert!(far > 0.1 * size, "({h}, {t}, {d}): {far}");
-        }
-        // Grouped heads are not its kind: the caller takes `attention`.
-        let q = Tensor::randn(0f32, 1.0, (1, 4, 5, 32), &dev)?;
-        let kv = Tensor::randn(0f32, 1.0, (1, 2, 5, 32), &dev)?;
-        assert!(attention_full_bf16(&q, &kv, &kv, 0.1)?.is_none());
         Ok(())
     }
 

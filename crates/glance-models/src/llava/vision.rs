@@ -9,11 +9,8 @@ use super::config::VisionConfig;
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use glance_core::{Error, Result};
-use glance_nn::attention::AttnOutput;
 use glance_nn::weights::{layer_norm, linear_as, param};
-use glance_nn::{
-    attention, attention_full_bf16, LayerNorm, Linear, Mode, WeightFormat, WeightLoad,
-};
+use glance_nn::{attention, LayerNorm, Linear, Mode, WeightLoad};
 
 struct EncoderLayer {
     ln1: LayerNorm,
@@ -165,19 +162,15 @@ impl ClipVision {
             let k = split(layer.k.forward(&h)?)?;
             let v = split(layer.v.forward(&h)?)?;
             let want_probs = i + 1 == deepest;
-            let scale = 1.0 / (hd as f64).sqrt();
-            // bf16 weights: bf16 products for the attention too, where AMX makes them pay.
-            let bf16 =
-                !want_probs && self.mode == Mode::Infer && layer.q.format() == WeightFormat::Bf16;
-            let fast = if bf16 {
-                attention_full_bf16(&q, &k, &v, scale)?
-            } else {
-                None
-            };
-            let att = match fast {
-                Some(out) => AttnOutput { out, probs: None },
-                None => attention(&q, &k, &v, None, scale, self.mode, want_probs)?,
-            };
+            let att = attention(
+                &q,
+                &k,
+                &v,
+                None,
+                1.0 / (hd as f64).sqrt(),
+                self.mode,
+                want_probs,
+            )?;
             if let Some(p) = att.probs {
                 // (1, heads, n, n) -> [CLS] query row (heads, n)
                 cls_attention = Some(p.squeeze(0)?.narrow(1, 0, 1)?.squeeze(1)?);
