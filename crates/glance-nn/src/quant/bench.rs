@@ -144,8 +144,8 @@ mod kernel_rate {
     /// machine's other load does not count against it). `R`, `C` set the matrix (256 × 2048),
     /// `L` how many copies the products cycle over (`L=8 R=5632`: beyond the caches, as in a
     /// decode step), `F` the formats, `M` the input-row counts (comma-separated) and `I` the
-    /// q8 / q4 kernels' instruction set (`amx`, `avx512`, `avx2`, `portable`; default, and
-    /// always for bf16 / f16, this CPU's best).
+    /// q8 / q4 kernels' instruction set (`avx512`, `avx2`, `portable`, or `amx`, which runs them
+    /// as `avx512`; default, and always for bf16 / f16, this CPU's best).
     #[test]
     #[ignore]
     fn kernel_rate() {
