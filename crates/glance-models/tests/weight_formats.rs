@@ -98,10 +98,12 @@ fn packed_formats_keep_the_fixture_logits() {
         // ~2% of rows here, q4 (random Gaussian weights at 4 bits: ~8% noise per weight) half of
         // mistral's. On llama-gqa and qwen2 q8 / q4 fall back to bf16 (hidden 72 / 56).
         // glance-tiny's trained logits are the meaningful check (glance-engine's weight tests).
+        // q8's vision tower is bf16 and attends in bf16 on AMX: mistral-rgba's largest q8 error
+        // was 0.274 before that attention and 0.301 with it (bf16's own moved 0.125 -> 0.111).
         let (max_err, min_top1) = match f {
             WeightFormat::F16 => (0.02, 0.99),
             WeightFormat::Bf16 => (0.15, 0.96),
-            WeightFormat::Q8 => (0.3, 0.95),
+            WeightFormat::Q8 => (0.35, 0.95),
             _ => (5.0, 0.75),
         };
         if err > max_err || top1 < min_top1 {

@@ -26,11 +26,7 @@ impl CustomOp1 for QuickGelu {
         let mut dst = vec![0f32; src.len()];
         dst.par_chunks_mut(CHUNK)
             .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| {
-                for (d, &x) in d.iter_mut().zip(s) {
-                    *d = x / (1.0 + (-1.702 * x).exp());
-                }
-            });
+            .for_each(|(d, s)| quick_gelu_slice(s, d));
         Ok((CpuStorage::F32(dst), layout.shape().clone()))
     }
 
@@ -39,6 +35,34 @@ impl CustomOp1 for QuickGelu {
         let s = candle_nn::ops::sigmoid(&(arg * 1.702)?)?;
         let ds = (&s + ((arg * 1.702)? * &s)?.mul(&(1.0 - &s)?)?)?;
         Ok(Some(grad_res.mul(&ds)?))
+    }
+}
+
+/// `dst[i] = src[i] · σ(1.702 src[i])`, with [`exp_approx`] so that the loop vectorises (a
+/// vision tower's activation: libm's `expf`, one value at a time, took 4% of its time).
+fn quick_gelu_slice(src: &[f32], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { quick_gelu_avx512(src, dst) };
+    }
+    quick_gelu_portable(src, dst)
+}
+
+/// [`quick_gelu_portable`] compiled for AVX-512F (the same operations, so the same bits).
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn quick_gelu_avx512(src: &[f32], dst: &mut [f32]) {
+    quick_gelu_portable(src, dst)
+}
+
+#[inline(always)]
+fn quick_gelu_portable(src: &[f32], dst: &mut [f32]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = x / (1.0 + exp_approx(-1.702 * x));
     }
 }
 
@@ -203,7 +227,10 @@ fn exp_approx(x: f32) -> f32 {
         * r
         + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // 2^n from n's bits: adding 1.5 · 2²³ puts the integer n (|n| ≤ 128) in the low mantissa
+    // bits, where an integer subtraction reads it (`n as i32`, saturating, does not vectorise).
+    let n_bits = (n + 12_582_912.0).to_bits().wrapping_sub(0x4B40_0000);
+    y * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 /// Softmax over the last dimension: the vectorised kernel for contiguous f32 on CPU, candle's

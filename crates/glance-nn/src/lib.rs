@@ -30,7 +30,9 @@ pub mod runtime;
 pub mod weights;
 
 pub use activation::Activation;
-pub use attention::{attention, attention_batch_invariant, AttnMask, TreeMask, VisibleMask};
+pub use attention::{
+    attention, attention_batch_invariant, attention_full_bf16, AttnMask, TreeMask, VisibleMask,
+};
 pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
 pub use lm::{

@@ -74,26 +74,47 @@ pub(crate) fn rows_parallel(
     m: usize,
     kernel: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
-    // (out, m): each task fills whole weight rows' outputs.
-    let mut yt = vec![0f32; out_dim * m];
-    if m == 0 {
-        return yt;
-    }
-    yt.par_chunks_mut(ROWS_PER_TASK * m)
-        .enumerate()
-        .for_each(|(c, ys)| kernel(c * ROWS_PER_TASK, ys.len() / m, ys));
-    if m == 1 {
-        return yt;
-    }
-    transpose(&yt, out_dim, m)
+    let mut y = vec![0f32; out_dim * m];
+    rows_parallel_into(out_dim, m, kernel, &mut Vec::new(), &mut y);
+    y
 }
 
-/// `x` `(rows, cols)` row-major → `(cols, rows)`, in parallel over bunches of output rows: each
-/// bunch reads a few adjacent values of every input row and writes its rows in order, so neither
-/// side strides through memory a value at a time.
-fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+/// [`rows_parallel`] into `y` `(m, out_dim)`, the kernels' `(out_dim, m)` results in `scratch`
+/// (grown as needed: a caller making many passes keeps one and pays its pages once).
+pub(crate) fn rows_parallel_into(
+    out_dim: usize,
+    m: usize,
+    kernel: impl Fn(usize, usize, &mut [f32]) + Sync,
+    scratch: &mut Vec<f32>,
+    y: &mut [f32],
+) {
+    debug_assert_eq!(y.len(), out_dim * m);
+    let tasks = |ys: &mut [f32]| {
+        ys.par_chunks_mut(ROWS_PER_TASK * m)
+            .enumerate()
+            .for_each(|(c, ys)| kernel(c * ROWS_PER_TASK, ys.len() / m, ys))
+    };
+    match m {
+        0 => {}
+        // (out, 1) is (1, out).
+        1 => tasks(y),
+        _ => {
+            if scratch.len() < out_dim * m {
+                scratch.resize(out_dim * m, 0.0);
+            }
+            // (out, m): each task fills whole weight rows' outputs.
+            let yt = &mut scratch[..out_dim * m];
+            tasks(yt);
+            transpose_into(yt, out_dim, m, y);
+        }
+    }
+}
+
+/// `x` `(rows, cols)` row-major → `y` `(cols, rows)`, in parallel over bunches of output rows:
+/// each bunch reads a few adjacent values of every input row and writes its rows in order, so
+/// neither side strides through memory a value at a time.
+fn transpose_into(x: &[f32], rows: usize, cols: usize, y: &mut [f32]) {
     const BUNCH: usize = 8;
-    let mut y = vec![0f32; rows * cols];
     y.par_chunks_mut(BUNCH * rows)
         .enumerate()
         .for_each(|(b, yb)| {
@@ -105,7 +126,6 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
                 }
             }
         });
-    y
 }
 
 /// `out[r * m + i] = w_r · x_i` for the weight rows in `w` and the `m` input rows in `x`, each

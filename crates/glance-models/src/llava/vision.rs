@@ -10,7 +10,9 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use glance_core::{Error, Result};
 use glance_nn::weights::{layer_norm, linear_as, param};
-use glance_nn::{attention, LayerNorm, Linear, Mode, WeightLoad};
+use glance_nn::{
+    attention, attention_full_bf16, LayerNorm, Linear, Mode, WeightFormat, WeightLoad,
+};
 
 struct EncoderLayer {
     ln1: LayerNorm,
@@ -156,26 +158,44 @@ impl ClipVision {
         let mut cls_attention = None;
         for (i, layer) in self.layers[..deepest].iter().enumerate() {
             let h = layer.ln1.forward(&x)?;
-            // (n, hidden) -> (1, heads, n, hd)
-            let split = |y: Tensor| y.reshape((1, n, heads, hd))?.transpose(1, 2)?.contiguous();
-            let q = split(layer.q.forward(&h)?)?;
-            let k = split(layer.k.forward(&h)?)?;
-            let v = split(layer.v.forward(&h)?)?;
+            let (q, k, v) = (
+                layer.q.forward(&h)?,
+                layer.k.forward(&h)?,
+                layer.v.forward(&h)?,
+            );
             let want_probs = i + 1 == deepest;
-            let att = attention(
-                &q,
-                &k,
-                &v,
-                None,
-                1.0 / (hd as f64).sqrt(),
-                self.mode,
-                want_probs,
-            )?;
-            if let Some(p) = att.probs {
-                // (1, heads, n, n) -> [CLS] query row (heads, n)
-                cls_attention = Some(p.squeeze(0)?.narrow(1, 0, 1)?.squeeze(1)?);
-            }
-            let a = att.out.transpose(1, 2)?.reshape((n, c.hidden_size))?;
+            let scale = 1.0 / (hd as f64).sqrt();
+            // bf16 weights: bf16 products for the attention too, where AMX makes them pay; it
+            // takes and gives the heads side by side, (n, hidden).
+            let bf16 =
+                !want_probs && self.mode == Mode::Infer && layer.q.format() == WeightFormat::Bf16;
+            let fast = if bf16 {
+                attention_full_bf16(&q, &k, &v, heads, scale)?
+            } else {
+                None
+            };
+            let a = match fast {
+                Some(a) => a,
+                None => {
+                    // (n, hidden) -> (1, heads, n, hd)
+                    let split =
+                        |y: Tensor| y.reshape((1, n, heads, hd))?.transpose(1, 2)?.contiguous();
+                    let att = attention(
+                        &split(q)?,
+                        &split(k)?,
+                        &split(v)?,
+                        None,
+                        scale,
+                        self.mode,
+                        want_probs,
+                    )?;
+                    if let Some(p) = att.probs {
+                        // (1, heads, n, n) -> [CLS] query row (heads, n)
+                        cls_attention = Some(p.squeeze(0)?.narrow(1, 0, 1)?.squeeze(1)?);
+                    }
+                    att.out.transpose(1, 2)?.reshape((n, c.hidden_size))?
+                }
+            };
             x = (x + layer.out.forward(&a)?)?;
             let m = layer.fc2.forward(
                 &c.hidden_act

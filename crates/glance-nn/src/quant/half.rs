@@ -768,6 +768,9 @@ mod tests {
                 (16, 33, 64),
                 (40, 37, 96),
                 (70, 18, 64),
+                // More than two input tiles and K-blocks of 8 chunks: the packed weight tiles,
+                // results stored and reloaded between K-blocks, a block of 3 weight rows.
+                (50, 35, 600),
             ] {
                 let w = HalfMatrix::from_f32(kind, &values(rows * n, 1), rows, n);
                 let x_f32 = values(m * n, 7);
