@@ -445,23 +445,17 @@ pub fn attention_full_bf16(
     let s_pad = s.div_ceil(32) * 32;
     // (heads, t, d): each head's output, merged into (t, heads · d) at the end.
     let mut per_head = vec![0f32; heads * t * d];
-    // Scratch per thread, every value of it written for each head (the values' padding stays
-    // zero): the head's (t, d) queries and (s, d) keys, (t, s) scores, (t, s) probabilities,
-    // (d, s_pad) values transposed.
-    let scratch = || {
-        let (qh, kh) = (vec![0f32; t * d], vec![0f32; s * d]);
-        (
-            qh,
-            kh,
-            vec![0f32; t * s],
-            vec![0f32; t * s],
-            vec![0f32; d * s_pad],
-        )
-    };
-    per_head.par_chunks_mut(t * d).enumerate().for_each_init(
-        scratch,
-        |(qh, kh, scores, probs, vt), (head, out_h)| {
-            let cols = head * d..(head + 1) * d;
+    // The heads in one group per thread, each group with one scratch, every value of it written
+    // for each head (the values' padding stays zero): the head's (t, d) queries and (s, d) keys,
+    // (t, s) scores, (t, s) probabilities, (d, s_pad) values transposed. (`for_each_init` gives
+    // a scratch per rayon split: megabytes zeroed again for most heads.)
+    let per_group = heads.div_ceil(rayon::current_num_threads().max(1));
+    let group = |(g, outs): (usize, &mut [f32])| {
+        let (mut qh, mut kh) = (vec![0f32; t * d], vec![0f32; s * d]);
+        let (mut scores, mut probs) = (vec![0f32; t * s], vec![0f32; t * s]);
+        let mut vt = vec![0f32; d * s_pad];
+        for (i, out_h) in outs.chunks_exact_mut(t * d).enumerate() {
+            let cols = (g * per_group + i) * d..(g * per_group + i + 1) * d;
             for (dst, row) in qh.chunks_exact_mut(d).zip(q.chunks_exact(width)) {
                 for (o, &x) in dst.iter_mut().zip(&row[cols.clone()]) {
                     *o = x * scale;
@@ -470,24 +464,28 @@ pub fn attention_full_bf16(
             for (dst, row) in kh.chunks_exact_mut(d).zip(k.chunks_exact(width)) {
                 dst.copy_from_slice(&row[cols.clone()]);
             }
-            let (qb, kb) = (Bf16Rows::new(qh, t, d), Bf16Rows::new(kh, s, d));
+            let (qb, kb) = (Bf16Rows::new(&qh, t, d), Bf16Rows::new(&kh, s, d));
             // Query row r against key i at r · s + i (rows padded alike: n = stride).
-            block_bf16_inputs(qb.bits(), &kb, qb.stride(), s, scores, Isa::Amx);
+            block_bf16_inputs(qb.bits(), &kb, qb.stride(), s, &mut scores, Isa::Amx);
             for (src, dst) in scores.chunks_exact(s).zip(probs.chunks_exact_mut(s)) {
                 crate::fused::softmax_row(src, dst);
             }
-            let pb = Bf16Rows::new(probs, t, s);
+            let pb = Bf16Rows::new(&probs, t, s);
             // One row per output column.
             for (i, row) in v.chunks_exact(width).enumerate() {
                 for (c, &x) in row[cols.clone()].iter().enumerate() {
                     vt[c * s_pad + i] = x;
                 }
             }
-            let vb = Bf16Rows::new(vt, d, s_pad);
+            let vb = Bf16Rows::new(&vt, d, s_pad);
             // (t, d): query row r's output column c at r · d + c.
             block_bf16_inputs(pb.bits(), &vb, s_pad, d, out_h, Isa::Amx);
-        },
-    );
+        }
+    };
+    per_head
+        .par_chunks_mut(per_group * t * d)
+        .enumerate()
+        .for_each(group);
     // (heads, t, d) -> (t, heads · d)
     let mut out = vec![0f32; t * width];
     out.par_chunks_mut(width).enumerate().for_each(|(r, row)| {

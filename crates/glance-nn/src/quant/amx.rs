@@ -113,7 +113,6 @@ impl Bf16Tiles {
 }
 
 /// `ldtilecfg`'s 64-byte operand (palette 1).
-#[derive(PartialEq)]
 #[repr(C, align(64))]
 struct TileConfig {
     palette: u8,
@@ -247,7 +246,9 @@ pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
     };
     // A partial last chunk of a block's weight rows, zero-padded (the inputs are zero there too).
     let mut tail = [0u16; MAX_T * TILE_R * CHUNK];
-    let mut configured: Option<TileConfig> = None;
+    // The tiles' shapes as configured: rows of each weight tile, of each input tile, and how
+    // many of each.
+    let mut configured: Option<([usize; 2], [usize; 2], usize, usize)> = None;
     for r0 in (0..rows).step_by(lay.s * TILE_R) {
         let wr_all = [0, 1].map(|wi| rows.saturating_sub(r0 + wi * TILE_R).min(TILE_R));
         let wr = &wr_all[..lay.s.min((rows - r0).div_ceil(TILE_R))];
@@ -259,10 +260,11 @@ pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
         for t0 in (0..input_tiles).step_by(lay.s) {
             let widths_all = [0, 1].map(|t| (m.saturating_sub((t0 + t) * TILE_M)).min(TILE_M));
             let widths = &widths_all[..lay.s.min(input_tiles - t0)];
-            let config = TileConfig::new(lay, wr, widths);
-            if configured.as_ref() != Some(&config) {
+            // A new configuration only where the block's shape changes (the last rows).
+            if configured != Some((wr_all, widths_all, wr.len(), widths.len())) {
+                let config = TileConfig::new(lay, wr, widths);
                 asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
-                configured = Some(config);
+                configured = Some((wr_all, widths_all, wr.len(), widths.len()));
             }
             for wi in 0..wr.len() {
                 for t in 0..widths.len() {
@@ -393,4 +395,80 @@ pub unsafe fn peak_loop(iters: u64) -> f32 {
     store(0, out.as_mut_ptr(), 4 * TILE_M);
     asm!("tilerelease", options(nostack, nomem, preserves_flags));
     out.iter().sum()
+}
+
+#[cfg(test)]
+mod tile_rates {
+    use super::*;
+
+    /// Manual: `cargo test --release -p glance-nn tile_rates -- --ignored --nocapture`. What a
+    /// tile load costs beside the products on this CPU: nanoseconds per loop of four products
+    /// (8,192 multiply-adds each) with none, one, two or four tile loads from L1 between them,
+    /// and four loads alone. On the Xeon of docs/kernels.md the loads did not overlap the
+    /// products: each added about as much as it costs alone ("AMX's tile loads", there).
+    #[test]
+    #[ignore]
+    fn tile_rates() {
+        if !available() {
+            println!("no AMX here");
+            return;
+        }
+        // SAFETY: AMX is available (checked just above).
+        unsafe { measure(200_000) };
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn measure(iters: u32) {
+        let config = TileConfig::new(Layout { s: 2 }, &[TILE_R; 2], &[TILE_M; 2]);
+        asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
+        // Four tiles of bf16 2^-24: the sums stay finite.
+        let buf = vec![0x3380u16; 4 * TILE_R * CHUNK];
+        let tile = |i: usize| buf.as_ptr().add(i * TILE_R * CHUNK) as *const u8;
+        for t in 0..4 {
+            zero(t);
+        }
+        for (reg, i) in [(4, 0), (5, 1), (6, 2), (7, 3)] {
+            load(reg, tile(i), 64);
+        }
+        let time = |label: &str, body: &mut dyn FnMut()| {
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                body();
+            }
+            let ns = start.elapsed().as_secs_f64() * 1e9 / iters as f64;
+            println!("{label:<34} {ns:6.1} ns a loop");
+        };
+        let products = || {
+            multiply(0, 4, 6);
+            multiply(1, 4, 7);
+            multiply(2, 5, 6);
+            multiply(3, 5, 7);
+        };
+        time("4 products", &mut || products());
+        time("4 loads", &mut || {
+            for (reg, i) in [(4, 0), (5, 1), (6, 2), (7, 3)] {
+                load(reg, tile(i), 64);
+            }
+        });
+        time("1 load + 4 products", &mut || {
+            load(4, tile(0), 64);
+            products();
+        });
+        time("2 loads + 4 products", &mut || {
+            load(6, tile(2), 64);
+            load(7, tile(3), 64);
+            products();
+        });
+        time("4 loads + 4 products (2 x 2 block)", &mut || {
+            load(4, tile(0), 64);
+            load(6, tile(2), 64);
+            multiply(0, 4, 6);
+            load(7, tile(3), 64);
+            multiply(1, 4, 7);
+            load(5, tile(1), 64);
+            multiply(2, 5, 6);
+            multiply(3, 5, 7);
+        });
+        asm!("tilerelease", options(nostack, nomem, preserves_flags));
+    }
 }
