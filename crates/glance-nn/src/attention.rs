@@ -437,9 +437,19 @@ pub fn attention_full_bf16(
     }
     let d = width / heads;
     let device = q.device().clone();
-    let q: Vec<f32> = q.flatten_all()?.to_vec1()?;
-    let k: Vec<f32> = k.flatten_all()?.to_vec1()?;
-    let v: Vec<f32> = v.flatten_all()?.to_vec1()?;
+    // Read in place (each head's columns are gathered into its thread's scratch below).
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let guards = [&q, &k, &v].map(|x| x.storage_and_layout());
+    let mut slices = Vec::with_capacity(3);
+    for (storage, layout) in &guards {
+        let (candle_core::Storage::Cpu(cpu), Some((a, b))) =
+            (&**storage, layout.contiguous_offsets())
+        else {
+            return Ok(None);
+        };
+        slices.push(&cpu.as_slice::<f32>()?[a..b]);
+    }
+    let (q, k, v) = (slices[0], slices[1], slices[2]);
     let scale = scale as f32;
     // Keys padded to whole chunks of 32 (zero probabilities meet zero values there).
     let s_pad = s.div_ceil(32) * 32;

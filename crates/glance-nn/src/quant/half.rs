@@ -768,8 +768,8 @@ mod tests {
                 (16, 33, 64),
                 (40, 37, 96),
                 (70, 18, 64),
-                // More than two input tiles and K-blocks of 8 chunks: the packed weight tiles,
-                // results stored and reloaded between K-blocks, a block of 3 weight rows.
+                // Two pairs of input tiles, rows of 19 chunks (the last partial) and a last block
+                // of 3 weight rows.
                 (50, 35, 600),
             ] {
                 let w = HalfMatrix::from_f32(kind, &values(rows * n, 1), rows, n);

@@ -719,7 +719,7 @@ impl PackedMatrix {
         let amx = isa == Isa::Amx
             && matches!(self, Self::Half(h) if half::uses_bf16_inputs(h.kind(), isa));
         let per_pass = if amx {
-            let passes = m.div_ceil(AMX_ROWS_PER_PASS).max(1);
+            let passes = m.div_ceil(AMX_ROWS_PER_PASS);
             m.div_ceil(passes).next_multiple_of(16)
         } else {
             ROWS_PER_PASS
