@@ -115,12 +115,8 @@ impl Linear {
         let w = match &self.weight {
             Weight::Dense(w) => w,
             Weight::Packed(p) => {
-                // (rows, in) x (out, in)ᵀ -> (rows, out)
-                let y = p.matmul(&x2)?;
-                let y = match &self.bias {
-                    Some(b) => y.broadcast_add(b)?,
-                    None => y,
-                };
+                // (rows, in) x (out, in)ᵀ + bias -> (rows, out)
+                let y = p.matmul_bias(&x2, self.bias.as_ref())?;
                 let mut out_shape = dims[..dims.len() - 1].to_vec();
                 out_shape.push(out_dim);
                 return y.reshape(out_shape);

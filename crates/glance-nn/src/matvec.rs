@@ -110,6 +110,76 @@ pub(crate) fn rows_parallel_into(
     }
 }
 
+/// Columns `first .. first + cols` of a row-major `(m, ld)` result: the part one task of
+/// [`columns_parallel_into`] writes (no other task writes them).
+pub(crate) struct Columns<'a> {
+    ptr: *mut f32,
+    ld: usize,
+    m: usize,
+    cols: usize,
+    _y: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a `Columns` is the only handle on its columns of the result (the tasks' columns are
+// disjoint), so moving it to another thread shares nothing.
+unsafe impl Send for Columns<'_> {}
+
+impl Columns<'_> {
+    /// Rows of the result (the input rows).
+    pub(crate) fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Columns this handle writes.
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Values from one row of the result to the next.
+    pub(crate) fn ld(&self) -> usize {
+        self.ld
+    }
+
+    /// The result's row 0, at this handle's first column: values `i * ld + c` for `i < rows`,
+    /// `c < cols` are this handle's to write, and no others.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut f32 {
+        self.ptr
+    }
+}
+
+/// [`rows_parallel_into`] for kernels that write their outputs into `y` `(m, out_dim)` directly:
+/// `kernel(first, columns)` fills columns `first .. first + columns.cols()` of every row.
+pub(crate) fn columns_parallel_into(
+    out_dim: usize,
+    m: usize,
+    kernel: impl Fn(usize, Columns<'_>) + Sync,
+    y: &mut [f32],
+) {
+    assert_eq!(y.len(), out_dim * m, "columns_parallel_into: shape");
+    if y.is_empty() {
+        return;
+    }
+    struct Base(*mut f32);
+    // SAFETY: shared only to make each task's `Columns`, which are disjoint.
+    unsafe impl Sync for Base {}
+    let base = Base(y.as_mut_ptr());
+    let base = &base;
+    (0..out_dim.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .for_each(|task| {
+            let first = task * ROWS_PER_TASK;
+            let cols = Columns {
+                // SAFETY: `first < out_dim`, inside `y`'s first row.
+                ptr: unsafe { base.0.add(first) },
+                ld: out_dim,
+                m,
+                cols: ROWS_PER_TASK.min(out_dim - first),
+                _y: std::marker::PhantomData,
+            };
+            kernel(first, cols)
+        });
+}
+
 /// `x` `(rows, cols)` row-major → `y` `(cols, rows)`, in parallel over bunches of output rows:
 /// each bunch reads a few adjacent values of every input row and writes its rows in order, so
 /// neither side strides through memory a value at a time.

@@ -8,9 +8,11 @@
 //! of the matrix; a row's last, partial chunk of 32 goes through a zero-padded scratch tile). The
 //! input rows, rounded to bf16 once per product, are arranged once per product as `B` tiles
 //! ([`Bf16Tiles`]): row `kp` of a tile holds, for each of its 16 input rows, the pair of values
-//! `2kp, 2kp + 1` of the chunk (the pair layout `tdpbf16ps` multiplies). Each `C` tile (16 weight
-//! rows × up to 16 input rows, f32) accumulates over the row's chunks in order and is stored
-//! straight into the output `(rows, m)`.
+//! `2kp, 2kp + 1` of the chunk (the pair layout `tdpbf16ps` multiplies; a tile is the transpose
+//! of its rows' chunk read as 16 × 16 pairs). Each `C` tile (16 weight rows × up to 16 input
+//! rows, f32) accumulates over the row's chunks in order and is stored straight into the output:
+//! as `(rows, m)` ([`Dest::Rows`]), or through a 16 × 16 register transpose as `(m, rows)`, a
+//! linear layer's result, with its bias added ([`Dest::Inputs`]).
 //!
 //! **A row alone equals the row in a batch, bit for bit.** Every output `C[r][i]` is one
 //! accumulator that meets the chunks in the same order whatever `m` is: a tile's other input
@@ -93,11 +95,39 @@ pub struct Bf16Tiles {
 impl Bf16Tiles {
     /// `x`'s rows arranged as tiles.
     pub fn new(x: &Bf16Rows) -> Self {
+        Self::arrange(x, std::arch::is_x86_feature_detected!("avx512f"))
+    }
+
+    /// [`Bf16Tiles::new`], a tile at a time through a register transpose where `vector` (the CPU
+    /// must have AVX-512 F), else a value at a time.
+    fn arrange(x: &Bf16Rows, vector: bool) -> Self {
         let (m, stride) = (x.rows(), x.stride());
         let chunks = stride / CHUNK;
         let tiles = m.div_ceil(TILE_M);
-        let mut words = vec![0u32; tiles * chunks * PAIRS * TILE_M];
         let bits = x.bits();
+        if vector {
+            // A tile is the transpose of its 16 rows' chunk read as 16 × 16 words (pairs),
+            // each written once where it goes (no zeroed buffer first, no copy).
+            let len = tiles * chunks * PAIRS * TILE_M;
+            let mut words: Vec<u32> = Vec::with_capacity(len);
+            let at = words.as_mut_ptr();
+            for t in 0..tiles {
+                let rows = (m - t * TILE_M).min(TILE_M);
+                let first = &bits[t * TILE_M * stride..];
+                for c in 0..chunks {
+                    // SAFETY: the caller saw AVX-512 F; `first` holds `rows` rows of `stride`
+                    // values, each with chunk `c`; tile `(t, c)` is inside the capacity.
+                    unsafe {
+                        let tile = at.add((t * chunks + c) * PAIRS * TILE_M);
+                        arrange_tile(first.as_ptr().add(CHUNK * c), stride, rows, tile);
+                    }
+                }
+            }
+            // SAFETY: every tile of the `len` words was written just above.
+            unsafe { words.set_len(len) };
+            return Self { m, chunks, words };
+        }
+        let mut words = vec![0u32; tiles * chunks * PAIRS * TILE_M];
         for i in 0..m {
             let (t, mi) = (i / TILE_M, i % TILE_M);
             let row = &bits[i * stride..(i + 1) * stride];
@@ -109,6 +139,26 @@ impl Bf16Tiles {
             }
         }
         Self { m, chunks, words }
+    }
+}
+
+/// One `B` tile from `rows` (≤ 16) input rows' chunk at `x` (rows `stride` values apart): word
+/// `kp · 16 + i` is row `i`'s pair `kp`, zero for the rows past `rows`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F; `x` must be valid for reading 32 values at each of the
+/// `rows` rows, `tile` for writing 256 words.
+#[target_feature(enable = "avx512f")]
+unsafe fn arrange_tile(x: *const u16, stride: usize, rows: usize, tile: *mut u32) {
+    use std::arch::x86_64::*;
+    debug_assert!(rows <= TILE_M);
+    let mut v = [_mm512_setzero_ps(); 16];
+    for (i, v) in v.iter_mut().take(rows).enumerate() {
+        *v = _mm512_loadu_ps(x.add(i * stride) as *const f32);
+    }
+    transpose16(&mut v);
+    for (kp, v) in v.iter().enumerate() {
+        _mm512_storeu_ps(tile.add(kp * TILE_M) as *mut f32, *v);
     }
 }
 
@@ -227,17 +277,43 @@ unsafe fn multiply(c: usize, a: usize, b: usize) {
     }
 }
 
+/// Where [`block_to`] writes weight row `r`'s output for input row `i`.
+#[derive(Clone, Copy)]
+pub enum Dest {
+    /// At `r * ld + i`: each weight row's outputs side by side (`ld ≥ m`).
+    Rows { ld: usize },
+    /// At `i * ld + r`: each input row's outputs side by side (`ld ≥` the weight rows), as a
+    /// linear layer's result `(m, out)` holds them, plus `bias[r]` where a bias is given (null:
+    /// none; the same f32 sum as adding it after); each `C` tile goes through a 16 × 16
+    /// register transpose on its way out.
+    Inputs { ld: usize, bias: *const f32 },
+}
+
 /// `out[r * m + i] = w_r · x_i` for the weight rows in `w` (`w.len() / n` rows of `n > 0`
-/// values) and the input rows of `x` (`m = x`'s rows): blocks of one tile of 16 weight rows
-/// against one tile of 16 input rows, or two against two from 17 input rows (see [`MAX_T`]).
+/// values) and the input rows of `x` (`m = x`'s rows): [`block_to`] with [`Dest::Rows`].
+///
+/// # Safety
+/// As [`block_to`]; `out` must hold at least `rows · m` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
+    debug_assert!(n > 0 && out.len() >= w.len() / n * x.m);
+    block_to(w, x, n, out.as_mut_ptr(), Dest::Rows { ld: x.m });
+}
+
+/// `w_r · x_i` for the weight rows in `w` (`w.len() / n` rows of `n > 0` values) and the input
+/// rows of `x` into `out` as `dest` places them: blocks of one tile of 16 weight rows against
+/// one tile of 16 input rows, or two against two from 17 input rows (see [`MAX_T`]).
 ///
 /// # Safety
 /// [`available`] must be true; `x` must hold rows of `n` values (its chunks `⌈n / 32⌉`); `out`
-/// must hold at least `rows · m` values.
+/// must be valid for writing every place `dest` gives the `rows × m` outputs, and a
+/// [`Dest::Inputs`] bias, unless null, for reading `rows` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
+pub unsafe fn block_to(w: &[u16], x: &Bf16Tiles, n: usize, out: *mut f32, dest: Dest) {
     let (m, chunks) = (x.m, x.chunks);
-    debug_assert!(n > 0 && chunks == n.div_ceil(CHUNK) && out.len() >= w.len() / n * m);
+    debug_assert!(n > 0 && chunks == n.div_ceil(CHUNK));
+    // One C tile on its way to `Dest::Inputs`, 16 rows of 64 bytes.
+    let mut staged = Staged([0.0; TILE_R * TILE_M]);
     let rows = w.len() / n;
     let whole = n / CHUNK;
     let input_tiles = m.div_ceil(TILE_M);
@@ -315,15 +391,104 @@ pub unsafe fn block(w: &[u16], x: &Bf16Tiles, n: usize, out: &mut [f32]) {
                     }
                 }
             }
-            for wi in 0..wr.len() {
-                for t in 0..widths.len() {
-                    let at = (r0 + wi * TILE_R) * m + (t0 + t) * TILE_M;
-                    store(lay.c(wi, t), out.as_mut_ptr().add(at), 4 * m);
+            for (wi, &r) in wr.iter().enumerate() {
+                for (t, &width) in widths.iter().enumerate() {
+                    let (row, input) = (r0 + wi * TILE_R, (t0 + t) * TILE_M);
+                    match dest {
+                        Dest::Rows { ld } => {
+                            store(lay.c(wi, t), out.add(row * ld + input), 4 * ld);
+                        }
+                        Dest::Inputs { ld, bias } => {
+                            store(lay.c(wi, t), staged.0.as_mut_ptr(), 4 * TILE_M);
+                            let bias = if bias.is_null() { bias } else { bias.add(row) };
+                            let at = out.add(input * ld + row);
+                            store_transposed(&staged, r, width, at, ld, bias);
+                        }
+                    }
                 }
             }
         }
     }
     asm!("tilerelease", options(nostack, nomem, preserves_flags));
+}
+
+/// A `C` tile in memory: 16 rows (weight rows) of 16 values (input rows).
+#[repr(C, align(64))]
+struct Staged([f32; TILE_R * TILE_M]);
+
+/// Writes the first `width` columns of `tile`'s first `r` rows transposed: column `i` (an input
+/// row's outputs) as `r` values at `p + i · ld`, each plus `bias[k]` for row `k` unless `bias`
+/// is null. Rows past `r` hold whatever an earlier tile left there; the masked stores leave
+/// them out.
+///
+/// # Safety
+/// `p + i · ld .. + r` must be valid for writing for every `i < width`, and `bias` null or
+/// valid for reading `r` values; `r`, `width` ≤ 16.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store_transposed(
+    tile: &Staged,
+    r: usize,
+    width: usize,
+    p: *mut f32,
+    ld: usize,
+    bias: *const f32,
+) {
+    use std::arch::x86_64::*;
+    let mut v = [_mm512_setzero_ps(); 16];
+    for (k, v) in v.iter_mut().enumerate() {
+        *v = _mm512_load_ps(tile.0.as_ptr().add(k * TILE_M));
+    }
+    transpose16(&mut v);
+    let mask: __mmask16 = if r >= 16 { 0xffff } else { (1 << r) - 1 };
+    if !bias.is_null() {
+        let b = _mm512_maskz_loadu_ps(mask, bias);
+        for v in v.iter_mut().take(width) {
+            *v = _mm512_add_ps(*v, b);
+        }
+    }
+    for (i, v) in v.iter().take(width).enumerate() {
+        _mm512_mask_storeu_ps(p.add(i * ld), mask, *v);
+    }
+}
+
+/// Transposes 16 rows of 16 values in registers: row `c` becomes column `c`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
+    use std::arch::x86_64::*;
+    let (lo, hi) = (
+        |a: __m512, b: __m512| {
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+        },
+        |a: __m512, b: __m512| {
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+        },
+    );
+    // u[g][j], 128-bit lane l: column 4l + j of rows 4g … 4g + 3.
+    let mut u = [[_mm512_setzero_ps(); 4]; 4];
+    for (g, u) in u.iter_mut().enumerate() {
+        let [a, b, c, d] = [r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]];
+        let (ab_lo, ab_hi) = (_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        let (cd_lo, cd_hi) = (_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+        *u = [
+            lo(ab_lo, cd_lo),
+            hi(ab_lo, cd_lo),
+            lo(ab_hi, cd_hi),
+            hi(ab_hi, cd_hi),
+        ];
+    }
+    // Lane l of u[0..4][j], in order, is column 4l + j.
+    for j in 0..4 {
+        let a_lo = _mm512_shuffle_f32x4::<0x44>(u[0][j], u[1][j]);
+        let a_hi = _mm512_shuffle_f32x4::<0xEE>(u[0][j], u[1][j]);
+        let b_lo = _mm512_shuffle_f32x4::<0x44>(u[2][j], u[3][j]);
+        let b_hi = _mm512_shuffle_f32x4::<0xEE>(u[2][j], u[3][j]);
+        r[j] = _mm512_shuffle_f32x4::<0x88>(a_lo, b_lo);
+        r[4 + j] = _mm512_shuffle_f32x4::<0xDD>(a_lo, b_lo);
+        r[8 + j] = _mm512_shuffle_f32x4::<0x88>(a_hi, b_hi);
+        r[12 + j] = _mm512_shuffle_f32x4::<0xDD>(a_hi, b_hi);
+    }
 }
 
 /// Clears `C` tile `t`.
@@ -470,5 +635,117 @@ mod tile_rates {
             multiply(3, 5, 7);
         });
         asm!("tilerelease", options(nostack, nomem, preserves_flags));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::tests::values;
+
+    /// A product written to `Dest::Inputs` holds, bit for bit, the transpose of the same product
+    /// written to `Dest::Rows` (with a bias: each value plus its row's bias), for whole and partial tiles of weight rows and of input rows,
+    /// and writes nothing outside its columns (the result's other columns keep their values).
+    #[test]
+    fn outputs_transposed_equal_the_rows_transposed() {
+        if !available() {
+            return;
+        }
+        for (m, rows, n) in [
+            (2, 3, 32),
+            (16, 16, 64),
+            (17, 35, 96),
+            (50, 40, 600),
+            (33, 70, 40),
+        ] {
+            let w: Vec<u16> = values(rows * n, 3)
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            let x = Bf16Rows::new(&values(m * n, 5), m, n);
+            let tiles = Bf16Tiles::new(&x);
+            let mut by_rows = vec![0f32; rows * m];
+            // SAFETY: AMX is available (checked above); `by_rows` holds rows · m values.
+            unsafe { block(&w, &tiles, n, &mut by_rows) };
+            // Columns 3 .. 3 + rows of a wider result whose other values must stay -7.
+            let ld = rows + 5;
+            let mut y = vec![-7f32; m * ld];
+            // And once more with a bias.
+            let bias = values(rows, 8);
+            let mut yb = vec![-7f32; m * ld];
+            // SAFETY: as above; `Dest::Inputs` writes `3 + i * ld + r` for i < m, r < rows, and
+            // reads `bias[r]`.
+            unsafe {
+                let null = std::ptr::null();
+                let at = y.as_mut_ptr().add(3);
+                block_to(&w, &tiles, n, at, Dest::Inputs { ld, bias: null });
+                let at = yb.as_mut_ptr().add(3);
+                block_to(
+                    &w,
+                    &tiles,
+                    n,
+                    at,
+                    Dest::Inputs {
+                        ld,
+                        bias: bias.as_ptr(),
+                    },
+                );
+            }
+            for i in 0..m {
+                for c in 0..ld {
+                    let (got, got_b) = (y[i * ld + c], yb[i * ld + c]);
+                    if (3..3 + rows).contains(&c) {
+                        let want = by_rows[(c - 3) * m + i];
+                        let want_b = want + bias[c - 3];
+                        assert_eq!(
+                            got_b.to_bits(),
+                            want_b.to_bits(),
+                            "({m},{rows},{n}) [{i},{c}]"
+                        );
+                        assert_eq!(got.to_bits(), want.to_bits(), "({m},{rows},{n}) [{i},{c}]");
+                    } else {
+                        assert_eq!((got, got_b), (-7.0, -7.0), "({m},{rows},{n}) [{i},{c}]");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The register-transposed arrangement of input tiles equals the one a value at a time.
+    #[test]
+    fn tiles_arranged_in_registers_equal_the_plain_arrangement() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        for (m, n) in [
+            (1, 1),
+            (3, 32),
+            (16, 64),
+            (17, 100),
+            (40, 31),
+            (5, 0),
+            (0, 32),
+        ] {
+            let x = Bf16Rows::new(&values(m * n, 9), m, n);
+            let (fast, plain) = (Bf16Tiles::arrange(&x, true), Bf16Tiles::arrange(&x, false));
+            assert_eq!((fast.m, fast.chunks), (plain.m, plain.chunks));
+            assert!(fast.words == plain.words, "({m}, {n})");
+        }
+    }
+
+    #[test]
+    fn sixteen_rows_transpose() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let tile = Staged(std::array::from_fn(|k| k as f32));
+        let mut out = vec![0f32; 16 * 16];
+        // SAFETY: AVX-512 F is present; `out` holds 16 rows of 16.
+        unsafe { store_transposed(&tile, 16, 16, out.as_mut_ptr(), 16, std::ptr::null()) };
+        for i in 0..16 {
+            for r in 0..16 {
+                assert_eq!(out[i * 16 + r], (r * 16 + i) as f32, "[{i},{r}]");
+            }
+        }
     }
 }

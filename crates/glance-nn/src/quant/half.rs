@@ -261,22 +261,20 @@ pub struct Bf16Rows {
 impl Bf16Rows {
     pub fn new(x: &[f32], m: usize, n: usize) -> Self {
         assert_eq!(x.len(), m * n, "Bf16Rows::new: shape");
+        Self::from_rows(m, n, |i, dst| round_into(&x[i * n..(i + 1) * n], dst))
+    }
+
+    /// `m` rows of `n` values, row `i`'s written by `fill(i, dst)` into `dst` (its `n` values,
+    /// zero when called) — for rows made and rounded in one pass.
+    pub fn from_rows(m: usize, n: usize, mut fill: impl FnMut(usize, &mut [u16])) -> Self {
         let stride = n.div_ceil(32) * 32;
-        let mut bits = vec![0u16; m * stride];
-        for (row, dst) in x
-            .chunks_exact(n.max(1))
-            .zip(bits.chunks_exact_mut(stride.max(1)))
-        {
-            #[cfg(target_arch = "x86_64")]
-            if has_avx512_bf16() {
-                // SAFETY: AVX-512 F/BW/BF16 are present (checked just above); `row` has `n`
-                // values and `dst` at least `n`.
-                unsafe { round_row(row, dst) };
-                continue;
-            }
-            for (d, &v) in dst.iter_mut().zip(row) {
-                *d = half::bf16::from_f32(v).to_bits();
-            }
+        // Each row's place zeroed just before it is written (while it is in cache), not the
+        // whole buffer first.
+        let mut bits = Vec::with_capacity(m * stride);
+        for i in 0..m {
+            let at = bits.len();
+            bits.resize(at + stride, 0);
+            fill(i, &mut bits[at..at + n]);
         }
         Self {
             m,
@@ -306,6 +304,29 @@ impl Bf16Rows {
     #[cfg(target_arch = "x86_64")]
     fn tiles(&self) -> &super::amx::Bf16Tiles {
         self.tiles.get_or_init(|| super::amx::Bf16Tiles::new(self))
+    }
+}
+
+/// `row` rounded to bf16 (to nearest, ties to even) into `dst`'s first `row.len()` values.
+///
+/// # Panics
+/// If `dst` holds fewer values than `row`.
+pub fn round_into(row: &[f32], dst: &mut [u16]) {
+    assert!(
+        dst.len() >= row.len(),
+        "round_into: {} values into {}",
+        row.len(),
+        dst.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_bf16() {
+        // SAFETY: AVX-512 F/BW/BF16 are present (checked just above); `dst` holds at least
+        // `row.len()` values (checked at the top).
+        unsafe { round_row(row, dst) };
+        return;
+    }
+    for (d, &v) in dst.iter_mut().zip(row) {
+        *d = half::bf16::from_f32(v).to_bits();
     }
 }
 
@@ -397,6 +418,57 @@ pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut 
         })
         .collect();
     block(HalfKind::Bf16, w, &xs, n, m, out, Isa::best());
+}
+
+/// [`block_bf16_inputs`] on AMX, each input row's outputs written side by side into `out`
+/// (`out`'s row `i`, column `r`, for `x`'s row `i` and `w`'s row `r`), plus `bias[r]` where
+/// given: the layout a linear layer's result has, with no `(rows, m)` result to transpose and
+/// no pass to add the bias after. Returns `false`, writing nothing, where AMX is not available.
+///
+/// # Panics
+/// If `x` is not `out.rows()` rows of `n > 0` values, `w` not `out.cols()` rows of `n` or
+/// `bias` not `out.cols()` values.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn block_bf16_amx_into(
+    w: &[u16],
+    x: &Bf16Rows,
+    n: usize,
+    mut out: crate::matvec::Columns<'_>,
+    bias: Option<&[f32]>,
+) -> bool {
+    assert!(
+        n > 0
+            && x.m == out.rows()
+            && x.stride >= n
+            && w.len() == out.cols() * n
+            && bias.is_none_or(|b| b.len() == out.cols()),
+        "block_bf16_amx_into: {} input rows of stride {} for {} rows of {n}, {} weights and {:?} \
+         biases for {} columns",
+        x.m,
+        x.stride,
+        out.rows(),
+        w.len(),
+        bias.map(<[f32]>::len),
+        out.cols()
+    );
+    if !super::amx::available() {
+        return false;
+    }
+    let ld = out.ld();
+    let bias = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+    // SAFETY: AMX is available (checked just above); the tiles hold `x`'s rows of `n` values;
+    // `Dest::Inputs` writes `i * ld + r` for `i < x.m` and `r < w.len() / n`, `out`'s own values,
+    // and reads `bias[r]` (checked at the top).
+    unsafe {
+        super::amx::block_to(
+            w,
+            x.tiles(),
+            n,
+            out.as_mut_ptr(),
+            super::amx::Dest::Inputs { ld, bias },
+        )
+    };
+    true
 }
 
 /// `out[r * m + i] = w_r · x_i` for the 16-bit weight rows `w` and f32 inputs `x` `(m, n)`, with

@@ -705,11 +705,28 @@ impl PackedMatrix {
 
     /// [`PackedMatrix::matmul_rows`] with a given instruction set (one the CPU has).
     pub fn matmul_rows_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+        self.rows_with_bias(x, m, isa, None)
+    }
+
+    /// [`PackedMatrix::matmul_rows_with`] plus `bias` (`out` values) on every row: the same f32
+    /// sums as adding it after, in the pass that makes the rows (AMX: as each tile is stored).
+    fn rows_with_bias(&self, x: &[f32], m: usize, isa: Isa, bias: Option<&[f32]>) -> Vec<f32> {
         let (out_dim, n) = self.dims();
         assert_eq!(x.len(), m * n, "packed matmul: ({m}, {n}) inputs expected");
-        let mut y = vec![0f32; m * out_dim];
+        if let Some(b) = bias {
+            assert_eq!(
+                b.len(),
+                out_dim,
+                "packed matmul: bias of {} for {out_dim}",
+                b.len()
+            );
+        }
         if m == 0 || n == 0 {
             // No rows, or sums over nothing.
+            let mut y = vec![0f32; m * out_dim];
+            for row in y.chunks_exact_mut(out_dim.max(1)) {
+                add_bias(row, bias);
+            }
             return y;
         }
         // Input rows in passes that stay in cache while the weights stream past, each written
@@ -725,14 +742,28 @@ impl PackedMatrix {
             ROWS_PER_PASS
         };
         let mut scratch = Vec::new();
-        for (xs, ys) in x.chunks(per_pass * n).zip(y.chunks_mut(per_pass * out_dim)) {
-            self.pass(xs, xs.len() / n, isa, &mut scratch, ys);
+        // Each pass's rows zeroed just before the pass writes them (while they fit in cache),
+        // not the whole result first.
+        let mut y = Vec::with_capacity(m * out_dim);
+        for xs in x.chunks(per_pass * n) {
+            let rows = xs.len() / n;
+            y.resize(y.len() + rows * out_dim, 0.0);
+            let at = y.len() - rows * out_dim;
+            self.pass(xs, rows, isa, bias, &mut scratch, &mut y[at..]);
         }
         y
     }
 
-    /// One pass of [`PackedMatrix::matmul_rows_with`]: `x` `(m, in)` → `y` `(m, out)`.
-    fn pass(&self, x: &[f32], m: usize, isa: Isa, scratch: &mut Vec<f32>, y: &mut [f32]) {
+    /// One pass of [`PackedMatrix::rows_with_bias`]: `x` `(m, in)` → `y` `(m, out)`, plus `bias`.
+    fn pass(
+        &self,
+        x: &[f32],
+        m: usize,
+        isa: Isa,
+        bias: Option<&[f32]>,
+        scratch: &mut Vec<f32>,
+        y: &mut [f32],
+    ) {
         let (out_dim, n) = self.dims();
         let run = |kernel: &(dyn Fn(usize, usize, &mut [f32]) + Sync), scratch, y| {
             crate::matvec::rows_parallel_into(out_dim, m, kernel, scratch, y)
@@ -741,6 +772,24 @@ impl PackedMatrix {
             Self::Half(h) if half::uses_bf16_inputs(h.kind(), isa) => {
                 // Rounded once, shared by every task.
                 let xb = half::Bf16Rows::new(x, m, n);
+                // On AMX each task writes its columns of `y` itself, through a register
+                // transpose of each result tile (no `(out, m)` result to transpose after).
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Amx && m > 1 && amx::available() {
+                    crate::matvec::columns_parallel_into(
+                        out_dim,
+                        m,
+                        |first, cols| {
+                            let w = &h.bits()[first * n..(first + cols.cols()) * n];
+                            let b = bias.map(|b| &b[first..first + cols.cols()]);
+                            let done = half::block_bf16_amx_into(w, &xb, n, cols, b);
+                            debug_assert!(done, "AMX checked available");
+                        },
+                        y,
+                    );
+                    // The kernel added the bias.
+                    return;
+                }
                 run(
                     &|first, rows, ys| {
                         let w = &h.bits()[first * n..(first + rows) * n];
@@ -775,19 +824,61 @@ impl PackedMatrix {
                 )
             }
         }
+        for row in y.chunks_exact_mut(out_dim.max(1)) {
+            add_bias(row, bias);
+        }
     }
 
     /// `x` `(m, in)` f32 CPU tensor → `(m, out)` through the format's kernels, whatever `m`
     /// ([`PackedMatrix::matmul_rows`]): a prompt row gets exactly what the same row gets in a
     /// decode step.
     pub fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.matmul_bias(x, None)
+    }
+
+    /// [`PackedMatrix::matmul`] plus `bias` `(out,)` on every row, added in place (the same f32
+    /// sums as a broadcast add after). A contiguous f32 CPU `x` is read where it lies.
+    pub fn matmul_bias(&self, x: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
         let (out_dim, n) = self.dims();
         let (m, xn) = x.dims2()?;
         if xn != n {
             candle_core::bail!("packed matmul: x is ({m}, {xn}) for a ({out_dim}, {n}) matrix")
         }
-        let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        Tensor::from_vec(self.matmul_rows(&xs, m), (m, out_dim), x.device())
+        let bias = match bias {
+            Some(b) if b.dims1()? != out_dim => {
+                candle_core::bail!(
+                    "packed matmul: a bias of {:?} for {out_dim} outputs",
+                    b.dims()
+                )
+            }
+            Some(b) => Some(b.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+            None => None,
+        };
+        let x = x.to_dtype(DType::F32)?.contiguous()?;
+        let (isa, bias) = (Isa::best(), bias.as_deref());
+        let y = {
+            let (storage, layout) = x.storage_and_layout();
+            match (&*storage, layout.contiguous_offsets()) {
+                (candle_core::Storage::Cpu(cpu), Some((a, b))) => {
+                    self.rows_with_bias(&cpu.as_slice::<f32>()?[a..b], m, isa, bias)
+                }
+                _ => {
+                    drop(storage);
+                    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                    self.rows_with_bias(&xs, m, isa, bias)
+                }
+            }
+        };
+        Tensor::from_vec(y, (m, out_dim), x.device())
+    }
+}
+
+/// `row += bias`, where a bias is given.
+fn add_bias(row: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for (v, b) in row.iter_mut().zip(b) {
+            *v += b;
+        }
     }
 }
 
@@ -895,7 +986,8 @@ pub(crate) mod tests {
 
     /// The packed product (one pass for a few rows, passes of 64 for many, of up to 128 for
     /// bf16 on AMX) against the f32 product of the dequantized matrix, for every format and on
-    /// odd output sizes; a row of many equals the row alone, bit for bit; no rows, no outputs.
+    /// odd output sizes; a row of many equals the row alone, bit for bit, and a bias added in
+    /// the pass equals one added after; no rows, no outputs.
     #[test]
     fn packed_matmul_matches_dequantized_product() -> candle_core::Result<()> {
         let dev = candle_core::Device::Cpu;
@@ -934,6 +1026,16 @@ pub(crate) mod tests {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{format} ({m},{out},{n}): row {i} differs alone");
                 }
+                // A bias added in the pass (on AMX, as the tiles are stored) is the sum a
+                // broadcast add after gives, bit for bit.
+                let b = Tensor::from_vec(values(out, 4), out, &dev)?;
+                let with = p.matmul_bias(&x, Some(&b))?.to_vec2::<f32>()?;
+                let after = got.broadcast_add(&b)?.to_vec2::<f32>()?;
+                let mut same = with.iter().flatten().zip(after.iter().flatten());
+                assert!(
+                    same.all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{format} bias"
+                );
             }
             let p = PackedMatrix::pack(format, &values(37 * 64, 5), 37, 64).unwrap();
             assert!(p.matmul_rows(&[], 0).is_empty());
