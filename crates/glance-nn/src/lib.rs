@@ -16,6 +16,7 @@
 pub mod activation;
 pub mod attend_rows;
 pub mod attention;
+pub mod attention_bf16;
 pub mod fused;
 pub mod kv_cache;
 pub mod linear;
@@ -30,9 +31,8 @@ pub mod runtime;
 pub mod weights;
 
 pub use activation::Activation;
-pub use attention::{
-    attention, attention_batch_invariant, attention_full_bf16, AttnMask, TreeMask, VisibleMask,
-};
+pub use attention::{attention, attention_batch_invariant, AttnMask, TreeMask, VisibleMask};
+pub use attention_bf16::attention_full_bf16;
 pub use kv_cache::{CacheMark, KvCache, LayerCache};
 pub use linear::Linear;
 pub use lm::{

@@ -150,19 +150,11 @@ impl Linear {
     pub fn forward_rows(&self, xs: &Tensor) -> Result<Tensor> {
         if let (Weight::Packed(p), 2) = (&self.weight, xs.rank()) {
             // (n, in) -> (n, out), each row alone through the format's kernel.
-            let (n, in_dim) = xs.dims2()?;
-            let xs_v = xs
-                .to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
+            let in_dim = xs.dim(1)?;
             if in_dim != p.dims().1 {
                 candle_core::bail!("linear: rows of {in_dim} values for {:?}", p.dims())
             }
-            let y = Tensor::from_vec(p.matmul_rows(&xs_v, n), (n, p.dims().0), xs.device())?;
-            return match &self.bias {
-                Some(b) => y.broadcast_add(b),
-                None => Ok(y),
-            };
+            return p.matmul_bias(xs, self.bias.as_ref());
         }
         let w = match &self.weight {
             Weight::Dense(w) if xs.rank() == 2 && kernel_applies(w, xs) => w,
