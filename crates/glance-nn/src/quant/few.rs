@@ -1,5 +1,5 @@
-//! The AVX-512 VNNI q8 / q4 kernel for a few input rows (decode, and the 2–15 rows a
-//! verification pass brings): tiles of `R` weight rows × `M` input rows whose float accumulators
+//! The AVX-512 VNNI q8 / q4 kernel for a few input rows (decode, and the rows a verification
+//! pass brings, below the format's [`super::x86::GroupPrep::BLOCK_FROM_ROWS`]): tiles of `R` weight rows × `M` input rows whose float accumulators
 //! stay in registers over the whole row, so the input loads are shared by `R` weight rows, the
 //! accumulators never go through memory between groups and every tile ends in its `R · M`
 //! lane sums.
@@ -14,6 +14,13 @@ use super::act::QuantRows;
 use super::group::{GROUP, GROUP_BYTES};
 use super::x86::GroupPrep;
 use std::arch::x86_64::*;
+
+/// Tiles ahead of the one computing whose weight rows are prefetched (at least
+/// [`PREFETCH_ROWS`] rows).
+const PREFETCH_TILES: usize = 4;
+
+/// Weight rows ahead of the one computing that are prefetched at the least.
+const PREFETCH_ROWS: usize = 8;
 
 /// `out[r * m + i] = w_r · x_i` for weight rows `0..rows` and the `x.m` input rows, in tiles
 /// of up to 3 weight rows × up to 4 input rows (see the module header).
@@ -47,13 +54,13 @@ pub unsafe fn few_rows(
         ($r:literal, $r0:expr) => {{
             let mut i0 = 0;
             while i0 + 4 <= m {
-                tile::<$r, 4>(scales, x, ($r0, i0), rows, shift, out, prep);
+                tile::<$r, 4>(scales, x, ($r0, i0), shift, out, prep);
                 i0 += 4;
             }
             match m - i0 {
-                3 => tile::<$r, 3>(scales, x, ($r0, i0), rows, shift, out, prep),
-                2 => tile::<$r, 2>(scales, x, ($r0, i0), rows, shift, out, prep),
-                1 => tile::<$r, 1>(scales, x, ($r0, i0), rows, shift, out, prep),
+                3 => tile::<$r, 3>(scales, x, ($r0, i0), shift, out, prep),
+                2 => tile::<$r, 2>(scales, x, ($r0, i0), shift, out, prep),
+                1 => tile::<$r, 1>(scales, x, ($r0, i0), shift, out, prep),
                 _ => {}
             }
         }};
@@ -70,19 +77,29 @@ pub unsafe fn few_rows(
     }
 }
 
+/// Prefetches into L2 the `count` f16 scales from `first` on (which may lie past `scales`: a
+/// prefetch never faults).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn prefetch_scales(scales: &[u16], first: usize, count: usize) {
+    let at = scales.as_ptr().wrapping_add(first) as *const i8;
+    for line in (0..count * 2).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(line));
+    }
+}
+
 /// Weight rows `r0..r0 + R` against input rows `i0..i0 + M` over the whole row, into
 /// `out[r * m + i]`.
 ///
 /// # Safety
-/// As [`few_rows`] (`rows` its weight rows), for weight rows `r0..r0 + R` and input rows
-/// `i0..i0 + M` of `x`.
+/// As [`few_rows`], for weight rows `r0..r0 + R` of its `rows` and input rows `i0..i0 + M` of
+/// `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn tile<const R: usize, const M: usize>(
     scales: &[u16],
     x: &QuantRows,
     (r0, i0): (usize, usize),
-    rows: usize,
     shift: u32,
     out: &mut [f32],
     prep: &impl GroupPrep,
@@ -92,20 +109,21 @@ unsafe fn tile<const R: usize, const M: usize>(
     let shift = _mm_cvtsi32_si128(shift as i32);
     // (R, M) float accumulators, in registers for the whole row.
     let mut acc = [[_mm512_setzero_ps(); M]; R];
-    // The weight rows two tiles on (contiguous), prefetched a share per group: a tile reads R
-    // rows at once, which the hardware prefetcher follows less well than one stream (measured
-    // beyond the caches with `kernel_rate`, docs/kernels.md). A prefetch never faults, so the
-    // addresses past the last row need no guard.
+    // The weight rows (and their scales) `ahead_rows` on, prefetched into L2 a share per group:
+    // a tile reads R rows at once, which the hardware prefetcher follows less well than one
+    // stream, and even one row's stream ran a fifth faster with it (measured beyond the caches,
+    // docs/kernels.md). L1 is too small to hold what is fetched this far ahead. Past this
+    // call's rows too: they are usually the next task's, which this thread runs next (a
+    // prefetch never faults, and past the matrix it only wastes a read).
     let (w0, row_bytes) = prep.row_bytes();
-    let next = w0.wrapping_add((r0 + 2 * R) * row_bytes);
-    let share = (R * row_bytes).div_ceil(groups);
-    // Only this call's rows (a task's): past them the bytes are another task's.
-    let ahead = (rows.saturating_sub(r0 + 2 * R) * row_bytes).min(R * row_bytes);
+    let ahead_rows = (PREFETCH_TILES * R).max(PREFETCH_ROWS);
+    let next = w0.wrapping_add((r0 + ahead_rows) * row_bytes);
+    let share = (R * row_bytes).div_ceil(groups).next_multiple_of(64);
+    prefetch_scales(scales, (r0 + ahead_rows) * nb, R * nb);
     for g in 0..groups {
-        // One row is one stream: the hardware prefetcher's.
-        let mut line = if R == 1 { usize::MAX } else { g * share };
-        while line < ((g + 1) * share).min(ahead) {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+        let mut line = g * share;
+        while line < ((g + 1) * share).min(R * row_bytes) {
+            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line) as *const i8);
             line += 64;
         }
         let blocks = (nb - g * GROUP).min(GROUP);

@@ -678,14 +678,14 @@ mod avx512_dp {
         let mut r = 0;
         if m == 1 {
             while r + 8 <= rows {
-                tile::<8, 1>(w, x, n, r, 0, m, out, Ahead::NONE);
+                tile::<8, 1>(w, x, n, r, 0, m, out, Ahead::new(w, n, r, 8, 1));
                 r += 8;
             }
         }
         while r + 4 <= rows {
             // The tile's input-row chunks of 4 share the prefetch of the weights ahead (from
             // 3 chunks: see [`Ahead`]).
-            let ahead = Ahead::new(w, n, rows, r, 4, m.div_ceil(4));
+            let ahead = Ahead::new(w, n, r, 4, m.div_ceil(4));
             let mut i = 0;
             while i + 4 <= m {
                 tile::<4, 4>(w, x, n, r, i, m, out, ahead.part(i / 4));
@@ -708,14 +708,15 @@ mod avx512_dp {
         }
     }
 
-    /// The bytes of weight rows a tile prefetches while it computes: the rows [`TILES_AHEAD`]
-    /// tiles on, within this call's rows (past them the rows are another task's), split evenly
-    /// between the `parts` calls that cover the tile's input rows. Over many input rows a tile
-    /// reads its weights from the caches after its first chunk of inputs, and without software
-    /// prefetch the memory idles while it computes. Only from 3 chunks (more than 8 input
-    /// rows): measured beyond the caches (`kernel_rate`, one thread, `R=5632 L=8`), 16 rows ran
-    /// at 61.5 against 52.7 GMAC per CPU-second, 8 rows at 34.8 against 37.6, and 1 and 4 rows
-    /// slower (6.5 against 9.5, 21.3 against 27.1): there the hardware prefetcher does better.
+    /// The bytes of weight rows a tile prefetches into L2 while it computes: the rows
+    /// [`TILES_AHEAD`] tiles on, split evenly between the `parts` calls that cover the tile's
+    /// input rows. Over many input rows a tile reads its weights from the caches after its
+    /// first chunk of inputs, and without software prefetch the memory idles while it
+    /// computes; over a few, a tile reads 4 or 8 rows at once, more streams than the hardware
+    /// prefetcher follows well. Past the call's rows too (usually the next task's, which the
+    /// same thread runs next). Measured at the model level (random TinyLlama-1.1B, 2 threads,
+    /// AMD EPYC, before against after, two alternations): one row 66–69 against 60–65 ms, 8
+    /// rows 121–126 against 86–91 ms (docs/kernels.md).
     #[derive(Clone, Copy)]
     struct Ahead {
         start: *const u8,
@@ -723,7 +724,7 @@ mod avx512_dp {
     }
 
     /// How many tiles on the prefetched rows lie.
-    const TILES_AHEAD: usize = 2;
+    const TILES_AHEAD: usize = 4;
 
     impl Ahead {
         const NONE: Ahead = Ahead {
@@ -731,19 +732,13 @@ mod avx512_dp {
             bytes: 0,
         };
 
-        fn new(w: &[u16], n: usize, rows: usize, r0: usize, tile: usize, parts: usize) -> Self {
-            if parts < 3 {
-                return Ahead::NONE;
-            }
+        fn new(w: &[u16], n: usize, r0: usize, tile: usize, parts: usize) -> Self {
             let first = r0 + TILES_AHEAD * tile;
-            let count = rows.saturating_sub(first).min(tile);
-            // A prefetch never faults, and `first * n` stays within the allocation's address
-            // range only when `count > 0`; `wrapping_add` keeps the pointer arithmetic defined
-            // either way.
+            // A prefetch never faults; `wrapping_add` keeps the pointer arithmetic defined
+            // past the rows (usually the next task's, which this thread runs next).
             let start = (w.as_ptr() as *const u8).wrapping_add(2 * first * n);
-            let bytes = 2 * count * n;
-            // `bytes` is one part's share (the last part may reach past the rows: a few lines
-            // of another task's, harmless); [`Ahead::part`] moves `start` to a part's.
+            let bytes = 2 * tile * n;
+            // `bytes` is one part's share; [`Ahead::part`] moves `start` to a part's.
             Ahead {
                 start,
                 bytes: bytes.div_ceil(parts.max(1)).next_multiple_of(64),
@@ -785,7 +780,7 @@ mod avx512_dp {
         for c in 0..chunks {
             let mut line = c * share;
             while line < ((c + 1) * share).min(ahead.bytes) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.start.wrapping_add(line) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(ahead.start.wrapping_add(line) as *const i8);
                 line += 64;
             }
             let left = n - 32 * c;

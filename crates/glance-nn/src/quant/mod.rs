@@ -291,15 +291,18 @@ mod x86 {
         v
     }
 
-    /// Input rows from which [`grouped_rows`] takes the weight rows [`ROW_BLOCK`] at a time, two
-    /// per tile; below, the register tiles of [`super::few`].
-    const BLOCK_FROM_ROWS: usize = 16;
-
     /// Weight rows that meet one group of the inputs before the next group.
     const ROW_BLOCK: usize = 8;
 
     /// A packed format's weights as the grouped kernel reads them.
     pub trait GroupPrep {
+        /// Input rows from which [`grouped_rows`] takes the weight rows [`ROW_BLOCK`] at a
+        /// time, two per tile, each group's weights unpacked once for every input row; below,
+        /// the register tiles of [`super::few`]. Where the unpacking costs little (q4: a mask
+        /// and a shift) the blocks pay from fewer rows than where it costs more (q8: loads and
+        /// a sign flip per vector); measured per format with `kernel_rate` (docs/kernels.md).
+        const BLOCK_FROM_ROWS: usize;
+
         /// The 8 unsigned weight vectors of row `r`'s group `g` (of `blocks` ≤ 16 blocks, the
         /// missing ones zero) in word order.
         ///
@@ -324,7 +327,7 @@ mod x86 {
     /// weights' offset, whose integer term `2^shift · Σ q_x` is removed per block. `scales`
     /// `(rows, n / 32)` are the weights' f16 scales. With many input rows two weight rows at a
     /// time share each input load (a 512-bit load is what limits the loop then); with fewer
-    /// than [`BLOCK_FROM_ROWS`], register tiles over whole rows ([`super::few`]).
+    /// than [`GroupPrep::BLOCK_FROM_ROWS`], register tiles over whole rows ([`super::few`]).
     ///
     /// Per output: one integer sum per block (exact, in any order), then one float
     /// multiply-add per group in group order, then the lanes summed in a fixed tree — the same
@@ -334,16 +337,16 @@ mod x86 {
     /// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `scales` holds the scales of `rows` whole rows of `x.n` values that `prep` reads, `out` at least `rows · x.m` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    pub unsafe fn grouped_rows(
+    pub unsafe fn grouped_rows<P: GroupPrep>(
         scales: &[u16],
         x: &QuantRows,
         rows: usize,
         shift: u32,
         out: &mut [f32],
-        prep: &impl GroupPrep,
+        prep: &P,
     ) {
         let (m, nb) = (x.m, x.blocks());
-        if m < BLOCK_FROM_ROWS {
+        if m < P::BLOCK_FROM_ROWS {
             // A few input rows: register tiles over whole rows (`few.rs`).
             super::few::few_rows(scales, x, rows, shift, out, prep);
             return;
@@ -365,14 +368,16 @@ mod x86 {
             let rb = block.min(rows - r0);
             // Every accumulator is first written by group 0 (no clearing pass).
             let acc = &mut acc[..rb * m];
-            // Only this call's rows: past them the bytes are another task's.
-            let ahead = rows.saturating_sub(r0 + block).min(block) * row_bytes;
+            // Past this call's rows too: they are usually the next task's, which this thread
+            // runs next (a prefetch never faults, and past the matrix it only wastes a read).
+            let ahead = block * row_bytes;
             let next = w0.wrapping_add((r0 + block) * row_bytes);
             let share = ahead.div_ceil(groups).next_multiple_of(64);
+            super::few::prefetch_scales(scales, (r0 + block) * nb, block * nb);
             for g in 0..groups {
                 let mut line = g * share;
                 while line < ((g + 1) * share).min(ahead) {
-                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line) as *const i8);
                     line += 64;
                 }
                 let mut j = 0;

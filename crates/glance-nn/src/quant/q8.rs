@@ -91,6 +91,8 @@ mod x86 {
     }
 
     impl GroupPrep for Prep<'_> {
+        const BLOCK_FROM_ROWS: usize = 16;
+
         /// # Safety
         /// See [`GroupPrep::prep`].
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -64,7 +64,8 @@ pub const ODD_SIZES: [(usize, usize, usize); 12] = [
     (5, 6, 704),
     (17, 4, 1120),
     // The few-row tiles (`few.rs`): 4 × 2, 3 × 3 and 2 × 4 with their remainders, over
-    // whole groups and a partial one.
+    // whole groups and a partial one (8 and 15 rows: q8's tiles, q4's row blocks, whose
+    // `BLOCK_FROM_ROWS` is 8).
     (2, 9, 1120),
     (3, 5, 544),
     (8, 5, 1056),
