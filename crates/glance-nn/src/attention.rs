@@ -512,7 +512,15 @@ fn attention_rowwise(
                         rs.scores.extend((0..seen).map(|j| dot(j) * scale + 0.0));
                         continue;
                     }
-                    for (j, &m) in vis.iter().enumerate() {
+                    // The leading visible keys (a tree's or a block's cached rows) in one
+                    // pass that vectorises, then the rest key by key: the same scores.
+                    let lead = vis
+                        .iter()
+                        .position(|&m| m == f32::NEG_INFINITY)
+                        .unwrap_or(vis.len());
+                    rs.keys.extend(0..lead);
+                    rs.scores.extend((0..lead).map(|j| dot(j) * scale + vis[j]));
+                    for (j, &m) in vis.iter().enumerate().skip(lead) {
                         if m != f32::NEG_INFINITY {
                             rs.push(j, dot(j) * scale + m);
                         }
