@@ -1,8 +1,8 @@
 //! The AVX-512 VNNI q8 / q4 kernel for a few input rows (decode, and the rows a verification
-//! pass brings, below the format's [`super::x86::GroupPrep::BLOCK_FROM_ROWS`]): tiles of `R` weight rows × `M` input rows whose float accumulators
-//! stay in registers over the whole row, so the input loads are shared by `R` weight rows, the
-//! accumulators never go through memory between groups and every tile ends in its `R · M`
-//! lane sums.
+//! pass brings, below the format's [`super::x86::GroupPrep::BLOCK_FROM_ROWS`]): tiles of `R`
+//! weight rows × `M` input rows whose float accumulators stay in registers over the whole row,
+//! so the input loads are shared by `R` weight rows, the accumulators never go through memory
+//! between groups and every tile ends in its `R · M` lane sums.
 //!
 //! Per output the operations are those of [`super::x86::grouped_rows`]'s many-row path: one
 //! integer sum per block (exact in any order), then per group in group order

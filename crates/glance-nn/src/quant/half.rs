@@ -683,8 +683,8 @@ mod avx512_dp {
             }
         }
         while r + 4 <= rows {
-            // The tile's input-row chunks of 4 share the prefetch of the weights ahead (from
-            // 3 chunks: see [`Ahead`]).
+            // The tile's input-row chunks of 4 share the prefetch of the weights ahead (see
+            // [`Ahead`]).
             let ahead = Ahead::new(w, n, r, 4, m.div_ceil(4));
             let mut i = 0;
             while i + 4 <= m {
