@@ -644,8 +644,9 @@ mod tests {
     use crate::quant::tests::values;
 
     /// A product written to `Dest::Inputs` holds, bit for bit, the transpose of the same product
-    /// written to `Dest::Rows` (with a bias: each value plus its row's bias), for whole and partial tiles of weight rows and of input rows,
-    /// and writes nothing outside its columns (the result's other columns keep their values).
+    /// written to `Dest::Rows` (with a bias: each value plus its row's bias), for whole and
+    /// partial tiles of weight rows and of input rows, and writes nothing outside its columns
+    /// (the result's other columns keep their values).
     #[test]
     fn outputs_transposed_equal_the_rows_transposed() {
         if !available() {

@@ -11,6 +11,7 @@
 //! batch.
 
 use super::act::QuantRows;
+use super::ahead::Ahead;
 use super::group::{GROUP, GROUP_BYTES};
 use super::x86::GroupPrep;
 use std::arch::x86_64::*;
@@ -50,17 +51,35 @@ pub unsafe fn few_rows(
         3 => 3,
         _ => 2,
     };
+    let nb = x.blocks();
+    let (w0, row_bytes) = prep.row_bytes();
+    // The weight rows (and their scales) `ahead_rows` on, prefetched into L2 a share per group
+    // (`ahead.rs`): a tile reads R rows at once, which the hardware prefetcher follows less
+    // well than one stream, and even one row's stream ran a fifth faster with it (measured
+    // beyond the caches, docs/kernels.md). Past this call's rows too: they are usually the
+    // next task's, which this thread runs next. Every tile over the same weight rows (one per
+    // 4 input rows) asks for them all: the lines are in L2 after the first, and splitting them
+    // between the tiles measured slower (8 and 12 rows of q8, docs/kernels.md).
+    let ahead = |r0: usize, r: usize| {
+        let first = r0 + (PREFETCH_TILES * r).max(PREFETCH_ROWS);
+        let scales = scales.as_ptr().wrapping_add(first * nb) as *const u8;
+        (
+            Ahead::new(w0.wrapping_add(first * row_bytes), r * row_bytes, 1),
+            Ahead::new(scales, 2 * r * nb, 1),
+        )
+    };
     macro_rules! inputs {
         ($r:literal, $r0:expr) => {{
+            let ahead = ahead($r0, $r);
             let mut i0 = 0;
             while i0 + 4 <= m {
-                tile::<$r, 4>(scales, x, ($r0, i0), shift, out, prep);
+                tile::<$r, 4>(scales, x, ($r0, i0), shift, out, prep, ahead);
                 i0 += 4;
             }
             match m - i0 {
-                3 => tile::<$r, 3>(scales, x, ($r0, i0), shift, out, prep),
-                2 => tile::<$r, 2>(scales, x, ($r0, i0), shift, out, prep),
-                1 => tile::<$r, 1>(scales, x, ($r0, i0), shift, out, prep),
+                3 => tile::<$r, 3>(scales, x, ($r0, i0), shift, out, prep, ahead),
+                2 => tile::<$r, 2>(scales, x, ($r0, i0), shift, out, prep, ahead),
+                1 => tile::<$r, 1>(scales, x, ($r0, i0), shift, out, prep, ahead),
                 _ => {}
             }
         }};
@@ -77,19 +96,9 @@ pub unsafe fn few_rows(
     }
 }
 
-/// Prefetches into L2 the `count` f16 scales from `first` on (which may lie past `scales`: a
-/// prefetch never faults).
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) unsafe fn prefetch_scales(scales: &[u16], first: usize, count: usize) {
-    let at = scales.as_ptr().wrapping_add(first) as *const i8;
-    for line in (0..count * 2).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(line));
-    }
-}
-
 /// Weight rows `r0..r0 + R` against input rows `i0..i0 + M` over the whole row, into
-/// `out[r * m + i]`.
+/// `out[r * m + i]`, prefetching the weight rows and scales ahead (a share of the rows' per
+/// group) as it goes; prefetching changes no arithmetic.
 ///
 /// # Safety
 /// As [`few_rows`], for weight rows `r0..r0 + R` of its `rows` and input rows `i0..i0 + M` of
@@ -103,29 +112,16 @@ unsafe fn tile<const R: usize, const M: usize>(
     shift: u32,
     out: &mut [f32],
     prep: &impl GroupPrep,
+    (rows_ahead, scales_ahead): (Ahead, Ahead),
 ) {
     let (m, nb) = (x.m, x.blocks());
     let groups = nb.div_ceil(GROUP);
     let shift = _mm_cvtsi32_si128(shift as i32);
     // (R, M) float accumulators, in registers for the whole row.
     let mut acc = [[_mm512_setzero_ps(); M]; R];
-    // The weight rows (and their scales) `ahead_rows` on, prefetched into L2 a share per group:
-    // a tile reads R rows at once, which the hardware prefetcher follows less well than one
-    // stream, and even one row's stream ran a fifth faster with it (measured beyond the caches,
-    // docs/kernels.md). L1 is too small to hold what is fetched this far ahead. Past this
-    // call's rows too: they are usually the next task's, which this thread runs next (a
-    // prefetch never faults, and past the matrix it only wastes a read).
-    let (w0, row_bytes) = prep.row_bytes();
-    let ahead_rows = (PREFETCH_TILES * R).max(PREFETCH_ROWS);
-    let next = w0.wrapping_add((r0 + ahead_rows) * row_bytes);
-    let share = (R * row_bytes).div_ceil(groups).next_multiple_of(64);
-    prefetch_scales(scales, (r0 + ahead_rows) * nb, R * nb);
+    scales_ahead.fetch(0, 1);
     for g in 0..groups {
-        let mut line = g * share;
-        while line < ((g + 1) * share).min(R * row_bytes) {
-            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line) as *const i8);
-            line += 64;
-        }
+        rows_ahead.fetch(g, groups);
         let blocks = (nb - g * GROUP).min(GROUP);
         let bm: __mmask16 = if blocks == GROUP {
             0xffff

@@ -663,6 +663,7 @@ simd_kernel!(
 /// The `vdpbf16ps` kernel (see the module header).
 #[cfg(target_arch = "x86_64")]
 mod avx512_dp {
+    use super::super::ahead::Ahead;
     use super::Bf16Rows;
     use std::arch::x86_64::*;
 
@@ -678,14 +679,14 @@ mod avx512_dp {
         let mut r = 0;
         if m == 1 {
             while r + 8 <= rows {
-                tile::<8, 1>(w, x, n, r, 0, m, out, Ahead::new(w, n, r, 8, 1));
+                tile::<8, 1>(w, x, n, r, 0, m, out, rows_ahead(w, n, r, 8, 1));
                 r += 8;
             }
         }
         while r + 4 <= rows {
             // The tile's input-row chunks of 4 share the prefetch of the weights ahead (see
-            // [`Ahead`]).
-            let ahead = Ahead::new(w, n, r, 4, m.div_ceil(4));
+            // [`TILES_AHEAD`]).
+            let ahead = rows_ahead(w, n, r, 4, m.div_ceil(4));
             let mut i = 0;
             while i + 4 <= m {
                 tile::<4, 4>(w, x, n, r, i, m, out, ahead.part(i / 4));
@@ -708,50 +709,22 @@ mod avx512_dp {
         }
     }
 
-    /// The bytes of weight rows a tile prefetches into L2 while it computes: the rows
-    /// [`TILES_AHEAD`] tiles on, split evenly between the `parts` calls that cover the tile's
-    /// input rows. Over many input rows a tile reads its weights from the caches after its
-    /// first chunk of inputs, and without software prefetch the memory idles while it
-    /// computes; over a few, a tile reads 4 or 8 rows at once, more streams than the hardware
+    /// How many tiles on the prefetched rows lie.
+    const TILES_AHEAD: usize = 4;
+
+    /// The weight rows a tile of `tile` rows from `r0` prefetches into L2 while it computes
+    /// (`ahead.rs`): the rows [`TILES_AHEAD`] tiles on, split evenly between the `parts` calls
+    /// that cover the tile's input rows. Over many input rows a tile reads its weights from the
+    /// caches after its first chunk of inputs, and without software prefetch the memory idles
+    /// while it computes; over a few, a tile reads 4 or 8 rows at once, more streams than the hardware
     /// prefetcher follows well. Past the call's rows too (usually the next task's, which the
     /// same thread runs next). Measured at the model level (random TinyLlama-1.1B, 2 threads,
     /// AMD EPYC, before against after, two alternations): one row 66–69 against 60–65 ms, 8
     /// rows 121–126 against 86–91 ms (docs/kernels.md).
-    #[derive(Clone, Copy)]
-    struct Ahead {
-        start: *const u8,
-        bytes: usize,
-    }
-
-    /// How many tiles on the prefetched rows lie.
-    const TILES_AHEAD: usize = 4;
-
-    impl Ahead {
-        const NONE: Ahead = Ahead {
-            start: std::ptr::null(),
-            bytes: 0,
-        };
-
-        fn new(w: &[u16], n: usize, r0: usize, tile: usize, parts: usize) -> Self {
-            let first = r0 + TILES_AHEAD * tile;
-            // A prefetch never faults; `wrapping_add` keeps the pointer arithmetic defined
-            // past the rows (usually the next task's, which this thread runs next).
-            let start = (w.as_ptr() as *const u8).wrapping_add(2 * first * n);
-            let bytes = 2 * tile * n;
-            // `bytes` is one part's share; [`Ahead::part`] moves `start` to a part's.
-            Ahead {
-                start,
-                bytes: bytes.div_ceil(parts.max(1)).next_multiple_of(64),
-            }
-        }
-
-        /// Part `k` of the rows ahead.
-        fn part(self, k: usize) -> Self {
-            Ahead {
-                start: self.start.wrapping_add(k * self.bytes),
-                bytes: self.bytes,
-            }
-        }
+    fn rows_ahead(w: &[u16], n: usize, r0: usize, tile: usize, parts: usize) -> Ahead {
+        let first = r0 + TILES_AHEAD * tile;
+        let start = (w.as_ptr() as *const u8).wrapping_add(2 * first * n);
+        Ahead::new(start, 2 * tile * n, parts)
     }
 
     /// Weight rows `r0..r0 + R` × input rows `i0..i0 + M`: each output accumulated over the
@@ -776,13 +749,8 @@ mod avx512_dp {
         let mut acc = [[_mm512_setzero_ps(); M]; R];
         let (wp, xp) = (w.as_ptr(), x.bits.as_ptr());
         let chunks = n.div_ceil(32);
-        let share = ahead.bytes.div_ceil(chunks);
         for c in 0..chunks {
-            let mut line = c * share;
-            while line < ((c + 1) * share).min(ahead.bytes) {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.start.wrapping_add(line) as *const i8);
-                line += 64;
-            }
+            ahead.fetch(c, chunks);
             let left = n - 32 * c;
             let mask: __mmask32 = if left >= 32 { !0 } else { (1 << left) - 1 };
             let mut xv = [_mm512_setzero_si512(); M];

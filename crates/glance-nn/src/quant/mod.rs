@@ -17,6 +17,8 @@
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
+mod ahead;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -198,6 +200,7 @@ fn has_avx2_f16c() -> bool {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::act::QuantRows;
+    use super::ahead::Ahead;
     use super::group::{plan, GROUP, GROUP_BYTES};
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
@@ -369,17 +372,16 @@ mod x86 {
             // Every accumulator is first written by group 0 (no clearing pass).
             let acc = &mut acc[..rb * m];
             // Past this call's rows too: they are usually the next task's, which this thread
-            // runs next (a prefetch never faults, and past the matrix it only wastes a read).
-            let ahead = block * row_bytes;
-            let next = w0.wrapping_add((r0 + block) * row_bytes);
-            let share = ahead.div_ceil(groups).next_multiple_of(64);
-            super::few::prefetch_scales(scales, (r0 + block) * nb, block * nb);
+            // runs next.
+            let ahead = Ahead::new(
+                w0.wrapping_add((r0 + block) * row_bytes),
+                block * row_bytes,
+                1,
+            );
+            let next_scales = scales.as_ptr().wrapping_add((r0 + block) * nb);
+            Ahead::new(next_scales as *const u8, 2 * block * nb, 1).fetch(0, 1);
             for g in 0..groups {
-                let mut line = g * share;
-                while line < ((g + 1) * share).min(ahead) {
-                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line) as *const i8);
-                    line += 64;
-                }
+                ahead.fetch(g, groups);
                 let mut j = 0;
                 while j + 2 <= rb {
                     let acc = &mut acc[j * m..(j + 2) * m];
