@@ -167,6 +167,29 @@ impl Linear {
             None => Ok(y),
         }
     }
+
+    /// Several layers over the same rows `xs` `(n, in)` (a block's query, key and value
+    /// projections): when every layer is packed, in one pass of the format's kernels — the rows
+    /// rounded or quantized once, every layer's tasks in one parallel region — each result bit
+    /// for bit what [`Linear::forward_rows`] gives it alone; otherwise each layer by `each`
+    /// (`Linear::forward` or `Linear::forward_rows`).
+    pub fn forward_group(
+        layers: &[&Linear],
+        xs: &Tensor,
+        each: fn(&Linear, &Tensor) -> Result<Tensor>,
+    ) -> Result<Vec<Tensor>> {
+        let packed: Option<Vec<_>> = layers
+            .iter()
+            .map(|l| match &l.weight {
+                Weight::Packed(p) => Some((p.as_ref(), l.bias.as_ref())),
+                Weight::Dense(_) => None,
+            })
+            .collect();
+        match packed {
+            Some(group) if xs.rank() == 2 => PackedMatrix::matmul_group(&group, xs),
+            _ => layers.iter().map(|l| each(l, xs)).collect(),
+        }
+    }
 }
 
 /// Frozen f32 weights and input on CPU, outside any autograd graph: the decode kernels of

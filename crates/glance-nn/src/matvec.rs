@@ -75,39 +75,55 @@ pub(crate) fn rows_parallel(
     kernel: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
     let mut y = vec![0f32; out_dim * m];
-    rows_parallel_into(out_dim, m, kernel, &mut Vec::new(), &mut y);
+    rows_parallel_into(out_dim, m, &kernel, &mut y);
     y
 }
 
-/// [`rows_parallel`] into `y` `(m, out_dim)`, the kernels' `(out_dim, m)` results in `scratch`
-/// (grown as needed: a caller making many passes keeps one and pays its pages once).
+/// [`rows_parallel`] into `y` `(m, out_dim)`.
 pub(crate) fn rows_parallel_into(
     out_dim: usize,
     m: usize,
-    kernel: impl Fn(usize, usize, &mut [f32]) + Sync,
-    scratch: &mut Vec<f32>,
+    kernel: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
     y: &mut [f32],
 ) {
-    debug_assert_eq!(y.len(), out_dim * m);
-    let tasks = |ys: &mut [f32]| {
-        ys.par_chunks_mut(ROWS_PER_TASK * m)
-            .enumerate()
-            .for_each(|(c, ys)| kernel(c * ROWS_PER_TASK, ys.len() / m, ys))
-    };
-    match m {
-        0 => {}
-        // (out, 1) is (1, out).
-        1 => tasks(y),
-        _ => {
-            if scratch.len() < out_dim * m {
-                scratch.resize(out_dim * m, 0.0);
-            }
-            // (out, m): each task fills whole weight rows' outputs.
-            let yt = &mut scratch[..out_dim * m];
-            tasks(yt);
-            transpose_into(yt, out_dim, m, y);
-        }
+    rows_parallel_parts(m, &mut [RowsPart { out_dim, kernel, y }]);
+}
+
+/// One matrix of [`rows_parallel_parts`]: `kernel(first, rows, ys)` makes the outputs `ys`
+/// `(rows, m)` of its weight rows `first..first + rows`, written into `y` `(m, out_dim)`.
+pub(crate) struct RowsPart<'a> {
+    pub out_dim: usize,
+    pub kernel: &'a (dyn Fn(usize, usize, &mut [f32]) + Sync),
+    pub y: &'a mut [f32],
+}
+
+/// [`rows_parallel_into`] for several matrices over the same `m` input rows (a layer's query,
+/// key and value projections) in one parallel region: the tasks of every part share the pool,
+/// so no thread waits at the end of one matrix for the next to start. Each task moves its
+/// `(rows, m)` outputs into its columns of its part's result itself (there is no transpose pass
+/// after the products).
+pub(crate) fn rows_parallel_parts(m: usize, parts: &mut [RowsPart<'_>]) {
+    thread_local! {
+        /// A task's `(rows, m)` outputs before they go to their columns (at most 64 × 64).
+        static OUTPUTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    let kernels: Vec<_> = parts.iter().map(|p| p.kernel).collect();
+    let mut dests: Vec<(usize, &mut [f32])> =
+        parts.iter_mut().map(|p| (p.out_dim, &mut *p.y)).collect();
+    columns_parallel_parts(m, &mut dests, |part, first, mut cols| {
+        let kernel = kernels[part];
+        if m == 1 {
+            // (rows, 1) is a run of the result's one row.
+            return kernel(first, cols.cols(), cols.row_mut());
+        }
+        OUTPUTS.with(|outputs| {
+            let mut ys = outputs.borrow_mut();
+            ys.clear();
+            ys.resize(cols.cols() * m, 0.0);
+            kernel(first, cols.cols(), &mut ys);
+            cols.store_transposed(&ys);
+        })
+    });
 }
 
 /// Columns `first .. first + cols` of a row-major `(m, ld)` result: the part one task of
@@ -145,6 +161,34 @@ impl Columns<'_> {
     pub(crate) fn as_mut_ptr(&mut self) -> *mut f32 {
         self.ptr
     }
+
+    /// This handle's columns of the result's first row.
+    pub(crate) fn row_mut(&mut self) -> &mut [f32] {
+        // SAFETY: values `0..cols` of row 0 are this handle's, and only its (`Columns` is the
+        // one handle on them while it lives).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cols) }
+    }
+
+    /// Writes `ys` `(cols, rows)` — a kernel's outputs, weight row by weight row — into this
+    /// handle's columns of every row of the result.
+    ///
+    /// # Panics
+    /// If `ys` does not hold `cols · rows` values.
+    pub(crate) fn store_transposed(&mut self, ys: &[f32]) {
+        assert_eq!(
+            ys.len(),
+            self.cols * self.m,
+            "Columns::store_transposed: shape"
+        );
+        for i in 0..self.m {
+            // SAFETY: values `i * ld .. i * ld + cols` are this handle's (`i < rows`).
+            let row =
+                unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.ld), self.cols) };
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = ys[c * self.m + i];
+            }
+        }
+    }
 }
 
 /// [`rows_parallel_into`] for kernels that write their outputs into `y` `(m, out_dim)` directly:
@@ -155,47 +199,50 @@ pub(crate) fn columns_parallel_into(
     kernel: impl Fn(usize, Columns<'_>) + Sync,
     y: &mut [f32],
 ) {
-    assert_eq!(y.len(), out_dim * m, "columns_parallel_into: shape");
-    if y.is_empty() {
-        return;
-    }
-    struct Base(*mut f32);
-    // SAFETY: shared only to make each task's `Columns`, which are disjoint.
-    unsafe impl Sync for Base {}
-    let base = Base(y.as_mut_ptr());
-    let base = &base;
-    (0..out_dim.div_ceil(ROWS_PER_TASK))
-        .into_par_iter()
-        .for_each(|task| {
-            let first = task * ROWS_PER_TASK;
-            let cols = Columns {
-                // SAFETY: `first < out_dim`, inside `y`'s first row.
-                ptr: unsafe { base.0.add(first) },
-                ld: out_dim,
-                m,
-                cols: ROWS_PER_TASK.min(out_dim - first),
-                _y: std::marker::PhantomData,
-            };
-            kernel(first, cols)
-        });
+    columns_parallel_parts(m, &mut [(out_dim, y)], |_, first, cols| kernel(first, cols));
 }
 
-/// `x` `(rows, cols)` row-major → `y` `(cols, rows)`, in parallel over bunches of output rows:
-/// each bunch reads a few adjacent values of every input row and writes its rows in order, so
-/// neither side strides through memory a value at a time.
-fn transpose_into(x: &[f32], rows: usize, cols: usize, y: &mut [f32]) {
-    const BUNCH: usize = 8;
-    y.par_chunks_mut(BUNCH * rows)
+/// Tasks of [`ROWS_PER_TASK`] columns over every part `(out_dim, y)` (`y` `(m, out_dim)`) in
+/// one parallel region: `task(part, first, columns)` writes columns `first .. first +
+/// columns.cols()` of part `part`'s rows.
+fn columns_parallel_parts(
+    m: usize,
+    parts: &mut [(usize, &mut [f32])],
+    task: impl Fn(usize, usize, Columns<'_>) + Sync,
+) {
+    struct Base(*mut f32, usize);
+    // SAFETY: shared only to make each task's `Columns`, which are disjoint.
+    unsafe impl Sync for Base {}
+    let bases: Vec<Base> = parts
+        .iter_mut()
+        .map(|(out_dim, y)| {
+            assert_eq!(y.len(), *out_dim * m, "columns_parallel_parts: shape");
+            Base(y.as_mut_ptr(), *out_dim)
+        })
+        .collect();
+    let tasks: Vec<(usize, usize)> = bases
+        .iter()
         .enumerate()
-        .for_each(|(b, yb)| {
-            let c0 = b * BUNCH;
-            let n = yb.len() / rows;
-            for (r, xr) in x.chunks_exact(cols).enumerate() {
-                for (i, &v) in xr[c0..c0 + n].iter().enumerate() {
-                    yb[i * rows + r] = v;
-                }
-            }
-        });
+        .filter(|_| m > 0)
+        .flat_map(|(part, b)| {
+            (0..b.1)
+                .step_by(ROWS_PER_TASK)
+                .map(move |first| (part, first))
+        })
+        .collect();
+    let bases = &bases;
+    tasks.into_par_iter().for_each(|(part, first)| {
+        let (ptr, out_dim) = (bases[part].0, bases[part].1);
+        let cols = Columns {
+            // SAFETY: `first < out_dim`, inside the part's first row.
+            ptr: unsafe { ptr.add(first) },
+            ld: out_dim,
+            m,
+            cols: ROWS_PER_TASK.min(out_dim - first),
+            _y: std::marker::PhantomData,
+        };
+        task(part, first, cols)
+    });
 }
 
 /// `out[r * m + i] = w_r · x_i` for the weight rows in `w` and the `m` input rows in `x`, each

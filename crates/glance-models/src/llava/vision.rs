@@ -158,11 +158,11 @@ impl ClipVision {
         let mut cls_attention = None;
         for (i, layer) in self.layers[..deepest].iter().enumerate() {
             let h = layer.ln1.forward(&x)?;
-            let (q, k, v) = (
-                layer.q.forward(&h)?,
-                layer.k.forward(&h)?,
-                layer.v.forward(&h)?,
-            );
+            // One group pass where the projections are packed (the rows rounded once).
+            let [q, k, v]: [Tensor; 3] =
+                Linear::forward_group(&[&layer.q, &layer.k, &layer.v], &h, Linear::forward)?
+                    .try_into()
+                    .expect("three layers, three results");
             let want_probs = i + 1 == deepest;
             let scale = 1.0 / (hd as f64).sqrt();
             // bf16 weights: bf16 products for the attention too, where AMX makes them pay; it

@@ -57,9 +57,14 @@ impl Attention {
         // (t, heads * hd) -> (1, heads, t, hd)
         let split =
             |y: Tensor, heads: usize| y.reshape((1, t, heads, hd))?.transpose(1, 2)?.contiguous();
-        let q = split(project(&self.q, x)?, self.num_heads)?;
-        let k = split(project(&self.k, x)?, self.num_kv_heads)?;
-        let v = split(project(&self.v, x)?, self.num_kv_heads)?;
+        // One group pass where the projections are packed (the rows quantized once).
+        let [q, k, v]: [Tensor; 3] =
+            Linear::forward_group(&[&self.q, &self.k, &self.v], x, project)?
+                .try_into()
+                .expect("three layers, three results");
+        let q = split(q, self.num_heads)?;
+        let k = split(k, self.num_kv_heads)?;
+        let v = split(v, self.num_kv_heads)?;
         let (q, k) = match step.angles {
             Some((cos, sin)) => step.rope.apply_cos_sin(&q, &k, cos, sin)?,
             None => step.rope.apply(&q, &k, step.positions)?,
@@ -169,14 +174,25 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let g = self.act.forward(&self.gate.forward(x)?)?;
-        self.down.forward(&(g * self.up.forward(x)?)?)
+        self.forward_with(x, Linear::forward)
     }
 
     /// [`Mlp::forward`] on rows of different sequences `(n, hidden)`, each weight read once.
     fn forward_rows(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let g = self.act.forward(&self.gate.forward_rows(x)?)?;
-        self.down.forward_rows(&(g * self.up.forward_rows(x)?)?)
+        self.forward_with(x, Linear::forward_rows)
+    }
+
+    /// `down(act(gate(x)) * up(x))`, the gate and up projections in one group pass where they
+    /// are packed, else each through `project`.
+    fn forward_with(
+        &self,
+        x: &Tensor,
+        project: fn(&Linear, &Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        let [g, u]: [Tensor; 2] = Linear::forward_group(&[&self.gate, &self.up], x, project)?
+            .try_into()
+            .expect("two layers, two results");
+        project(&self.down, &self.act.gated(&g, &u)?)
     }
 }
 

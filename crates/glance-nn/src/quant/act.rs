@@ -34,23 +34,7 @@ impl QuantRows {
         let mut qs = vec![0i8; m * n];
         let mut d = vec![0f32; m * nb];
         let mut sums = vec![0i32; m * nb];
-        for (b, (xb, qb)) in x
-            .chunks_exact(BLOCK)
-            .zip(qs.chunks_exact_mut(BLOCK))
-            .enumerate()
-        {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, v) in qb.iter_mut().zip(xb) {
-                // `as` saturates (NaN → 0): never out of range.
-                *q = super::round_small((v * inv).clamp(-127.0, 127.0)) as i8;
-                sum += *q as i32;
-            }
-            d[b] = scale;
-            sums[b] = sum;
-        }
+        quantize_blocks(x, &mut qs, &mut d, &mut sums);
         // Group-major: the kernels read one group of every row together.
         let mut grouped = vec![0i8; m * n.div_ceil(GROUP_BYTES) * GROUP_BYTES];
         for (k, row) in qs.chunks_exact(n.max(1)).enumerate() {
@@ -81,6 +65,88 @@ impl QuantRows {
 
     pub fn blocks(&self) -> usize {
         self.n / BLOCK
+    }
+}
+
+/// Each block of 32 values of `x` quantized into `qs`, with its scale in `d` and the sum of its
+/// 8-bit values in `sums` — with AVX-512 where the CPU has it, the same values either way.
+fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::matvec::has_avx512() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        unsafe { quantize_blocks_avx512(x, qs, d, sums) };
+        return;
+    }
+    for (b, (xb, qb)) in x
+        .chunks_exact(BLOCK)
+        .zip(qs.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
+        let (scale, sum) = quantize_block(xb, qb);
+        d[b] = scale;
+        sums[b] = sum;
+    }
+}
+
+/// One block: `q = round(v / d)` in `-127..=127` with `d = max |v| / 127` (NaN → 0); returns
+/// `(d, Σ q)`.
+pub(crate) fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, i32) {
+    let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let (scale, inv) = block_scale(amax);
+    let mut sum = 0i32;
+    for (q, v) in qb.iter_mut().zip(xb) {
+        // `as` saturates (NaN → 0): never out of range.
+        *q = super::round_small((v * inv).clamp(-127.0, 127.0)) as i8;
+        sum += *q as i32;
+    }
+    (scale, sum)
+}
+
+/// A block's scale `max |v| / 127` and the factor that divides by it (0 for a block of zeros).
+#[inline(always)]
+fn block_scale(amax: f32) -> (f32, f32) {
+    let scale = amax / 127.0;
+    (scale, if scale > 0.0 { 1.0 / scale } else { 0.0 })
+}
+
+/// [`quantize_block`] over every block, sixteen values a vector: the same operations on each
+/// value (IEEE products, the clamp, rounding by the same 1.5 · 2²³ addition), so the same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` and `qs` hold whole blocks, `d` and `sums` one value per
+/// block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn quantize_blocks_avx512(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let blocks = x.len() / BLOCK;
+    assert!(qs.len() == x.len() && d.len() == blocks && sums.len() == blocks);
+    let magic = _mm512_set1_ps(12_582_912.0);
+    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    for b in 0..blocks {
+        let p = x.as_ptr().add(b * BLOCK);
+        let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+        // `max(a, |v|)` keeps `a` where `v` is NaN, as `f32::max` does.
+        let m = _mm512_max_ps(
+            _mm512_abs_ps(v1),
+            _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps()),
+        );
+        let (scale, inv) = block_scale(_mm512_reduce_max_ps(m));
+        let inv = _mm512_set1_ps(inv);
+        let quantize = |v: __m512| {
+            let t = _mm512_mul_ps(v, inv);
+            // `clamp` keeps NaN; `as i8` makes it 0 (the masked lanes below).
+            let finite = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(t, t);
+            let t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
+            let r = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
+            _mm512_maskz_cvttps_epi32(finite, r)
+        };
+        let (q0, q1) = (quantize(v0), quantize(v1));
+        let out = qs.as_mut_ptr().add(b * BLOCK);
+        _mm_storeu_si128(out as *mut __m128i, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128(out.add(16) as *mut __m128i, _mm512_cvtepi32_epi8(q1));
+        *d.get_unchecked_mut(b) = scale;
+        *sums.get_unchecked_mut(b) = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
 

@@ -178,3 +178,86 @@ fn quantized_inputs_refuse_another_shape() {
 fn quantized_inputs_refuse_part_of_a_block() {
     QuantRows::new(&values(48, 2), 1, 48);
 }
+
+/// A group's products (`matmul_group`: the inputs prepared once, one parallel region) are each
+/// matrix's own `matmul_bias`, bit for bit, in every format, a mixed group too; a group refuses
+/// inputs of another width.
+#[test]
+fn a_group_of_matrices_gives_each_its_own_product() -> candle_core::Result<()> {
+    let dev = candle_core::Device::Cpu;
+    let n = 96;
+    let formats = [
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::Q8,
+        WeightFormat::Q4,
+    ];
+    let groups: Vec<Vec<WeightFormat>> = formats
+        .iter()
+        .map(|&f| vec![f; 3])
+        .chain([vec![WeightFormat::Q4, WeightFormat::Bf16, WeightFormat::Q8]])
+        .collect();
+    for group in groups {
+        let mats: Vec<PackedMatrix> = group
+            .iter()
+            .zip([70, 16, 130])
+            .enumerate()
+            .map(|(j, (&f, out))| PackedMatrix::pack(f, &values(out * n, j as u32), out, n))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let bias = Tensor::from_vec(values(16, 3), 16, &dev)?;
+        let with: Vec<(&PackedMatrix, Option<&Tensor>)> = mats
+            .iter()
+            .enumerate()
+            .map(|(j, p)| (p, (j == 1).then_some(&bias)))
+            .collect();
+        for m in [1, 5, 70] {
+            let x = Tensor::from_vec(values(m * n, 9), (m, n), &dev)?;
+            let got = PackedMatrix::matmul_group(&with, &x)?;
+            for ((p, b), y) in with.iter().zip(&got) {
+                let alone = p.matmul_bias(&x, *b)?.to_vec2::<f32>()?;
+                let y = y.to_vec2::<f32>()?;
+                let mut same = alone.iter().flatten().zip(y.iter().flatten());
+                assert!(
+                    same.all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{group:?} m {m}: {} differs in the group",
+                    p.format()
+                );
+            }
+        }
+        let x = Tensor::from_vec(values(2 * 64, 9), (2, 64), &dev)?;
+        assert!(PackedMatrix::matmul_group(&with, &x).is_err());
+    }
+    Ok(())
+}
+
+/// Quantizing input rows (AVX-512 where the CPU has it) gives what the scalar blocks give, bit
+/// for bit, on blocks of zeros, NaN, infinities, ties and subnormals.
+#[test]
+fn quantized_rows_match_the_scalar_blocks() {
+    let mut x = values(32 * 40, 7);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= [1.0, 1e-3, 3e4, 1e-40][i / 32 % 4];
+    }
+    x[32..64].fill(0.0);
+    x[64] = f32::NAN;
+    x[100] = f32::INFINITY;
+    x[130] = -f32::INFINITY;
+    x[131] = f32::NAN;
+    // Ties at half steps: 127 · k / 254 for a block whose largest value is 1.
+    for (k, v) in x[160..192].iter_mut().enumerate() {
+        *v = if k == 0 {
+            1.0
+        } else {
+            (2 * k + 1) as f32 / 254.0
+        };
+    }
+    let q = QuantRows::new(&x, 4, 320);
+    for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
+        let mut qb = [0i8; BLOCK];
+        let (d, sum) = super::act::quantize_block(xb, &mut qb);
+        assert_eq!(&q.qs[b * BLOCK..(b + 1) * BLOCK], &qb, "block {b}");
+        assert_eq!(q.d[b].to_bits(), d.to_bits(), "block {b} scale");
+        assert_eq!(q.sums[b], sum, "block {b} sum");
+    }
+}
