@@ -170,9 +170,10 @@ impl Linear {
 
     /// Several layers over the same rows `xs` `(n, in)` (a block's query, key and value
     /// projections): when every layer is packed, in one pass of the format's kernels — the rows
-    /// rounded or quantized once, every layer's tasks in one parallel region — each result bit
-    /// for bit what [`Linear::forward_rows`] gives it alone; otherwise each layer by `each`
-    /// (`Linear::forward` or `Linear::forward_rows`).
+    /// rounded or quantized once, every layer's tasks in one parallel region — and when every
+    /// layer is frozen f32 and the rows are few, in one parallel region of the decode kernel;
+    /// each result bit for bit what `each` (`Linear::forward` or `Linear::forward_rows`) gives
+    /// it alone, which is what any other group gets.
     pub fn forward_group(
         layers: &[&Linear],
         xs: &Tensor,
@@ -185,8 +186,29 @@ impl Linear {
                 Weight::Dense(_) => None,
             })
             .collect();
-        match packed {
-            Some(group) if xs.rank() == 2 => PackedMatrix::matmul_group(&group, xs),
+        if let (Some(group), 2) = (&packed, xs.rank()) {
+            return PackedMatrix::matmul_group(group, xs);
+        }
+        // Frozen f32 weights and a few rows: the decode kernel for all of them at once, as
+        // `forward` and `forward_rows` both run it on such rows.
+        let dense: Option<Vec<&Tensor>> = layers
+            .iter()
+            .map(|l| match &l.weight {
+                Weight::Dense(w) if kernel_applies(w, xs) => Some(w),
+                _ => None,
+            })
+            .collect();
+        match dense {
+            Some(ws) if xs.rank() == 2 && xs.dim(0)? <= crate::matvec::MAX_SMALL_ROWS => {
+                let ys = crate::matvec::matmul_rows_group(&ws, xs)?;
+                ys.into_iter()
+                    .zip(layers)
+                    .map(|(y, l)| match &l.bias {
+                        Some(b) => y.broadcast_add(b),
+                        None => Ok(y),
+                    })
+                    .collect()
+            }
             _ => layers.iter().map(|l| each(l, xs)).collect(),
         }
     }
@@ -256,5 +278,46 @@ mod tests {
                 .select_rows(&[40])
                 .is_err()
         );
+    }
+
+    /// A group pass gives each layer what `forward` and `forward_rows` give it alone, bit for
+    /// bit, in every format (f32 through the decode kernel up to 64 rows, candle's product
+    /// beyond), with and without biases.
+    #[test]
+    fn a_group_computes_what_each_layer_does_alone() {
+        let inp = 96;
+        let dev = Device::Cpu;
+        for format in WeightFormat::ALL {
+            let layers: Vec<Linear> = [(70, true), (16, false), (130, true)]
+                .iter()
+                .enumerate()
+                .map(|(j, &(out, bias))| {
+                    let w = values(out * inp, j as u32);
+                    let b = bias.then(|| Tensor::from_vec(values(out, 9), out, &dev).unwrap());
+                    match format {
+                        WeightFormat::F32 => {
+                            Linear::new(Tensor::from_vec(w, (out, inp), &dev).unwrap(), b)
+                        }
+                        f => Linear::packed(PackedMatrix::pack(f, &w, out, inp).unwrap(), b),
+                    }
+                })
+                .collect();
+            let group: Vec<&Linear> = layers.iter().collect();
+            for n in [1, 5, 64, 70] {
+                let x = Tensor::from_vec(values(n * inp, 4), (n, inp), &dev).unwrap();
+                for each in [Linear::forward, Linear::forward_rows] {
+                    let got = Linear::forward_group(&group, &x, each).unwrap();
+                    for (l, y) in layers.iter().zip(&got) {
+                        let want: Vec<Vec<f32>> = each(l, &x).unwrap().to_vec2().unwrap();
+                        let y: Vec<Vec<f32>> = y.to_vec2().unwrap();
+                        let mut same = want.iter().flatten().zip(y.iter().flatten());
+                        assert!(
+                            same.all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{format:?}, {n} rows"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -38,55 +38,69 @@ pub fn matvec(w: &Tensor, x: &Tensor) -> Result<Tensor> {
 /// `x` `(m, in)`, `w` `(out, in)` contiguous f32 → `(m, out)`, every output in the one summation
 /// order (see the module documentation).
 pub fn matmul_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
-    let (out_dim, in_dim) = w.dims2()?;
+    let mut ys = matmul_rows_group(&[w], x)?;
+    Ok(ys.pop().expect("one matrix, one result"))
+}
+
+/// [`matmul_rows`] of several matrices with the same inputs `x` `(m, in)` (a layer's query, key
+/// and value projections) in one parallel region: each result bit for bit what `matmul_rows`
+/// gives that matrix alone.
+pub fn matmul_rows_group(ws: &[&Tensor], x: &Tensor) -> Result<Vec<Tensor>> {
     let (m, x_in) = x.dims2()?;
-    if x_in != in_dim {
-        candle_core::bail!("matmul_rows: x is ({m}, {x_in}) for a ({out_dim}, {in_dim}) matrix")
+    for w in ws {
+        let (out_dim, in_dim) = w.dims2()?;
+        if x_in != in_dim {
+            candle_core::bail!("matmul_rows: x is ({m}, {x_in}) for a ({out_dim}, {in_dim}) matrix")
+        }
     }
     let x = x.contiguous()?;
-    let w_data = w.storage_and_layout();
     let x_data = x.storage_and_layout();
-    let (candle_core::Storage::Cpu(ws), candle_core::Storage::Cpu(xs)) = (&*w_data.0, &*x_data.0)
-    else {
-        candle_core::bail!("matmul_rows: CPU tensors only")
-    };
-    let (Some((wa, wb)), Some((xa, xb))) =
-        (w_data.1.contiguous_offsets(), x_data.1.contiguous_offsets())
-    else {
-        candle_core::bail!("matmul_rows: contiguous inputs only")
-    };
-    let w_slice = &ws.as_slice::<f32>()?[wa..wb];
-    let x_slice = &xs.as_slice::<f32>()?[xa..xb];
-    let y = rows_parallel(out_dim, m, |first, rows, ys| {
-        let w_rows = &w_slice[first * in_dim..(first + rows) * in_dim];
-        block(w_rows, x_slice, in_dim, m, ys);
-    });
-    drop((w_data, x_data));
-    Tensor::from_vec(y, (m, out_dim), w.device())
+    let w_data: Vec<_> = ws.iter().map(|w| w.storage_and_layout()).collect();
+    let x_slice = contiguous_f32(&x_data.0, x_data.1)?;
+    let w_slices = w_data
+        .iter()
+        .map(|(storage, layout)| contiguous_f32(storage, layout))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.dims()[0] * m]).collect();
+    let kernels: Vec<_> = w_slices
+        .iter()
+        .map(|&w| {
+            move |first: usize, rows: usize, ys: &mut [f32]| {
+                let w_rows = &w[first * x_in..(first + rows) * x_in];
+                block(w_rows, x_slice, x_in, m, ys);
+            }
+        })
+        .collect();
+    let mut parts: Vec<RowsPart<'_>> = ys
+        .iter_mut()
+        .zip(&kernels)
+        .zip(ws)
+        .map(|((y, kernel), w)| RowsPart {
+            out_dim: w.dims()[0],
+            kernel,
+            y,
+        })
+        .collect();
+    rows_parallel_parts(m, &mut parts);
+    drop(parts);
+    ys.into_iter()
+        .zip(ws)
+        .map(|(y, w)| Tensor::from_vec(y, (m, w.dims()[0]), w.device()))
+        .collect()
 }
 
-/// Runs `kernel(first, rows, ys)` over the `out_dim` output rows in tasks of [`ROWS_PER_TASK`]
-/// on the current rayon pool — `ys` `(rows, m)`: the outputs of weight rows
-/// `first..first + rows` for the `m` input rows — and returns the outputs `(m, out_dim)`.
-/// Every weight format's kernel runs through here.
-pub(crate) fn rows_parallel(
-    out_dim: usize,
-    m: usize,
-    kernel: impl Fn(usize, usize, &mut [f32]) + Sync,
-) -> Vec<f32> {
-    let mut y = vec![0f32; out_dim * m];
-    rows_parallel_into(out_dim, m, &kernel, &mut y);
-    y
-}
-
-/// [`rows_parallel`] into `y` `(m, out_dim)`.
-pub(crate) fn rows_parallel_into(
-    out_dim: usize,
-    m: usize,
-    kernel: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
-    y: &mut [f32],
-) {
-    rows_parallel_parts(m, &mut [RowsPart { out_dim, kernel, y }]);
+/// The f32 values of a contiguous CPU tensor's storage.
+fn contiguous_f32<'a>(
+    storage: &'a candle_core::Storage,
+    layout: &candle_core::Layout,
+) -> Result<&'a [f32]> {
+    match (storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(cpu), Some((a, b))) => Ok(&cpu.as_slice::<f32>()?[a..b]),
+        (candle_core::Storage::Cpu(_), None) => {
+            candle_core::bail!("matmul_rows: contiguous inputs only")
+        }
+        _ => candle_core::bail!("matmul_rows: CPU tensors only"),
+    }
 }
 
 /// One matrix of [`rows_parallel_parts`]: `kernel(first, rows, ys)` makes the outputs `ys`
@@ -97,11 +111,12 @@ pub(crate) struct RowsPart<'a> {
     pub y: &'a mut [f32],
 }
 
-/// [`rows_parallel_into`] for several matrices over the same `m` input rows (a layer's query,
-/// key and value projections) in one parallel region: the tasks of every part share the pool,
-/// so no thread waits at the end of one matrix for the next to start. Each task moves its
-/// `(rows, m)` outputs into its columns of its part's result itself (there is no transpose pass
-/// after the products).
+/// Runs every part's kernel over its `out_dim` output rows in tasks of [`ROWS_PER_TASK`] on the
+/// current rayon pool, the tasks of all parts (matrices over the same `m` input rows: a layer's
+/// query, key and value projections) in one parallel region, so no thread waits at the end of
+/// one matrix for the next to start. Each task moves its `(rows, m)` outputs into its columns of
+/// its part's result itself (there is no transpose pass after the products). Every weight
+/// format's kernel runs through here.
 pub(crate) fn rows_parallel_parts(m: usize, parts: &mut [RowsPart<'_>]) {
     thread_local! {
         /// A task's `(rows, m)` outputs before they go to their columns (at most 64 × 64).
@@ -191,7 +206,7 @@ impl Columns<'_> {
     }
 }
 
-/// [`rows_parallel_into`] for kernels that write their outputs into `y` `(m, out_dim)` directly:
+/// [`rows_parallel_parts`] for kernels that write their outputs into `y` `(m, out_dim)` directly:
 /// `kernel(first, columns)` fills columns `first .. first + columns.cols()` of every row.
 pub(crate) fn columns_parallel_into(
     out_dim: usize,
