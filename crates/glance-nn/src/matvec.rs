@@ -82,7 +82,6 @@ pub fn matmul_rows_group(ws: &[&Tensor], x: &Tensor) -> Result<Vec<Tensor>> {
         })
         .collect();
     rows_parallel_parts(m, &mut parts);
-    drop(parts);
     ys.into_iter()
         .zip(ws)
         .map(|(y, w)| Tensor::from_vec(y, (m, w.dims()[0]), w.device()))
@@ -235,10 +234,12 @@ fn columns_parallel_parts(
             Base(y.as_mut_ptr(), *out_dim)
         })
         .collect();
+    if m == 0 {
+        return;
+    }
     let tasks: Vec<(usize, usize)> = bases
         .iter()
         .enumerate()
-        .filter(|_| m > 0)
         .flat_map(|(part, b)| {
             (0..b.1)
                 .step_by(ROWS_PER_TASK)
