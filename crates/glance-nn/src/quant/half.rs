@@ -244,7 +244,7 @@ impl Isa {
 #[cfg(target_arch = "x86_64")]
 fn has_avx512_bf16() -> bool {
     use std::arch::is_x86_feature_detected as has;
-    has_avx512() && has!("avx512bw") && has!("avx512bf16")
+    has_avx512() && has!("avx512bw") && has!("avx512vl") && has!("avx512bf16")
 }
 
 /// Input rows `(m, n)` rounded to bf16 (to nearest, ties to even) for the `vdpbf16ps` and AMX
@@ -320,7 +320,7 @@ pub fn round_into(row: &[f32], dst: &mut [u16]) {
     );
     #[cfg(target_arch = "x86_64")]
     if has_avx512_bf16() {
-        // SAFETY: AVX-512 F/BW/BF16 are present (checked just above); `dst` holds at least
+        // SAFETY: AVX-512 F/BW/VL/BF16 are present (checked just above); `dst` holds at least
         // `row.len()` values (checked at the top).
         unsafe { round_row(row, dst) };
         return;
@@ -334,10 +334,10 @@ pub fn round_into(row: &[f32], dst: &mut [u16]) {
 /// `half::bf16::from_f32` for every finite value above the subnormals).
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/BF16; `dst` must hold at least `row.len()` values (the
+/// The CPU must support AVX-512 F/BW/VL/BF16; `dst` must hold at least `row.len()` values (the
 /// masked stores write nothing past them).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn round_row(row: &[f32], dst: &mut [u16]) {
     use std::arch::x86_64::*;
     let n = row.len();
@@ -403,7 +403,7 @@ pub fn block_bf16_inputs(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut 
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx512_bf16() {
-        // SAFETY: the CPU supports AVX-512 F/BW/BF16 (checked just above); the shapes were
+        // SAFETY: the CPU supports AVX-512 F/BW/VL/BF16 (checked just above); the shapes were
         // checked at the top.
         unsafe { avx512_dp::block(w, x, n, m, out) };
         return;
@@ -670,10 +670,10 @@ mod avx512_dp {
     /// `out[r * m + i] = w_r · x_i` for the weight rows in `w` (`w.len() / n` rows of `n`).
     ///
     /// # Safety
-    /// The CPU must support AVX-512 F/BW/BF16; `n > 0` and `w` holds whole rows of `n` values;
+    /// The CPU must support AVX-512 F/BW/VL/BF16; `n > 0` and `w` holds whole rows of `n` values;
     /// `x` holds `m` rows of `x.stride ≥ n` values (whole chunks of 32: every chunk is loaded
     /// whole); `out` holds at least `rows · m` values.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub unsafe fn block(w: &[u16], x: &Bf16Rows, n: usize, m: usize, out: &mut [f32]) {
         let rows = w.len() / n;
         let mut r = 0;
@@ -733,7 +733,7 @@ mod avx512_dp {
     ///
     /// # Safety
     /// As [`block`], for weight rows `r0..r0 + R` and input rows `i0..i0 + M`, which it keeps in range.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile<const R: usize, const M: usize>(

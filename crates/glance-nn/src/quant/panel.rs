@@ -54,12 +54,12 @@ impl std::fmt::Debug for PanelMatrix {
 }
 
 impl PanelMatrix {
-    /// Whether this CPU runs the panel kernel (AVX-512 F / BW / BF16).
+    /// Whether this CPU runs the panel kernel (AVX-512 F / BW / VL / BF16).
     pub fn available() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            has!("avx512f") && has!("avx512bw") && has!("avx512bf16")
+            has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512bf16")
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
@@ -170,7 +170,7 @@ impl PanelMatrix {
             let bias = bias.map(|b| &b[first..first + cols.cols()]);
             let (ld, n) = (cols.ld(), cols.cols());
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX-512 F/BW/BF16 checked at the top; `first / NR` is a panel of `w`,
+            // SAFETY: AVX-512 F/BW/VL/BF16 checked at the top; `first / NR` is a panel of `w`,
             // `xb` holds `m` rows of `w.pairs` pairs, and the handle's `n ≤ NR` columns of its
             // `m` rows (`ld` apart) are this task's to write.
             unsafe {
@@ -201,7 +201,7 @@ impl PanelMatrix {
         for first in (0..self.rows).step_by(NR) {
             let n = NR.min(self.rows - first);
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX-512 F/BW/BF16 checked at the top; `x` holds `m` rows of `self.pairs`
+            // SAFETY: AVX-512 F/BW/VL/BF16 checked at the top; `x` holds `m` rows of `self.pairs`
             // pairs and `out` `m` rows of `self.rows` (checked just above), whose columns
             // `first..first + n` are the panel's.
             unsafe {
@@ -241,10 +241,10 @@ mod x86 {
     /// order, each met by every tile of [`MR`] rows.
     ///
     /// # Safety
-    /// The CPU must support AVX-512 F/BW/BF16; `panel` must be a panel of `w`, `x` hold rows of
+    /// The CPU must support AVX-512 F/BW/VL/BF16; `panel` must be a panel of `w`, `x` hold rows of
     /// `2 · w.pairs` values, `c0 + i · ld + c` be writable for every row `i` of `x` and `c <
     /// cols`, and `bias` (if any) hold `cols` values.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub(super) unsafe fn panel(
         w: &PanelMatrix,
         panel: usize,
@@ -304,7 +304,7 @@ mod x86 {
     ///
     /// # Safety
     /// As [`panel`], for `M` rows from `a` and `c` and the block's pairs.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     #[inline]
     unsafe fn tile<const M: usize>(
         s: &Step<'_>,
