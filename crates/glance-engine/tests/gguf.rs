@@ -2,7 +2,8 @@
 //! scripts/make_gguf_fixtures.py) against their safetensors directories (fixtures/models), in each
 //! matching weight format: F16 GGUF ↔ `--weights f16`, Q8_0 ↔ q8, Q4_0 ↔ q4. The GGUF pair holds
 //! the same values as glance's own load of the directory, so the prompt logits agree to float
-//! noise and the greedy tokens are the same.
+//! noise (in Q8_0 / Q4_0 exactly, but for llama-gqa's RoPE divisors: see
+//! [`ROPE_DIVISORS_TOLERANCE`]) and the greedy tokens are the same.
 
 use glance_engine::{Engine, EngineOptions, Flow, ImageInput, Prompt, Request, WeightFormat};
 use std::path::PathBuf;
@@ -100,6 +101,16 @@ fn q4_0_gguf_matches_the_directory_in_q4() {
     }
 }
 
+/// Largest logit difference allowed between a Q8_0 / Q4_0 GGUF and its directory where the file
+/// writes Llama 3's RoPE schedule as llama.cpp does, as per-frequency divisors
+/// (`rope_freqs.weight`, the llama-gqa fixture): a divisor turns some frequencies an ulp or two
+/// off the directory's, and the int8 rows the q8 / q4 kernels quantize their inputs to let such
+/// ulps flip a rounding (0.0144 measured on these prompts). Everything else in such a pair is the
+/// same bit for bit: the files without divisors are held to 0, and
+/// glance-models' `a_quantized_gguf_computes_what_its_directory_does` holds llama-gqa to 0 once
+/// both turn alike.
+const ROPE_DIVISORS_TOLERANCE: f32 = 0.05;
+
 /// The quantized files compared in `format`, given explicitly (their BF16-only variants have no
 /// Q8_0 / Q4_0 tensor to name the format by).
 fn check_in(model: &str, text: &str, format: WeightFormat) {
@@ -114,12 +125,17 @@ fn check_in(model: &str, text: &str, format: WeightFormat) {
         Some(format),
     )
     .unwrap();
+    let tolerance = if model == "llama-gqa" {
+        ROPE_DIVISORS_TOLERANCE
+    } else {
+        0.0
+    };
     for r in requests() {
         let want = reference.prompt_logits(&r.prompt).unwrap();
         let got = engine.prompt_logits(&r.prompt).unwrap();
         let d = max_diff(&want, &got);
         assert!(
-            d < LOGIT_TOLERANCE,
+            d <= tolerance,
             "{model} {text}: logits differ by {d} ({notes:?})"
         );
         let x = reference.generate(&r, &mut |_| Flow::Continue).unwrap();

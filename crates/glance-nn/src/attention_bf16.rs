@@ -1,23 +1,26 @@
-//! Full attention in bf16 on Intel AMX for vision towers ([`attention_full_bf16`]): every key
-//! visible, the heads side by side as the linear layers give them. The masked and row-wise
-//! kernels are in [`crate::attention`].
+//! Full attention in bf16 for vision towers ([`attention_full_bf16`]), on Intel AMX or
+//! AVX-512 BF16: every key visible, the heads side by side as the linear layers give them. The
+//! masked and row-wise kernels are in [`crate::attention`].
 
+use crate::quant::PanelMatrix;
 use candle_core::{DType, Result, Tensor};
 
 /// `softmax(q kᵀ · scale) v` over every key (no mask, no grouped heads; f32 on the CPU) with
-/// bf16 products on Intel AMX: `q · scale`, `k`, the probabilities and `v` rounded to bf16 (to
-/// nearest), every sum and the softmax in f32, as bf16 attention kernels on GPUs compute it.
-/// `q` `(t, heads · d)`, `k` and `v` `(s, heads · d)`: the heads side by side, as the linear
-/// layers give them, and so the result `(t, heads · d)` (no split into `(1, heads, t, d)` and
-/// back, four copies of the activations). `None` where the CPU has no AMX or the tensors are
-/// not of that kind: the caller then takes [`attention`](crate::attention::attention).
+/// bf16 products on Intel AMX (`tdpbf16ps`) or AVX-512 BF16 (`vdpbf16ps`, the keys and values
+/// packed in panels: [`PanelMatrix`]): `q · scale`, `k`, the probabilities and `v` rounded to
+/// bf16 (to nearest), every sum and the softmax in f32, as bf16 attention kernels on GPUs
+/// compute it. `q` `(t, heads · d)`, `k` and `v` `(s, heads · d)`: the heads side by side, as
+/// the linear layers give them, and so the result `(t, heads · d)` (no split into `(1, heads,
+/// t, d)` and back, four copies of the activations). `None` where the CPU has neither or the
+/// tensors are not of that kind: the caller then takes
+/// [`attention`](crate::attention::attention).
 ///
 /// For a vision tower whose linear layers are bf16 (which already take bf16-rounded inputs): its
 /// attention over all of an image's patches ran at a third of the tower's time in f32
 /// (docs/kernels.md, "Long prompts and the tower"). A row's result depends only on its query and
-/// the keys, as in [`attention`](crate::attention::attention)'s row-wise kernel, but the values differ from that kernel's (bf16
-/// operands): a language model, whose prompt and verified rows must equal its decode steps', keeps
-/// the row-wise kernel.
+/// the keys, as in [`attention`](crate::attention::attention)'s row-wise kernel, but the values
+/// differ from that kernel's (bf16 operands): a language model, whose prompt and verified rows
+/// must equal its decode steps', keeps the row-wise kernel.
 pub fn attention_full_bf16(
     q: &Tensor,
     k: &Tensor,
@@ -28,7 +31,8 @@ pub fn attention_full_bf16(
     use crate::quant::half::{block_bf16_inputs, round_into, Bf16Rows};
     use crate::quant::Isa;
     use rayon::prelude::*;
-    if Isa::best() != Isa::Amx
+    let isa = Isa::best();
+    if !matches!(isa, Isa::Amx | Isa::Avx512Bf16)
         || !q.device().is_cpu()
         || [q, k, v]
             .iter()
@@ -76,7 +80,7 @@ pub fn attention_full_bf16(
     let per_group = heads.div_ceil(rayon::current_num_threads().max(1));
     let sizes = [t * d, s * d, t * s, s, d * s_pad, t * d];
     let group = |g: usize| {
-        SCRATCH.with_borrow_mut(|buf| {
+        SCRATCH.with_borrow_mut(|(buf, panels)| {
             let need: usize = sizes.iter().sum();
             if buf.len() < need {
                 buf.resize(need, 0.0);
@@ -98,8 +102,16 @@ pub fn attention_full_bf16(
                     dst.copy_from_slice(&row[cols.clone()]);
                 }
                 let (qb, kb) = (Bf16Rows::new(qh, t, d), Bf16Rows::new(kh, s, d));
-                // Query row r against key i at r · s + i (rows padded alike: n = stride).
-                block_bf16_inputs(qb.bits(), &kb, qb.stride(), s, scores, Isa::Amx);
+                // Query row r against key i at r · s + i (rows padded alike: n = stride). On
+                // AVX-512 BF16 the keys are packed in panels, each score in a lane of its own
+                // (the dot-product tiles would end every score of 64 products in a sum across
+                // 16 lanes).
+                if isa == Isa::Amx {
+                    block_bf16_inputs(qb.bits(), &kb, qb.stride(), s, scores, isa);
+                } else {
+                    panels.repack(kb.bits(), s, kb.stride());
+                    panels.matmul_rows(&qb, scores);
+                }
                 // Each row's probabilities rounded as they are made.
                 let pb = Bf16Rows::from_rows(t, s, |r, dst| {
                     crate::fused::softmax_row(&scores[r * s..(r + 1) * s], probs);
@@ -116,7 +128,12 @@ pub fn attention_full_bf16(
                 }
                 let vb = Bf16Rows::new(vt, d, s_pad);
                 // (t, d): query row r's output column c at r · d + c.
-                block_bf16_inputs(pb.bits(), &vb, s_pad, d, oh, Isa::Amx);
+                if isa == Isa::Amx {
+                    block_bf16_inputs(pb.bits(), &vb, s_pad, d, oh, isa);
+                } else {
+                    panels.repack(vb.bits(), d, s_pad);
+                    panels.matmul_rows(&pb, oh);
+                }
                 for (r, src) in oh.chunks_exact(d).enumerate() {
                     // SAFETY: `r < t` and the head's columns are within `width`: inside
                     // `out`, in columns no other task writes.
@@ -129,6 +146,7 @@ pub fn attention_full_bf16(
             // A scratch grown for a long sequence is not kept.
             if buf.len() > KEPT_SCRATCH {
                 *buf = Vec::new();
+                *panels = PanelMatrix::from_bf16(&[], 0, 0);
             }
         })
     };
@@ -144,7 +162,9 @@ const KEPT_SCRATCH: usize = 4 << 20;
 
 thread_local! {
     /// [`attention_full_bf16`]'s scratch, one per thread of the pool.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// With the keys or values of a head packed in panels (AVX-512 BF16).
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, PanelMatrix)> =
+        std::cell::RefCell::new((Vec::new(), PanelMatrix::from_bf16(&[], 0, 0)));
 }
 
 #[cfg(test)]
@@ -173,7 +193,8 @@ mod tests {
             let scale = 1.0 / (d as f64).sqrt();
             let Some(got) = attention_full_bf16(&merge(&q)?, &merge(&k)?, &merge(&v)?, h, scale)?
             else {
-                assert_ne!(crate::quant::Isa::best(), crate::quant::Isa::Amx);
+                use crate::quant::Isa;
+                assert!(!matches!(Isa::best(), Isa::Amx | Isa::Avx512Bf16));
                 return Ok(());
             };
             let want = merge(&reference(&q, &k, &v, None, scale)?)?;

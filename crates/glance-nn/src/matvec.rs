@@ -17,7 +17,7 @@ use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
 /// Output rows per rayon task.
-const ROWS_PER_TASK: usize = 64;
+pub(crate) const ROWS_PER_TASK: usize = 64;
 
 /// Most rows [`matmul_rows`] is meant for: beyond, a GEMM's blocking wins.
 pub const MAX_SMALL_ROWS: usize = 64;
@@ -219,7 +219,7 @@ pub(crate) fn columns_parallel_into(
 /// Tasks of [`ROWS_PER_TASK`] columns over every part `(out_dim, y)` (`y` `(m, out_dim)`) in
 /// one parallel region: `task(part, first, columns)` writes columns `first .. first +
 /// columns.cols()` of part `part`'s rows.
-fn columns_parallel_parts(
+pub(crate) fn columns_parallel_parts(
     m: usize,
     parts: &mut [(usize, &mut [f32])],
     task: impl Fn(usize, usize, Columns<'_>) + Sync,

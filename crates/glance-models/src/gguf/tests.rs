@@ -550,3 +550,100 @@ fn either_mlp_naming_of_the_mmproj_loads_the_same_tower() {
     assert_eq!(diff, 0.0);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `(rows, cols)` of values in [-1, 1) that follow no pattern a model could fit, and are the
+/// same on every run.
+fn scrambled(rows: usize, cols: usize) -> Tensor {
+    let mut state = 0x9e37_79b9_u32;
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect();
+    Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+/// A quantized GGUF computes, bit for bit, what glance's own load of its directory in that
+/// format computes — tower, projector, decoder and LM head, over a few hundred positions —
+/// once both turn RoPE alike. They do not quite: llama.cpp writes Llama 3's frequency schedule
+/// as per-frequency divisors (`rope_freqs.weight`), and `inv_freq / divisor` is an ulp or two
+/// off Hugging Face's `(1 - s) · inv_freq / factor + s · inv_freq` in the band between the two
+/// wavelengths. Here the directory's model takes the file's divisors; the engine's test
+/// (glance-engine/tests/gguf.rs) compares the two as users load them.
+#[test]
+fn a_quantized_gguf_computes_what_its_directory_does() {
+    for model in ["llama-gqa", "mistral", "qwen2"] {
+        for (file, format) in [
+            ("text-q8_0.gguf", WeightFormat::Q8),
+            ("text-q4_0.gguf", WeightFormat::Q4),
+        ] {
+            let g = open(
+                &gguf(model, file),
+                Some(&gguf(model, "mmproj-f32.gguf")),
+                &Device::Cpu,
+                Some(format),
+            )
+            .unwrap();
+            let dir = fixtures().join("models").join(model);
+            let mut config = LlavaConfig::from_dir(&dir).unwrap();
+            if model == "llama-gqa" {
+                assert!(matches!(
+                    g.config().text.rope_scaling,
+                    Some(glance_nn::RopeScaling::Factors(_))
+                ));
+                config.text.rope_scaling = g.config().text.rope_scaling.clone();
+            }
+            let vb = crate::checkpoint::var_builder(&dir, DType::F32, &Device::Cpu).unwrap();
+            let load = WeightLoad::new(format).with_source(Arc::new(
+                crate::checkpoint::MappedTensors::open(&dir).unwrap(),
+            ));
+            let d = Llava::from_var_builder_as(
+                &vb,
+                config,
+                &WeightLayout::detect(&vb),
+                Mode::Infer,
+                &load,
+            )
+            .unwrap();
+            let what = format!("{model} {file}");
+            let s = d.config().vision.image_size;
+            let pixels = scrambled(3 * s, s).reshape((3, s, s)).unwrap();
+            let (a, b) = (
+                d.encode_image(&pixels).unwrap(),
+                g.model.encode_image(&pixels).unwrap(),
+            );
+            assert_eq!(
+                max_diff(&a.features, &b.features),
+                0.0,
+                "{what}: image features"
+            );
+            let t = 300;
+            let xs = scrambled(t, d.config().text.hidden_size);
+            let positions: Vec<u32> = (0..t as u32).collect();
+            let mask = glance_nn::AttnMask::causal();
+            let logits = |m: &Llava| {
+                let h = m.text().forward_uncached(&xs, &positions, &mask).unwrap();
+                m.text().raw_logits(&h).unwrap()
+            };
+            assert_eq!(
+                max_diff(&logits(&d), &logits(&g.model)),
+                0.0,
+                "{what}: logits"
+            );
+        }
+    }
+}

@@ -79,19 +79,28 @@ impl ClipVision {
             "weight",
         )?;
         let eps = c.layer_norm_eps;
+        // Inference meets every patch of an image at once: the layers' products go by the
+        // many-row kernels where the CPU has them (`Linear::for_many_rows`).
+        let linear = |vb: &VarBuilder, inp: usize, out: usize| -> Result<Linear> {
+            let l = linear_as(vb, inp, out, true, load)?;
+            Ok(match mode {
+                Mode::Infer => l.for_many_rows(),
+                _ => l,
+            })
+        };
         let layers = (0..num_layers)
             .map(|i| {
                 let lv = vb.pp(format!("encoder.layers.{i}"));
                 let at = lv.pp("self_attn");
                 Ok(EncoderLayer {
                     ln1: layer_norm(&lv.pp("layer_norm1"), h, eps, mode)?,
-                    q: linear_as(&at.pp("q_proj"), h, h, true, load)?,
-                    k: linear_as(&at.pp("k_proj"), h, h, true, load)?,
-                    v: linear_as(&at.pp("v_proj"), h, h, true, load)?,
-                    out: linear_as(&at.pp("out_proj"), h, h, true, load)?,
+                    q: linear(&at.pp("q_proj"), h, h)?,
+                    k: linear(&at.pp("k_proj"), h, h)?,
+                    v: linear(&at.pp("v_proj"), h, h)?,
+                    out: linear(&at.pp("out_proj"), h, h)?,
                     ln2: layer_norm(&lv.pp("layer_norm2"), h, eps, mode)?,
-                    fc1: linear_as(&lv.pp("mlp.fc1"), h, c.intermediate_size, true, load)?,
-                    fc2: linear_as(&lv.pp("mlp.fc2"), c.intermediate_size, h, true, load)?,
+                    fc1: linear(&lv.pp("mlp.fc1"), h, c.intermediate_size)?,
+                    fc2: linear(&lv.pp("mlp.fc2"), c.intermediate_size, h)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -165,8 +174,8 @@ impl ClipVision {
                     .expect("three layers, three results");
             let want_probs = i + 1 == deepest;
             let scale = 1.0 / (hd as f64).sqrt();
-            // bf16 weights: bf16 products for the attention too, where AMX makes them pay; it
-            // takes and gives the heads side by side, (n, hidden).
+            // bf16 weights: bf16 products for the attention too (AMX or AVX-512 BF16); it takes
+            // and gives the heads side by side, (n, hidden).
             let bf16 =
                 !want_probs && self.mode == Mode::Infer && layer.q.format() == WeightFormat::Bf16;
             let fast = if bf16 {

@@ -29,6 +29,7 @@ pub mod block;
 mod few;
 pub mod group;
 pub mod half;
+mod panel;
 mod pass;
 pub mod q4;
 pub mod q8;
@@ -36,6 +37,7 @@ pub mod store;
 
 use candle_core::{DType, Tensor};
 pub use half::{HalfKind, HalfMatrix, Isa};
+pub use panel::PanelMatrix;
 use q4::Q4Matrix;
 use q8::Q8Matrix;
 use std::sync::Arc;

@@ -209,49 +209,62 @@ impl PackedMatrix {
         mats: &[(&PackedMatrix, Option<&Tensor>)],
         x: &Tensor,
     ) -> candle_core::Result<Vec<Tensor>> {
-        let (m, xn) = x.dims2()?;
-        let mut biases = Vec::with_capacity(mats.len());
-        for (w, bias) in mats {
-            let (out_dim, n) = w.dims();
-            if xn != n {
-                candle_core::bail!("packed matmul: x is ({m}, {xn}) for a ({out_dim}, {n}) matrix")
-            }
-            biases.push(match bias {
-                Some(b) if b.dims1()? != out_dim => {
-                    candle_core::bail!(
-                        "packed matmul: a bias of {:?} for {out_dim} outputs",
-                        b.dims()
-                    )
-                }
-                Some(b) => Some(b.to_dtype(DType::F32)?.to_vec1::<f32>()?),
-                None => None,
-            });
-        }
-        let group: Vec<(&PackedMatrix, Option<&[f32]>)> = mats
-            .iter()
-            .zip(&biases)
-            .map(|((w, _), b)| (*w, b.as_deref()))
-            .collect();
-        let x = x.to_dtype(DType::F32)?.contiguous()?;
-        let isa = Isa::best();
-        let ys = {
-            let (storage, layout) = x.storage_and_layout();
-            match (&*storage, layout.contiguous_offsets()) {
-                (candle_core::Storage::Cpu(cpu), Some((a, b))) => {
-                    Self::group_rows(&group, &cpu.as_slice::<f32>()?[a..b], m, isa)
-                }
-                _ => {
-                    drop(storage);
-                    let xs = x.flatten_all()?.to_vec1::<f32>()?;
-                    Self::group_rows(&group, &xs, m, isa)
-                }
-            }
-        };
-        ys.into_iter()
-            .zip(mats)
-            .map(|(y, (w, _))| Tensor::from_vec(y, (m, w.dims().0), x.device()))
-            .collect()
+        group_tensors(mats, x, PackedMatrix::dims, |group, xs, m| {
+            Self::group_rows(group, xs, m, Isa::best())
+        })
     }
+}
+
+/// The tensors' side of a group product: checks `x` `(m, in)` and each bias against its
+/// matrix's `(out, in)` (`dims`), reads them as f32 (in place where `x` is a contiguous f32
+/// CPU tensor), runs `run(group, x, m)` and makes its `(m, out)` results tensors.
+pub(super) fn group_tensors<W>(
+    mats: &[(&W, Option<&Tensor>)],
+    x: &Tensor,
+    dims: impl Fn(&W) -> (usize, usize),
+    run: impl FnOnce(&[(&W, Option<&[f32]>)], &[f32], usize) -> Vec<Vec<f32>>,
+) -> candle_core::Result<Vec<Tensor>> {
+    let (m, xn) = x.dims2()?;
+    let mut biases = Vec::with_capacity(mats.len());
+    for (w, bias) in mats {
+        let (out_dim, n) = dims(w);
+        if xn != n {
+            candle_core::bail!("packed matmul: x is ({m}, {xn}) for a ({out_dim}, {n}) matrix")
+        }
+        biases.push(match bias {
+            Some(b) if b.dims1()? != out_dim => {
+                candle_core::bail!(
+                    "packed matmul: a bias of {:?} for {out_dim} outputs",
+                    b.dims()
+                )
+            }
+            Some(b) => Some(b.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+            None => None,
+        });
+    }
+    let group: Vec<(&W, Option<&[f32]>)> = mats
+        .iter()
+        .zip(&biases)
+        .map(|((w, _), b)| (*w, b.as_deref()))
+        .collect();
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let ys = {
+        let (storage, layout) = x.storage_and_layout();
+        match (&*storage, layout.contiguous_offsets()) {
+            (candle_core::Storage::Cpu(cpu), Some((a, b))) => {
+                run(&group, &cpu.as_slice::<f32>()?[a..b], m)
+            }
+            _ => {
+                drop(storage);
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                run(&group, &xs, m)
+            }
+        }
+    };
+    ys.into_iter()
+        .zip(mats)
+        .map(|(y, (w, _))| Tensor::from_vec(y, (m, dims(w).0), x.device()))
+        .collect()
 }
 
 /// `row += bias`, where a bias is given.
