@@ -298,6 +298,7 @@ pub(crate) fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -466,7 +467,7 @@ pub(crate) unsafe fn hsum512(v: std::arch::x86_64::__m512) -> f32 {
 // AVX-512: 16 lanes, 4 × 4 tiles (16 accumulators of 32 registers).
 simd_kernel!(
     avx512,
-    "avx512f",
+    "avx512f,avx512vl",
     16,
     4,
     _mm512_setzero_ps,

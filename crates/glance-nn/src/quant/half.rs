@@ -609,7 +609,7 @@ unsafe fn read_f16(p: *const u16) -> f32 {
 
 simd_kernel!(
     avx512_bf16,
-    "avx512f",
+    "avx512f,avx512vl",
     16,
     4,
     _mm512_setzero_ps,
@@ -622,7 +622,7 @@ simd_kernel!(
 );
 simd_kernel!(
     avx512_f16,
-    "avx512f",
+    "avx512f,avx512vl",
     16,
     4,
     _mm512_setzero_ps,
