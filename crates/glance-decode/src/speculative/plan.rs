@@ -8,9 +8,15 @@
 //!   wait as pending rows until the draft runs again). On a cache-resident model, where a pass
 //!   over `k` rows costs `k` steps, no round ever drafts.
 //! * **The draft's prompt pass** is paid only once the answer has run plainly for as long as
-//!   that pass would take (the ski-rental rule), and for at least [`WARM_UP_STEPS`] steps: an
-//!   answer that ends sooner costs exactly what autoregressive decoding costs, and a long one
-//!   pays at most twice the pass.
+//!   that pass takes to pay for itself: with drafted rounds predicted `g` times as fast as
+//!   plain steps, each token after the start saves `f = 1 - 1/g` of a step, so the pass of `S`
+//!   seconds is bought after `S / f` seconds of plain steps (the ski-rental rule where buying
+//!   saves a share `f` of the rent), and after at least [`WARM_UP_STEPS`] steps. An answer that
+//!   ends sooner costs exactly what autoregressive decoding costs; one that ends just after the
+//!   start costs at most `1 + f` times it; and where a draft only just pays (a cache-resident
+//!   model, whose start is tens of decode steps), the start waits for an answer long enough to
+//!   recover it. With remembered answer lengths ([`Planner::remembering`]) the start comes at
+//!   the step that makes those answers cheapest, or never.
 //! * **Depth** maximises `E[tokens] / (drafting + pass(rows))` with per-depth acceptance
 //!   estimated from this request's rounds (smoothed towards a prior).
 //! * **The clock corrects the model**: drafted rounds' measured / modelled time against plain
@@ -52,9 +58,9 @@ const MIN_ANSWERS: f64 = 8.0;
 const PRIOR_ANSWERS: f64 = 2.0;
 /// Answers a memory keeps: older ones fade, as its rounds do.
 const MEMORY_ANSWERS: f64 = 200.0;
-/// Answers longer than this many steps are remembered as this long (a longer one changes no
-/// choice of warm-up).
-const LONGEST_REMEMBERED: usize = 64;
+/// Answers longer than this many steps are remembered as this long (which undervalues a draft
+/// only for answers longer still).
+const LONGEST_REMEMBERED: usize = 256;
 /// A plan must beat a plain step by this factor to be chosen (measurement noise).
 const MARGIN: f64 = 1.02;
 
@@ -169,6 +175,21 @@ impl Planner {
                 .is_some_and(|(_, gain)| gain >= AUTO_MARGIN)
     }
 
+    /// Whether a draft is predicted to make requests like the remembered ones (`memory`: their
+    /// answers' lengths, and what the draft's start cost them) cheaper, at this planner's
+    /// figures: `false` where, at every warm-up, the start costs at least what the drafted
+    /// rounds would save over those answers — all of them ended within the warm-up, or the
+    /// model is cache-resident, its draft running tens of decode steps' worth of prompt rows
+    /// to save a little on each token. `true` with fewer than [`MIN_ANSWERS`] remembered: until
+    /// then the request's own planner decides.
+    pub fn pays_for_remembered_answers(&self, memory: &Memory) -> bool {
+        if memory.lengths.all.iter().sum::<f64>() < MIN_ANSWERS {
+            return true;
+        }
+        self.warm_up_for(&memory.lengths.all, memory.start_steps)
+            .is_some_and(|(_, cost, plainly)| cost < plainly)
+    }
+
     /// The steps of this request's next rounds carry `load` (a scheduler's shared step). Every
     /// row a round adds to a shared pass delays every request in it, so a round's extra work is
     /// charged once per request sharing the step: alone, a tree is worth its rows while the model
@@ -275,7 +296,8 @@ impl Planner {
         let best = self.predicted(room);
         let depth = match best {
             Some((d, _)) => d,
-            None if self.plain_streak >= EXPLORE_AFTER => {
+            // Exploring re-measures a started draft; it never pays for the start.
+            None if self.started && self.plain_streak >= EXPLORE_AFTER => {
                 // Re-measure acceptance: the depth that would pay with every draft accepted.
                 match self.best_depth(room, 0, |_| 1.0) {
                     Some((d, _)) => d,
@@ -285,12 +307,17 @@ impl Planner {
             None => return self.plain(plain),
         };
         if !self.started {
+            let gain = best.map_or(1.0, |(_, g)| g);
             let start = self.draft.row_s * self.start_rows as f64;
             let waited = match self.remembered_warm_up() {
                 Some(steps) => self.plain_steps_before_start >= steps,
-                // Rent before buying: plain steps for as long as the start would take, and at
-                // least [`WARM_UP_STEPS`] (one-word answers end before a draft could pay).
-                None => self.plain_before_start >= start.max(WARM_UP_STEPS as f64 * plain),
+                // Rent before buying: plain steps until the start would pay for itself, each
+                // token after it saving `1 - 1/gain` of a step, and at least [`WARM_UP_STEPS`]
+                // (one-word answers end before a draft could pay).
+                None => {
+                    let saved = 1.0 - 1.0 / gain;
+                    self.plain_before_start >= (start / saved).max(WARM_UP_STEPS as f64 * plain)
+                }
             };
             if !waited {
                 return self.plain(plain);
@@ -318,11 +345,23 @@ impl Planner {
     /// first token costs `s` steps if it ends within the warm-up `w`, else `w` steps, the
     /// draft's start, and the drafted rounds (each at the best depth's predicted seconds) its
     /// other `s - w` tokens are expected to take. Between 0 and [`WARM_UP_STEPS`], the longer
-    /// one on a tie; `None` (the default rule) where no remembered answers are like this one
-    /// ([`Lengths::like`]) or no drafted round is predicted to pay.
+    /// one on a tie, or `usize::MAX` (never) where plain steps alone make them cheaper; `None`
+    /// (the default rule) where no remembered answers are like this one ([`Lengths::like`]) or
+    /// no drafted round is predicted to pay.
     fn remembered_warm_up(&self) -> Option<usize> {
         let lengths = self.remembered_lengths.as_ref()?;
-        let plain = self.pass(1);
+        let start = self.draft.row_s * self.start_rows as f64 / self.pass(1);
+        let (best, cost, plainly) = self.warm_up_for(lengths, start)?;
+        // A tie (every remembered answer ended within the warm-up) keeps the warm-up: an answer
+        // that runs on past all of them may still pay for a draft.
+        Some(if cost <= plainly { best } else { usize::MAX })
+    }
+
+    /// For answers of `lengths` (count by steps after the first token) and a draft start of
+    /// `start` decode steps: the warm-up that makes them cheapest by the cost model
+    /// ([`Planner::remembered_warm_up`]), their cost with it, and without any draft, in decode
+    /// steps.
+    fn warm_up_for(&self, lengths: &[f64], start: f64) -> Option<(usize, f64, f64)> {
         let (depth, gain) = self.predicted(usize::MAX)?;
         // A round at that depth emits `1 + j` tokens when it accepts `j` drafts.
         let mut emits = Vec::with_capacity(depth + 1);
@@ -350,7 +389,6 @@ impl Planner {
                     .map(|(j, p)| p * rounds[n - j - 1])
                     .sum::<f64>();
         }
-        let start = self.draft.row_s * self.start_rows as f64 / plain;
         let cost = |w: usize| -> f64 {
             let each = |s: usize| match s.checked_sub(w) {
                 Some(rest) if rest > 0 => w as f64 + start + rounds[rest] * round,
@@ -358,9 +396,11 @@ impl Planner {
             };
             lengths.iter().enumerate().map(|(s, n)| n * each(s)).sum()
         };
-        (0..=WARM_UP_STEPS)
+        let plainly: f64 = lengths.iter().enumerate().map(|(s, n)| n * s as f64).sum();
+        let best = (0..=WARM_UP_STEPS)
             .rev()
-            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))?;
+        Some((best, cost(best), plainly))
     }
 
     /// The answer begins with `token` (picked from the prompt's pass): its warm-up follows the
@@ -505,6 +545,12 @@ pub struct Memory {
     clock: Clock,
     /// How long their answers ran ([`Planner::remembered_warm_up`]).
     lengths: Lengths,
+    /// What their draft's start cost, in decode steps (a mean over the last answers), and over
+    /// how many.
+    start_steps: f64,
+    starts: f64,
+    /// Requests `auto` decoded without the draft on the answers' account ([`Memory::decline`]).
+    declined: u32,
 }
 
 impl Memory {
@@ -514,6 +560,12 @@ impl Memory {
         self.acceptance.merge(&request.acceptance);
         if let Some(tokens) = request.answer_tokens {
             self.lengths.add(request.first_token, tokens);
+            // What its draft's start cost (or would have), in decode steps, averaged over the
+            // answers the lengths keep.
+            let start = request.draft.row_s * request.start_rows as f64 / request.cost.pass(1);
+            let n = self.starts.min(MEMORY_ANSWERS - 1.0);
+            self.start_steps = (self.start_steps * n + start) / (n + 1.0);
+            self.starts = n + 1.0;
         }
         // A decode step alone, whatever load the request's last step shared.
         let keep = MEMORY_STEPS * request.cost.pass(1);
@@ -534,6 +586,33 @@ impl Memory {
     /// What the remembered requests' drafts accepted.
     pub fn acceptance(&self) -> &Acceptance {
         &self.acceptance
+    }
+
+    /// Answers remembered, and the mean steps they ran after their first token.
+    pub fn answers(&self) -> (f64, f64) {
+        let total: f64 = self.lengths.all.iter().sum();
+        let steps: f64 = self
+            .lengths
+            .all
+            .iter()
+            .enumerate()
+            .map(|(s, n)| n * s as f64)
+            .sum();
+        (total, if total > 0.0 { steps / total } else { 0.0 })
+    }
+
+    /// The mean start of the remembered requests' drafts, in decode steps.
+    pub fn start_steps(&self) -> f64 {
+        self.start_steps
+    }
+
+    /// `auto` declines the draft for a request because the remembered answers say it does not
+    /// pay ([`Planner::pays_for_remembered_answers`]): `true` if it should, `false` for one
+    /// request in [`EXPLORE_AFTER`], which drafts anyway so that the answers remembered keep
+    /// following what is asked (a request decoded without the draft adds none).
+    pub fn decline(&mut self) -> bool {
+        self.declined = self.declined.wrapping_add(1);
+        !self.declined.is_multiple_of(EXPLORE_AFTER)
     }
 }
 
@@ -673,11 +752,16 @@ mod tests {
         let flat: Vec<f64> = (1..=16).map(|k| 1.0 + 0.05 * k as f64).collect();
         let mut p = Planner::new(cost(&flat), draft(0.05, 0.5), TreeSettings::chain(6), 30);
         assert!(p.can_pay());
-        // The start costs 30 × 0.5 = 15 s: about fifteen plain steps of 1.05 s come first.
-        let rounds: Vec<Round> = (0..16).map(|_| p.next_round(6)).collect();
-        assert_eq!(&rounds[..15], &[Round::Plain; 15]);
+        // The start costs 30 × 0.5 = 15 s, and each token after it saves `1 - 1/gain` of a
+        // plain step of 1.05 s: plain steps come first until that pays for it.
+        let (_, gain) = p.predicted(6).unwrap();
+        assert!(gain > 2.0, "{gain}");
+        let plain = (15.0 / (1.0 - 1.0 / gain) / 1.05).ceil() as usize;
+        assert!((20..40).contains(&plain), "{plain}");
+        let rounds: Vec<Round> = (0..=plain).map(|_| p.next_round(6)).collect();
+        assert!(rounds[..plain].iter().all(|r| *r == Round::Plain));
         assert!(
-            matches!(rounds[15], Round::Draft { depth } if depth >= 3),
+            matches!(rounds[plain], Round::Draft { depth } if depth >= 3),
             "{rounds:?}"
         );
         // A cheap start still waits out the warm-up.
@@ -685,6 +769,71 @@ mod tests {
         let rounds: Vec<Round> = (0..=WARM_UP_STEPS).map(|_| p.next_round(6)).collect();
         assert!(rounds[..WARM_UP_STEPS].iter().all(|r| *r == Round::Plain));
         assert!(matches!(rounds[WARM_UP_STEPS], Round::Draft { .. }));
+    }
+
+    #[test]
+    fn a_draft_that_only_just_pays_waits_for_an_answer_long_enough_to_recover_its_start() {
+        // A cache-resident model's curve (glance-tiny's, measured: c(2) 1.41, c(4) 2.04, c(8)
+        // 3.97), a draft step 0.29 of a decode step and a prompt row 0.12: the prompt of 265
+        // rows costs 32 steps, and drafted rounds are predicted only a little faster.
+        let curve = [1.0, 1.41, 1.72, 2.04, 2.47, 2.91, 3.44, 3.97];
+        let mut p = Planner::new(cost(&curve), draft(0.29, 0.12), TreeSettings::chain(6), 265)
+            .with_prior(Some(&[0.92, 0.91, 0.91]));
+        let (_, gain) = p.predicted(6).expect("it pays, a little");
+        assert!(gain < 1.4, "{gain}");
+        // The start is bought once its 31.8 steps are saved back at `1 - 1/gain` a token: more
+        // than a hundred plain steps, not 32.
+        let wait = (31.8 / (1.0 - 1.0 / gain)).ceil() as usize;
+        assert!(wait > 100, "{wait}");
+        for step in 0..wait {
+            assert_eq!(p.next_round(6), Round::Plain, "step {step}");
+        }
+        assert!(matches!(p.next_round(6), Round::Draft { .. }));
+        // Remembered answers of 60 steps: not long enough ever to recover the start.
+        let mut memory = Memory::default();
+        for _ in 0..20 {
+            let mut a = Planner::new(cost(&curve), draft(0.29, 0.12), TreeSettings::chain(6), 265)
+                .starting_with(5);
+            a.answered(61);
+            memory.merge(&a);
+        }
+        let mut q = Planner::new(cost(&curve), draft(0.29, 0.12), TreeSettings::chain(6), 265)
+            .with_prior(Some(&[0.92, 0.91, 0.91]))
+            .starting_with(5)
+            .remembering(&memory);
+        for step in 0..300 {
+            assert_eq!(q.next_round(6), Round::Plain, "step {step}");
+        }
+        // `auto` asks the same before choosing the draft at all: with the start the answers
+        // remember (265 prompt rows), not; with a free one, yes; with too few answers, it
+        // leaves the choice to the request's planner.
+        let fresh = || {
+            Planner::new(cost(&curve), draft(0.29, 0.12), TreeSettings::chain(6), 0)
+                .with_prior(Some(&[0.92, 0.91, 0.91]))
+        };
+        assert!(
+            (memory.start_steps() - 31.8).abs() < 1e-6,
+            "{}",
+            memory.start_steps()
+        );
+        assert!(fresh().pays_at_prior());
+        assert!(!fresh().pays_for_remembered_answers(&memory));
+        let declined = (0..2 * EXPLORE_AFTER).filter(|_| memory.decline()).count();
+        assert_eq!(declined as u32, 2 * EXPLORE_AFTER - 2);
+        assert!(fresh().pays_for_remembered_answers(&Memory::default()));
+        let mut free = Memory::default();
+        for _ in 0..20 {
+            let mut a = Planner::new(cost(&curve), draft(0.29, 0.0), TreeSettings::chain(6), 265);
+            a.answered(61);
+            free.merge(&a);
+        }
+        assert!(fresh().pays_for_remembered_answers(&free));
+        // With a free start the same memory drafts from the first round.
+        let mut r = Planner::new(cost(&curve), draft(0.29, 0.0), TreeSettings::chain(6), 265)
+            .with_prior(Some(&[0.92, 0.91, 0.91]))
+            .starting_with(5)
+            .remembering(&memory);
+        assert!(matches!(r.next_round(6), Round::Draft { .. }));
     }
 
     /// Target rows of other requests, none of them drafting.
@@ -915,6 +1064,8 @@ mod tests {
     fn plain_streaks_explore_when_speculation_could_pay() {
         let curve: Vec<f64> = (1..=16).map(|k| 1.0 + 0.25 * (k - 1) as f64).collect();
         let mut p = Planner::new(cost(&curve), draft(0.1, 0.0), TreeSettings::chain(6), 0);
+        warm_up(&mut p);
+        assert!(matches!(p.next_round(6), Round::Draft { .. }), "started");
         for _ in 0..20 {
             p.record(&chain(&[0.9, 0.9]), 0, 1);
         }

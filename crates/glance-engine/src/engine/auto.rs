@@ -9,7 +9,10 @@
 //!
 //! `auto` picks, per request, cost-aware speculation with the request's best draft head (ViSpec
 //! for a prompt with images, EAGLE for text, whichever the model offers) when a draft accepted
-//! as drafts usually are (the planner's prior) beats a decode step on this machine; on a model without heads that is converted
+//! as drafts usually are (the planner's prior, and what the head's earlier requests met) beats
+//! a decode step on this machine and, once a few answers are remembered, its start pays for
+//! itself over answers like them (on a cache-resident model such as glance-tiny the draft's
+//! prompt pass costs tens of decode steps, and a round saves a little); on a model without heads that is converted
 //! for block diffusion, linear self-speculation with cost-aware blocks under the same rule; else
 //! `ar`. (The quadratic mode and thresholds are not among its choices: the threshold mode is
 //! lossy, and the quadratic mode's pass layout is not planned yet.)
@@ -34,16 +37,24 @@ struct HeadOption {
     draft: DraftCost,
     /// The first round's predicted speed-up at the head's prior acceptance (0: none pays).
     gain: f64,
-    /// Whether that beats a decode step by [`AUTO_MARGIN`].
+    /// Whether that beats a decode step by [`AUTO_MARGIN`], and the draft's start pays for
+    /// itself over the answers remembered ([`Planner::pays_for_remembered_answers`]).
     pays: bool,
+    /// Remembered answers and their mean steps, where they say the start never pays.
+    short_answers: Option<(f64, f64, f64)>,
 }
 
 impl HeadOption {
     fn describe(&self) -> String {
-        if self.gain > 0.0 {
-            format!("predicted {:.2}×", self.gain)
-        } else {
-            "predicted not to pay".to_string()
+        match self.short_answers {
+            Some((answers, steps, start)) => format!(
+                "predicted {:.2}× a round, but the draft's start ({start:.0} decode steps) \
+                 would not pay for itself over answers like the last {answers:.0} (a mean of \
+                 {steps:.0} steps)",
+                self.gain
+            ),
+            None if self.gain > 0.0 => format!("predicted {:.2}×", self.gain),
+            None => "predicted not to pay".to_string(),
         }
     }
 }
@@ -171,15 +182,29 @@ impl Engine {
                 .draft(head.as_ref())
                 .cloned()
                 .ok_or_else(|| Error::Config("the cost model lacks the draft's figures".into()))?;
+            // What this head's earlier requests met: their acceptance, the clock's correction,
+            // how long their answers ran and what the draft's start cost them.
+            let shared = self.plan_memory(&head);
+            let mut memory = shared.lock().expect("not poisoned");
             let planner = Planner::new(cost.clone(), draft.clone(), tree.clone(), 0)
-                .with_prior(head.acceptance());
+                .with_prior(head.acceptance())
+                .remembering(&memory);
             let gain = planner.predicted(usize::MAX).map_or(0.0, |(_, g)| g);
+            let pays = planner.pays_at_prior();
+            // (One declined request in a few drafts anyway, to keep the answers remembered.)
+            let answers_pay = planner.pays_for_remembered_answers(&memory) || !memory.decline();
+            let (answers, steps) = memory.answers();
             options.push(HeadOption {
                 head,
                 cost,
                 draft,
                 gain,
-                pays: planner.pays_at_prior(),
+                pays: pays && answers_pay,
+                short_answers: (pays && !answers_pay).then_some((
+                    answers,
+                    steps,
+                    memory.start_steps(),
+                )),
             });
         }
         // The head predicted fastest; the preferred one on a tie.
