@@ -278,7 +278,7 @@ pub(crate) fn block(w: &[f32], x: &[f32], n: usize, m: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx512() {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
+            // SAFETY: the CPU supports AVX-512F and VL (checked just above).
             unsafe { avx512::block(w, x, n, m, out) };
             return;
         }

@@ -175,19 +175,19 @@ impl Planner {
                 .is_some_and(|(_, gain)| gain >= AUTO_MARGIN)
     }
 
-    /// Whether a draft is predicted to make requests like the remembered ones (`memory`: their
-    /// answers' lengths, and what the draft's start cost them) cheaper, at this planner's
-    /// figures: `false` where, at every warm-up, the start costs at least what the drafted
-    /// rounds would save over those answers — all of them ended within the warm-up, or the
-    /// model is cache-resident, its draft running tens of decode steps' worth of prompt rows
-    /// to save a little on each token. `true` with fewer than [`MIN_ANSWERS`] remembered: until
-    /// then the request's own planner decides.
+    /// Whether a draft is predicted not to make requests like the remembered ones (`memory`:
+    /// their answers' lengths, and what the draft's start cost them) dearer, at this planner's
+    /// figures: `false` where, at every warm-up, the start costs more than the drafted rounds
+    /// would save over those answers (a cache-resident model, its draft running tens of decode
+    /// steps' worth of prompt rows to save a little on each token). Answers that all ended
+    /// within the warm-up are a tie, and keep the draft for a longer one. `true` with fewer
+    /// than [`MIN_ANSWERS`] remembered: until then the request's own planner decides.
     pub fn pays_for_remembered_answers(&self, memory: &Memory) -> bool {
         if memory.lengths.all.iter().sum::<f64>() < MIN_ANSWERS {
             return true;
         }
         self.warm_up_for(&memory.lengths.all, memory.start_steps)
-            .is_some_and(|(_, cost, plainly)| cost < plainly)
+            .is_some_and(|(_, cost, plainly)| cost <= plainly)
     }
 
     /// The steps of this request's next rounds carry `load` (a scheduler's shared step). Every

@@ -9,11 +9,11 @@
 //!
 //! `auto` picks, per request, cost-aware speculation with the request's best draft head (ViSpec
 //! for a prompt with images, EAGLE for text, whichever the model offers) when a draft accepted
-//! as drafts usually are (the planner's prior, and what the head's earlier requests met) beats
-//! a decode step on this machine and, once a few answers are remembered, its start pays for
-//! itself over answers like them (on a cache-resident model such as glance-tiny the draft's
-//! prompt pass costs tens of decode steps, and a round saves a little); on a model without heads that is converted
-//! for block diffusion, linear self-speculation with cost-aware blocks under the same rule; else
+//! as drafts usually are (the planner's prior) beats a decode step on this machine and, once a
+//! few answers are remembered, its start does not cost more than it saves over answers like
+//! them (on a cache-resident model such as glance-tiny the draft's prompt pass costs tens of
+//! decode steps, and a round saves a little); on a model without heads that is converted for
+//! block diffusion, linear self-speculation with cost-aware blocks under the same rule; else
 //! `ar`. (The quadratic mode and thresholds are not among its choices: the threshold mode is
 //! lossy, and the quadratic mode's pass layout is not planned yet.)
 //!
@@ -182,13 +182,11 @@ impl Engine {
                 .draft(head.as_ref())
                 .cloned()
                 .ok_or_else(|| Error::Config("the cost model lacks the draft's figures".into()))?;
-            // What this head's earlier requests met: their acceptance, the clock's correction,
-            // how long their answers ran and what the draft's start cost them.
+            let planner = Planner::new(cost.clone(), draft.clone(), tree.clone(), 0)
+                .with_prior(head.acceptance());
+            // How long this head's earlier requests' answers ran, and what its start cost them.
             let shared = self.plan_memory(&head);
             let mut memory = shared.lock().expect("not poisoned");
-            let planner = Planner::new(cost.clone(), draft.clone(), tree.clone(), 0)
-                .with_prior(head.acceptance())
-                .remembering(&memory);
             let gain = planner.predicted(usize::MAX).map_or(0.0, |(_, g)| g);
             let pays = planner.pays_at_prior();
             // (One declined request in a few drafts anyway, to keep the answers remembered.)

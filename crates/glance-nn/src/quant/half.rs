@@ -491,7 +491,7 @@ pub fn block(kind: HalfKind, w: &[u16], x: &[f32], n: usize, m: usize, out: &mut
     #[cfg(target_arch = "x86_64")]
     match (isa, kind) {
         (Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx, _) if has_avx512() => {
-            // SAFETY: the CPU supports AVX-512F (checked in this arm's guard).
+            // SAFETY: the CPU supports AVX-512F and VL (checked in this arm's guard).
             unsafe {
                 match kind {
                     HalfKind::Bf16 => avx512_bf16::block(w, x, n, m, out),

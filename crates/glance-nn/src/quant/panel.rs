@@ -8,10 +8,11 @@
 //! output over the 16 lanes of a vector and then across them: that order is what every row
 //! count shares, so a row among others equals the row alone, but over hundreds of rows each
 //! tile of 4 × 4 outputs streams its 4 input rows from L2 for every 4 weight rows, and ran at
-//! about half of `vdpbf16ps`' peak on a vision tower (docs/kernels.md, "The tower's products in
-//! panels"). Here a register tile of [`MR`] input rows × [`NR`] columns keeps 24 accumulators,
-//! the panel's block of [`KC`] pairs (16 KiB) stays in L1 while every tile of the task's rows
-//! meets it, and the tiles' results go through the output between blocks (exact in f32: one
+//! about half of `vdpbf16ps`' peak on a vision tower (docs/kernels-avx512-bf16.md, "The
+//! tower's products in panels"). Here a register tile of [`MR`] input rows × [`NR`] columns
+//! keeps 24 accumulators, the panel's block of [`KC`] pairs (16 KiB) stays in L1 while every
+//! tile of the task's rows meets it, and the tiles' results go through the output between
+//! blocks (exact in f32: one
 //! order of additions per output). A row's result still depends on that row alone — its pairs
 //! in order, then the bias — but its bits are not the decode kernel's, so a language model,
 //! whose prompt and verified rows must equal its decode steps', keeps [`super::half`]: only a
