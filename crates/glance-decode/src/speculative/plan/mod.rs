@@ -91,6 +91,9 @@ pub struct Planner {
     /// first token (index: steps, the last bucket holding every longer answer), if enough
     /// are remembered ([`Lengths::like`]).
     remembered_lengths: Option<Vec<f64>>,
+    /// [`Planner::remembered_warm_up`], worked out at the first round that asks (it sums over
+    /// every remembered length: not again at every plain step).
+    warm_up: Option<Option<usize>>,
     /// The answer's first token ([`Planner::starting_with`]).
     first_token: Option<TokenId>,
     /// Tokens of the whole answer, once told ([`Planner::answered`]).
@@ -133,6 +136,7 @@ impl Planner {
             plain_streak: 0,
             acceptance: Acceptance::default(),
             remembered_lengths: None,
+            warm_up: None,
             first_token: None,
             answer_tokens: None,
             accepted_tokens: 0.0,
@@ -309,7 +313,10 @@ impl Planner {
         if !self.started {
             let gain = best.map_or(1.0, |(_, g)| g);
             let start = self.draft.row_s * self.start_rows as f64;
-            let waited = match self.remembered_warm_up() {
+            if self.warm_up.is_none() {
+                self.warm_up = Some(self.remembered_warm_up());
+            }
+            let waited = match self.warm_up.flatten() {
                 Some(steps) => self.plain_steps_before_start >= steps,
                 // Rent before buying: plain steps until the start would pay for itself, each
                 // token after it saving `1 - 1/gain` of a step, and at least [`WARM_UP_STEPS`]
