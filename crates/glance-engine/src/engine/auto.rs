@@ -40,7 +40,8 @@ struct HeadOption {
     /// Whether that beats a decode step by [`AUTO_MARGIN`], and the draft's start pays for
     /// itself over the answers remembered ([`Planner::pays_for_remembered_answers`]).
     pays: bool,
-    /// Remembered answers and their mean steps, where they say the start never pays.
+    /// Where the remembered answers say the start never pays: how many, their mean steps, and
+    /// the start's mean steps.
     short_answers: Option<(f64, f64, f64)>,
 }
 
@@ -191,18 +192,17 @@ impl Engine {
             let pays = planner.pays_at_prior();
             // (One declined request in a few drafts anyway, to keep the answers remembered.)
             let answers_pay = planner.pays_for_remembered_answers(&memory) || !memory.decline();
-            let (answers, steps) = memory.answers();
+            let short_answers = (pays && !answers_pay).then(|| {
+                let (answers, steps) = memory.answers();
+                (answers, steps, memory.start_steps())
+            });
             options.push(HeadOption {
                 head,
                 cost,
                 draft,
                 gain,
                 pays: pays && answers_pay,
-                short_answers: (pays && !answers_pay).then_some((
-                    answers,
-                    steps,
-                    memory.start_steps(),
-                )),
+                short_answers,
             });
         }
         // The head predicted fastest; the preferred one on a tie.

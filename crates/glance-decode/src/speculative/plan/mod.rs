@@ -187,7 +187,7 @@ impl Planner {
     /// within the warm-up are a tie, and keep the draft for a longer one. `true` with fewer
     /// than [`MIN_ANSWERS`] remembered: until then the request's own planner decides.
     pub fn pays_for_remembered_answers(&self, memory: &Memory) -> bool {
-        if memory.lengths.all.iter().sum::<f64>() < MIN_ANSWERS {
+        if memory.lengths.answers() < MIN_ANSWERS {
             return true;
         }
         self.warm_up_for(&memory.lengths.all, memory.start_steps)
@@ -283,6 +283,16 @@ impl Planner {
         self
     }
 
+    /// What the draft's start (its prompt rows' pass) costs, in seconds.
+    fn start_s(&self) -> f64 {
+        self.draft.row_s * self.start_rows as f64
+    }
+
+    /// [`Planner::start_s`] in decode steps.
+    fn start_steps(&self) -> f64 {
+        self.start_s() / self.cost.pass(1)
+    }
+
     /// The best depth for a round and its predicted speed-up over plain decoding, if one beats a
     /// decode step: `room` caps the depth.
     pub fn predicted(&self, room: usize) -> Option<(usize, f64)> {
@@ -297,22 +307,20 @@ impl Planner {
         if !self.can_pay || room == 0 {
             return self.plain(plain);
         }
-        let best = self.predicted(room);
-        let depth = match best {
-            Some((d, _)) => d,
+        let (depth, gain) = match self.predicted(room) {
+            Some(best) => best,
             // Exploring re-measures a started draft; it never pays for the start.
             None if self.started && self.plain_streak >= EXPLORE_AFTER => {
                 // Re-measure acceptance: the depth that would pay with every draft accepted.
                 match self.best_depth(room, 0, |_| 1.0) {
-                    Some((d, _)) => d,
+                    Some(best) => best,
                     None => return self.plain(plain),
                 }
             }
             None => return self.plain(plain),
         };
         if !self.started {
-            let gain = best.map_or(1.0, |(_, g)| g);
-            let start = self.draft.row_s * self.start_rows as f64;
+            let start = self.start_s();
             if self.warm_up.is_none() {
                 self.warm_up = Some(self.remembered_warm_up());
             }
@@ -357,8 +365,7 @@ impl Planner {
     /// no drafted round is predicted to pay.
     fn remembered_warm_up(&self) -> Option<usize> {
         let lengths = self.remembered_lengths.as_ref()?;
-        let start = self.draft.row_s * self.start_rows as f64 / self.pass(1);
-        let (best, cost, plainly) = self.warm_up_for(lengths, start)?;
+        let (best, cost, plainly) = self.warm_up_for(lengths, self.start_steps())?;
         // A tie (every remembered answer ended within the warm-up) keeps the warm-up: an answer
         // that runs on past all of them may still pay for a draft.
         Some(if cost <= plainly { best } else { usize::MAX })
@@ -403,7 +410,7 @@ impl Planner {
             };
             lengths.iter().enumerate().map(|(s, n)| n * each(s)).sum()
         };
-        let plainly: f64 = lengths.iter().enumerate().map(|(s, n)| n * s as f64).sum();
+        let plainly = total_steps(lengths);
         let best = (0..=WARM_UP_STEPS)
             .rev()
             .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))?;
@@ -569,9 +576,8 @@ impl Memory {
             self.lengths.add(request.first_token, tokens);
             // What its draft's start cost (or would have), in decode steps, averaged over the
             // answers the lengths keep.
-            let start = request.draft.row_s * request.start_rows as f64 / request.cost.pass(1);
             let n = self.starts.min(MEMORY_ANSWERS - 1.0);
-            self.start_steps = (self.start_steps * n + start) / (n + 1.0);
+            self.start_steps = (self.start_steps * n + request.start_steps()) / (n + 1.0);
             self.starts = n + 1.0;
         }
         // A decode step alone, whatever load the request's last step shared.
@@ -597,14 +603,8 @@ impl Memory {
 
     /// Answers remembered, and the mean steps they ran after their first token.
     pub fn answers(&self) -> (f64, f64) {
-        let total: f64 = self.lengths.all.iter().sum();
-        let steps: f64 = self
-            .lengths
-            .all
-            .iter()
-            .enumerate()
-            .map(|(s, n)| n * s as f64)
-            .sum();
+        let total = self.lengths.answers();
+        let steps = total_steps(&self.lengths.all);
         (total, if total > 0.0 { steps / total } else { 0.0 })
     }
 
@@ -633,6 +633,11 @@ struct Lengths {
 }
 
 impl Lengths {
+    /// Answers remembered (faded ones count in part).
+    fn answers(&self) -> f64 {
+        self.all.iter().sum()
+    }
+
     /// An answer of `tokens` tokens that began with `first`; the oldest fade past
     /// [`MEMORY_ANSWERS`].
     fn add(&mut self, first: Option<TokenId>, tokens: usize) {
@@ -647,7 +652,7 @@ impl Lengths {
         if let Some(t) = first {
             count(self.by_first.entry(t).or_default());
         }
-        let answers: f64 = self.all.iter().sum();
+        let answers = self.answers();
         if answers > MEMORY_ANSWERS {
             let keep = MEMORY_ANSWERS / answers;
             self.all.iter_mut().for_each(|n| *n *= keep);
@@ -664,7 +669,7 @@ impl Lengths {
     /// `first`: an answer unlike any seen keeps the default warm-up, so a one-word answer
     /// cannot be charged a draft because other answers ran long.
     fn like(&self, first: Option<TokenId>) -> Option<Vec<f64>> {
-        let total: f64 = self.all.iter().sum();
+        let total = self.answers();
         let own = self.by_first.get(&first?)?;
         if total < MIN_ANSWERS {
             return None;
@@ -677,6 +682,11 @@ impl Lengths {
         h.iter_mut().zip(own).for_each(|(m, n)| *m += n);
         Some(h)
     }
+}
+
+/// Decode steps after their first token of all the answers in `lengths` (count by steps).
+fn total_steps(lengths: &[f64]) -> f64 {
+    lengths.iter().enumerate().map(|(s, n)| n * s as f64).sum()
 }
 
 /// The draft depth `d` in `1..=max_depth` whose round — expected tokens `1 + Σ_{i ≤ d} Π_{j ≤ i}
