@@ -11,7 +11,8 @@
 //!
 //! Per column and answer kind: tokens per forward pass after the prefill (NFE), decode tokens/s
 //! and its ratio to the converted model's autoregressive decoding (interleaved: each question is
-//! answered by every column in a rotating order, so machine noise hits all alike), accuracy (the
+//! answered by every column in a balanced order, [`crate::column_order`], so machine noise hits
+//! all alike), accuracy (the
 //! evaluation's scorer: exact match, description object F1), greedy answers that differ from the
 //! reference (must be 0 for the lossless modes), and where the time goes: the share of decode
 //! time in forward passes and the cost of one pass against one autoregressive step — the
@@ -329,8 +330,7 @@ fn measure(
         crate::for_each_question(progress, "diffusion", o.n, o.start, |ex, qa, image| {
             let group = &mut tallies[Kind::of(qa.family) as usize];
             let mut ids: Vec<Vec<u32>> = vec![Vec::new(); cols.len()];
-            for k in 0..cols.len() {
-                let c = (k + serial) % cols.len();
+            for c in crate::column_order(cols.len(), serial) {
                 let r = ask(&cols[c], &qa.question, image, max_tokens(qa.family))?;
                 let text = engines[cols[c].model]
                     .processor()

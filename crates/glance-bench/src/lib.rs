@@ -139,6 +139,33 @@ pub fn for_each_question(
     Ok(t0.elapsed().as_secs_f64())
 }
 
+/// The order in which `n` columns answer the `serial`-th question: the rows of a balanced Latin
+/// square (Williams' design), so that over a cycle of questions (`n` of them, `2n` for odd `n`)
+/// every column answers in every place equally often and follows every other column equally
+/// often. A strategy that leaves the machine's caches cold for the next one (a draft head's
+/// weights, a diffusion block's buffers) then slows every column alike; a plain rotation
+/// always put the same column after it (on glance-tiny, `auto` after `eagle`).
+pub fn column_order(n: usize, serial: usize) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
+    // First row 0, 1, n-1, 2, n-2, …; row r adds r (mod n); odd n also runs each row reversed.
+    let first: Vec<usize> = (0..n)
+        .map(|j| match j {
+            0 => 0,
+            j if j % 2 == 1 => j.div_ceil(2),
+            j => n - j / 2,
+        })
+        .collect();
+    let rows = if n % 2 == 0 { n } else { 2 * n };
+    let r = serial % rows;
+    let mut order: Vec<usize> = first.iter().map(|&c| (c + r % n) % n).collect();
+    if r >= n {
+        order.reverse();
+    }
+    order
+}
+
 /// Greedy at 0, else plain sampling at `t` (no top-k / top-p) with `seed`.
 pub fn sampling(t: f32, seed: u64) -> glance_core::SamplingParams {
     if t == 0.0 {
@@ -169,6 +196,44 @@ pub fn max_tokens(family: glance_world::Family, max_new_tokens: usize) -> usize 
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn columns_answer_in_every_place_after_every_other_column_alike() {
+        for n in 1..=7 {
+            let cycle = if n % 2 == 0 { n } else { 2 * n };
+            let mut place = vec![vec![0; n]; n];
+            let mut after = vec![vec![0; n]; n];
+            for serial in 0..cycle {
+                let order = column_order(n, serial);
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(
+                    sorted,
+                    (0..n).collect::<Vec<_>>(),
+                    "{n} {serial}: {order:?}"
+                );
+                for (k, &c) in order.iter().enumerate() {
+                    place[c][k] += 1;
+                }
+                for w in order.windows(2) {
+                    after[w[0]][w[1]] += 1;
+                }
+            }
+            let per_place = cycle / n;
+            assert!(
+                place.iter().flatten().all(|&x| x == per_place),
+                "{n}: {place:?}"
+            );
+            // Each ordered pair of distinct columns adjacent once per n rows (twice for odd n).
+            let per_pair = cycle / n;
+            for (a, row) in after.iter().enumerate() {
+                for (b, &x) in row.iter().enumerate() {
+                    assert_eq!(x, if a == b { 0 } else { per_pair }, "{n}: {after:?}");
+                }
+            }
+            assert_eq!(column_order(n, cycle + 1), column_order(n, 1));
+        }
+    }
     use super::*;
 
     #[test]

@@ -4,7 +4,8 @@
 //! and descriptions reported apart (`glance bench spec`).
 //!
 //! * **Interleaved:** for every question and temperature each strategy answers in turn (the
-//!   order rotating from question to question), so machine noise and cache warmth hit all alike;
+//!   order a row of a balanced Latin square, [`crate::column_order`]), so machine noise and
+//!   cache warmth hit all alike;
 //!   one untimed round of the first question warms every strategy up first.
 //! * **Per strategy and group** (temperature × answer kind): tokens per target forward,
 //!   acceptance rate by draft depth, tokens per round by position in the response, decode
@@ -323,8 +324,7 @@ fn measure(
             let group = &mut groups[ti * Kind::ALL.len() + kind as usize];
             let s = sampling(t, serial as u64);
             let mut ids: Vec<Vec<u32>> = vec![Vec::new(); cols.len()];
-            for k in 0..cols.len() {
-                let c = (k + serial) % cols.len();
+            for c in crate::column_order(cols.len(), serial) {
                 let max = o.max_tokens(qa.family);
                 let r = answer(
                     engine,
