@@ -23,8 +23,13 @@ const PREFETCH_TILES: usize = 4;
 /// Weight rows ahead of the one computing that are prefetched at the least.
 const PREFETCH_ROWS: usize = 8;
 
+/// Most input rows a tile takes at once: with 2 weight rows, `2 · 2 · 5` accumulators, the 2
+/// weight words, one input vector and the group's input scales and offsets fit the 32 vector
+/// registers (6 rows spilled: 0.6× the rate of 4 + 2, `kernel_rate`).
+const MAX_CHUNK: usize = 5;
+
 /// `out[r * m + i] = w_r · x_i` for weight rows `0..rows` and the `x.m` input rows, in tiles
-/// of up to 3 weight rows × up to 4 input rows (see the module header).
+/// of up to 3 weight rows × up to 5 input rows (see the module header).
 ///
 /// # Safety
 /// As [`super::x86::grouped_rows`].
@@ -41,7 +46,7 @@ pub unsafe fn few_rows(
     let m = x.m;
     // Weight rows per tile (from 3 input rows) as many as the registers allow (accumulators:
     // `R · M` float and `R · M` integer ones of 32); each tile of weight rows meets every input
-    // row, in chunks of 4, before the next (the weights stream from memory once).
+    // row, in chunks of up to 5, before the next (the weights stream from memory once).
     // One or two input rows stream one weight row at a time (memory-bound in a decode step; one
     // stream is what the hardware prefetcher follows best: with 4 weight rows per tile a one-row
     // pass cost 1.18× (q4) the previous kernel's, and a two-row pass 1.09× that of one weight row
@@ -68,19 +73,25 @@ pub unsafe fn few_rows(
             Ahead::new(scales, 2 * r * nb, 1),
         )
     };
+    // The input rows in as few chunks of at most `MAX_CHUNK` as hold them, of sizes as even as
+    // they go (6 rows: 3 + 3; 9: 5 + 4): every chunk unpacks the tile's weight words again, so
+    // a chunk of one row costs about what a whole one does.
+    let chunks = m.div_ceil(MAX_CHUNK);
     macro_rules! inputs {
         ($r:literal, $r0:expr) => {{
             let ahead = ahead($r0, $r);
             let mut i0 = 0;
-            while i0 + 4 <= m {
-                tile::<$r, 4>(scales, x, ($r0, i0), shift, out, prep, ahead);
-                i0 += 4;
-            }
-            match m - i0 {
-                3 => tile::<$r, 3>(scales, x, ($r0, i0), shift, out, prep, ahead),
-                2 => tile::<$r, 2>(scales, x, ($r0, i0), shift, out, prep, ahead),
-                1 => tile::<$r, 1>(scales, x, ($r0, i0), shift, out, prep, ahead),
-                _ => {}
+            for c in 0..chunks {
+                let size = (m - i0) / (chunks - c);
+                match size {
+                    5 => tile::<$r, 5>(scales, x, ($r0, i0), shift, out, prep, ahead),
+                    4 => tile::<$r, 4>(scales, x, ($r0, i0), shift, out, prep, ahead),
+                    3 => tile::<$r, 3>(scales, x, ($r0, i0), shift, out, prep, ahead),
+                    2 => tile::<$r, 2>(scales, x, ($r0, i0), shift, out, prep, ahead),
+                    1 => tile::<$r, 1>(scales, x, ($r0, i0), shift, out, prep, ahead),
+                    _ => unreachable!("chunks of 1 to {MAX_CHUNK} input rows"),
+                }
+                i0 += size;
             }
         }};
     }
@@ -134,18 +145,17 @@ unsafe fn tile<const R: usize, const M: usize>(
         let mut s0 = [[_mm512_setzero_si512(); M]; R];
         let mut s1 = [[_mm512_setzero_si512(); M]; R];
         if blocks == GROUP {
-            // Word by word: each input vector loaded once for the R weight rows, each weight
-            // vector once for the M input rows (few registers live).
+            // Word by word: each weight word unpacked once for the M input rows, each input
+            // vector loaded once for the R weight rows (few registers live).
             for v in 0..8 {
-                let xv: [__m512i; M] =
-                    std::array::from_fn(|k| _mm512_loadu_si512(xg.add(8 * k + v)));
-                for j in 0..R {
-                    let wv = prep.word(r0 + j, g, v);
-                    for k in 0..M {
+                let wv: [__m512i; R] = std::array::from_fn(|j| prep.word(r0 + j, g, v));
+                for k in 0..M {
+                    let xv = _mm512_loadu_si512(xg.add(8 * k + v));
+                    for j in 0..R {
                         if M == 1 && v % 2 == 1 {
-                            s1[j][k] = _mm512_dpbusd_epi32(s1[j][k], wv, xv[k]);
+                            s1[j][k] = _mm512_dpbusd_epi32(s1[j][k], wv[j], xv);
                         } else {
-                            s0[j][k] = _mm512_dpbusd_epi32(s0[j][k], wv, xv[k]);
+                            s0[j][k] = _mm512_dpbusd_epi32(s0[j][k], wv[j], xv);
                         }
                     }
                 }

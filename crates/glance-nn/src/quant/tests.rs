@@ -53,7 +53,7 @@ pub fn check_kernel(
 /// `(input rows, weight rows, in-dim)` on which the q8 and q4 kernels are checked against
 /// their reference: in-dims of 1, 3, 7, 8 and 9 blocks (partial groups of 16), 16, 22 and 35;
 /// 1 to 70 rows.
-pub const ODD_SIZES: [(usize, usize, usize); 12] = [
+pub const ODD_SIZES: [(usize, usize, usize); 14] = [
     (1, 1, 32),
     (1, 5, 96),
     (3, 7, 224),
@@ -63,12 +63,15 @@ pub const ODD_SIZES: [(usize, usize, usize); 12] = [
     (1, 3, 512),
     (5, 6, 704),
     (17, 4, 1120),
-    // The few-row tiles (`few.rs`): 4 × 2, 3 × 3 and 2 × 4 with their remainders, over
-    // whole groups and a partial one (8 and 15 rows: q8's tiles, q4's row blocks, whose
+    // The few-row tiles (`few.rs`): 1, 3 and 2 weight rows, the input rows in chunks of up
+    // to 5 (6 rows: 3 + 3; 8: 4 + 4; 9: 5 + 4; 11: 4 + 4 + 3; 15: 5 + 5 + 5), over whole
+    // groups and a partial one (from 8 rows these are q8's tiles and q4's row blocks, whose
     // `BLOCK_FROM_ROWS` is 8).
     (2, 9, 1120),
     (3, 5, 544),
     (8, 5, 1056),
+    (9, 7, 544),
+    (11, 5, 1120),
     (15, 3, 512),
 ];
 
