@@ -157,7 +157,7 @@ pub fn column_order(n: usize, serial: usize) -> Vec<usize> {
             j => n - j / 2,
         })
         .collect();
-    let rows = if n % 2 == 0 { n } else { 2 * n };
+    let rows = if n.is_multiple_of(2) { n } else { 2 * n };
     let r = serial % rows;
     let mut order: Vec<usize> = first.iter().map(|&c| (c + r % n) % n).collect();
     if r >= n {
@@ -199,8 +199,8 @@ mod tests {
 
     #[test]
     fn columns_answer_in_every_place_after_every_other_column_alike() {
-        for n in 1..=7 {
-            let cycle = if n % 2 == 0 { n } else { 2 * n };
+        for n in 1..=7usize {
+            let cycle = if n.is_multiple_of(2) { n } else { 2 * n };
             let mut place = vec![vec![0; n]; n];
             let mut after = vec![vec![0; n]; n];
             for serial in 0..cycle {
