@@ -44,6 +44,19 @@ use sharing::{absorb_each, fail_shared, loads, map_seqs};
 /// `(heads, keys, keys)` (1.1 GB at LLaVA-NeXT-7B's 2,953-row prompt).
 const ALONE_PREFILL_CHUNK: usize = 512;
 
+/// Prompt rows per prefill pass of a request answered alone on a model whose decoder's linear
+/// weights take at most [`CACHE_RESIDENT_BYTES`] (glance-tiny: 12.8 MB in f32). Such weights
+/// stay in the CPU's caches between decode steps, and a pass over a whole 265-row prompt evicts
+/// them: the steps after it ran 1.40, 0.96, 0.75 … 0.31 ms against 0.25–0.30 ms after the prompt
+/// run row by row (`tests/cold_steps.rs`). Passes of 64 rows also take the multi-row kernel
+/// instead of a GEMM. Whole answers alone ran 0.96× as long (`glance eval --n 20`, docs/auto.md).
+const CACHE_RESIDENT_PREFILL_CHUNK: usize = 64;
+
+/// Linear weights small enough for [`CACHE_RESIDENT_PREFILL_CHUNK`]: a share of the 32 MB
+/// last-level cache the CPUs measured here have (a larger model streams its weights from memory
+/// each pass anyway, and its prefill is fastest in large passes).
+const CACHE_RESIDENT_BYTES: usize = 16 << 20;
+
 /// Rows a request's KV cache is reserved for beyond its prompt and token limit: the draft tree or
 /// diffusion block one round verifies before the rejected rows are rolled back.
 const RESERVE_SPECULATIVE_ROWS: usize = 64;
@@ -438,10 +451,15 @@ impl Engine {
     ) -> Result<Response> {
         let prepared = self.prepare(request)?;
         let mut seqs = vec![self.sequence(prepared, Box::new(on_event))?];
+        let chunk = if self.model.text().linear_weight_bytes() <= CACHE_RESIDENT_BYTES {
+            CACHE_RESIDENT_PREFILL_CHUNK
+        } else {
+            ALONE_PREFILL_CHUNK
+        };
         // One entry into the pool for the whole answer (not one per step).
         self.pool.install(|| {
             while !seqs[0].is_done() {
-                self.step_in_pool(&mut seqs, ALONE_PREFILL_CHUNK);
+                self.step_in_pool(&mut seqs, chunk);
             }
         });
         // A non-finite failure names the layer (of the vision tower, the projector or the
