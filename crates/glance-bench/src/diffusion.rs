@@ -12,11 +12,10 @@
 //! Per column and answer kind: tokens per forward pass after the prefill (NFE), decode tokens/s
 //! and its ratio to the converted model's autoregressive decoding (interleaved: each question is
 //! answered by every column in a balanced order, [`crate::column_order`], so machine noise hits
-//! all alike), accuracy (the
-//! evaluation's scorer: exact match, description object F1), greedy answers that differ from the
-//! reference (must be 0 for the lossless modes), and where the time goes: the share of decode
-//! time in forward passes and the cost of one pass against one autoregressive step — the
-//! wall-clock speedup is tokens per NFE divided by that cost.
+//! all alike), accuracy (the evaluation's scorer: exact match, description object F1), greedy
+//! answers that differ from the reference (must be 0 for the lossless modes), and where the time
+//! goes: the share of decode time in forward passes and the cost of one pass against one
+//! autoregressive step — the wall-clock speedup is tokens per NFE divided by that cost.
 
 use crate::tally::{ratio, Kind, Tally, TallyRow};
 use crate::{bail_options, sampling, score, BenchError, Context, CostReport, Progress, Result};

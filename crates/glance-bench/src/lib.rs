@@ -196,44 +196,6 @@ pub fn max_tokens(family: glance_world::Family, max_new_tokens: usize) -> usize 
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn columns_answer_in_every_place_after_every_other_column_alike() {
-        for n in 1..=7usize {
-            let cycle = if n.is_multiple_of(2) { n } else { 2 * n };
-            let mut place = vec![vec![0; n]; n];
-            let mut after = vec![vec![0; n]; n];
-            for serial in 0..cycle {
-                let order = column_order(n, serial);
-                let mut sorted = order.clone();
-                sorted.sort_unstable();
-                assert_eq!(
-                    sorted,
-                    (0..n).collect::<Vec<_>>(),
-                    "{n} {serial}: {order:?}"
-                );
-                for (k, &c) in order.iter().enumerate() {
-                    place[c][k] += 1;
-                }
-                for w in order.windows(2) {
-                    after[w[0]][w[1]] += 1;
-                }
-            }
-            let per_place = cycle / n;
-            assert!(
-                place.iter().flatten().all(|&x| x == per_place),
-                "{n}: {place:?}"
-            );
-            // Each ordered pair of distinct columns adjacent once per n rows (twice for odd n).
-            let per_pair = cycle / n;
-            for (a, row) in after.iter().enumerate() {
-                for (b, &x) in row.iter().enumerate() {
-                    assert_eq!(x, if a == b { 0 } else { per_pair }, "{n}: {after:?}");
-                }
-            }
-            assert_eq!(column_order(n, cycle + 1), column_order(n, 1));
-        }
-    }
     use super::*;
 
     #[test]
@@ -283,5 +245,43 @@ mod tests {
                 .abs()
                 < 1e-9
         );
+    }
+
+    #[test]
+    fn columns_answer_in_every_place_after_every_other_column_alike() {
+        for n in 1..=7usize {
+            let cycle = if n.is_multiple_of(2) { n } else { 2 * n };
+            let mut place = vec![vec![0; n]; n];
+            let mut after = vec![vec![0; n]; n];
+            for serial in 0..cycle {
+                let order = column_order(n, serial);
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(
+                    sorted,
+                    (0..n).collect::<Vec<_>>(),
+                    "{n} {serial}: {order:?}"
+                );
+                for (k, &c) in order.iter().enumerate() {
+                    place[c][k] += 1;
+                }
+                for w in order.windows(2) {
+                    after[w[0]][w[1]] += 1;
+                }
+            }
+            // Each column in each place, and each ordered pair of distinct columns adjacent, once
+            // per n rows (twice for odd n).
+            let per_cycle = cycle / n;
+            assert!(
+                place.iter().flatten().all(|&x| x == per_cycle),
+                "{n}: {place:?}"
+            );
+            for (a, row) in after.iter().enumerate() {
+                for (b, &x) in row.iter().enumerate() {
+                    assert_eq!(x, if a == b { 0 } else { per_cycle }, "{n}: {after:?}");
+                }
+            }
+            assert_eq!(column_order(n, cycle + 1), column_order(n, 1));
+        }
     }
 }

@@ -18,6 +18,21 @@ fn run(e: &Engine, r: &Request) -> Response {
     e.generate(r, &mut |_| Flow::Continue).unwrap()
 }
 
+/// `ar` (a request decoded autoregressively) and the same request with `auto`: `auto`'s
+/// response, its greedy tokens checked against `ar`'s (`what` names the case).
+fn auto_against_ar(e: &Engine, ar: &Request, what: &str) -> Response {
+    let want = run(e, ar);
+    let got = run(
+        e,
+        &Request {
+            decode: DecodeSpec::auto(),
+            ..ar.clone()
+        },
+    );
+    assert_eq!(got.token_ids, want.token_ids, "{what}");
+    got
+}
+
 /// The cost model's key of glance-tiny's shipped `kind` head.
 fn head_key(kind: &str) -> String {
     let dir = tiny().join(format!("draft-{kind}"));
@@ -80,15 +95,7 @@ fn auto_speculates_where_drafts_pay_and_stays_lossless() {
                     prune: prune.clone(),
                     ..Request::chat(&text, vec![image.clone()])
                 };
-                let want = run(&e, &ar);
-                let got = run(
-                    &e,
-                    &Request {
-                        decode: DecodeSpec::auto(),
-                        ..ar.clone()
-                    },
-                );
-                assert_eq!(got.token_ids, want.token_ids, "{index} {text:?} {prune:?}");
+                let got = auto_against_ar(&e, &ar, &format!("{index} {text:?} {prune:?}"));
                 // The shipped heads' recorded acceptance, at equal draft costs: EAGLE's drafts
                 // are accepted more often.
                 assert_eq!(got.decode.strategy, "eagle");
@@ -283,15 +290,7 @@ fn auto_declines_a_draft_whose_start_the_answers_never_pay_for() {
             max_new_tokens: 96,
             ..Request::chat("Describe the image in detail.", vec![image])
         };
-        let want = run(&e, &ar);
-        let got = run(
-            &e,
-            &Request {
-                decode: DecodeSpec::auto(),
-                ..ar.clone()
-            },
-        );
-        assert_eq!(got.token_ids, want.token_ids, "{index}");
+        let got = auto_against_ar(&e, &ar, &index.to_string());
         assert_eq!(got.decode.counters.get("drafts").copied().unwrap_or(0), 0);
         chosen.push((got.decode.strategy, got.decode.auto.unwrap_or_default()));
     }

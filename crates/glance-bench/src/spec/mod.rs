@@ -5,8 +5,8 @@
 //!
 //! * **Interleaved:** for every question and temperature each strategy answers in turn (the
 //!   order a row of a balanced Latin square, [`crate::column_order`]), so machine noise and
-//!   cache warmth hit all alike;
-//!   one untimed round of the first question warms every strategy up first.
+//!   cache warmth hit all alike; one untimed round of the first question warms every strategy
+//!   up first.
 //! * **Per strategy and group** (temperature × answer kind): tokens per target forward,
 //!   acceptance rate by draft depth, tokens per round by position in the response, decode
 //!   tokens/s and its ratio to autoregressive decoding's, under greedy decoding the answers that

@@ -48,8 +48,9 @@ const ALONE_PREFILL_CHUNK: usize = 512;
 /// weights take at most [`CACHE_RESIDENT_BYTES`] (glance-tiny: 12.8 MB in f32). Such weights
 /// stay in the CPU's caches between decode steps, and a pass over a whole 265-row prompt evicts
 /// them: the steps after it ran 1.40, 0.96, 0.75 … 0.31 ms against 0.25–0.30 ms after the prompt
-/// run row by row (`tests/cold_steps.rs`). Passes of 64 rows also take the multi-row kernel
-/// instead of a GEMM. Whole answers alone ran 0.96× as long (`glance eval --n 20`, docs/auto.md).
+/// run row by row (`crates/glance-engine/tests/cold_steps.rs`). Passes of 64 rows also take the
+/// multi-row kernel instead of a GEMM. Whole answers alone ran 0.96× as long (`glance eval --n
+/// 20`, docs/auto.md).
 const CACHE_RESIDENT_PREFILL_CHUNK: usize = 64;
 
 /// Linear weights small enough for [`CACHE_RESIDENT_PREFILL_CHUNK`]: a share of the 32 MB
